@@ -1,0 +1,134 @@
+//! The run directory, the only thing `train` hands to `serve`: config, weights, tokenizer, checkpoint, metrics.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{Device, TensorData};
+use safetensors::tensor::{Dtype, TensorView};
+use tokenizers::Tokenizer;
+
+use crate::params::{self, Mismatch};
+use crate::{Gpt, Invalid, ModelConfig, Rng, tokenizer};
+
+pub const CONFIG: &str = "config.toml";
+pub const MODEL: &str = "model.safetensors";
+pub const TOKENIZER: &str = "tokenizer.json";
+pub const CHECKPOINT: &str = "checkpoint.safetensors";
+pub const METRICS: &str = "metrics.jsonl";
+pub const LOSS_PLOT: &str = "loss.svg";
+
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    #[error("{path}: {cause}")]
+    Io { path: PathBuf, cause: std::io::Error },
+    #[error("{path}: not a valid safetensors file ({reason})")]
+    Corrupt { path: PathBuf, reason: String },
+    #[error("{path}: {cause}")]
+    Mismatch { path: PathBuf, cause: Mismatch },
+    #[error("{path}: {reason}")]
+    Config { path: PathBuf, reason: String },
+    #[error("{path}: {cause}")]
+    Invalid { path: PathBuf, cause: Invalid },
+    #[error("{path}: {cause}")]
+    Tokenizer { path: PathBuf, cause: tokenizer::TokenizerError },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BundleError + '_ {
+    move |cause| BundleError::Io { path: path.to_path_buf(), cause }
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file beside it, flushed to disk, then renamed over it, so a
+/// process killed mid-write leaves the previous file whole.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), BundleError> {
+    let tmp = path.with_extension("tmp");
+    let mut file = fs::File::create(&tmp).map_err(io(&tmp))?;
+    file.write_all(bytes).and_then(|_| file.sync_all()).map_err(io(&tmp))?;
+    fs::rename(&tmp, path).map_err(io(path))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))?;
+    }
+    Ok(())
+}
+
+/// Saves f32 tensors by name, with string metadata, as one safetensors file written atomically.
+pub fn save_tensors(
+    path: &Path,
+    tensors: &[(String, TensorData)],
+    metadata: HashMap<String, String>,
+) -> Result<(), BundleError> {
+    let corrupt = |reason: String| BundleError::Corrupt { path: path.to_path_buf(), reason };
+    let views = tensors
+        .iter()
+        .map(|(name, data)| {
+            let view = TensorView::new(Dtype::F32, data.shape().to_vec(), data.as_bytes())
+                .map_err(|e| corrupt(e.to_string()))?;
+            Ok((name.clone(), view))
+        })
+        .collect::<Result<Vec<_>, BundleError>>()?;
+    let bytes = safetensors::serialize(views, Some(metadata)).map_err(|e| corrupt(e.to_string()))?;
+    write_atomic(path, &bytes)
+}
+
+/// Loads every tensor (as f32) and the metadata of a safetensors file.
+pub fn load_tensors(path: &Path) -> Result<(HashMap<String, TensorData>, HashMap<String, String>), BundleError> {
+    let bytes = fs::read(path).map_err(io(path))?;
+    let corrupt = |reason: String| BundleError::Corrupt { path: path.to_path_buf(), reason };
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    let mut tensors = HashMap::new();
+    for (name, view) in st.tensors() {
+        if view.dtype() != Dtype::F32 {
+            return Err(corrupt(format!("tensor {name} is {:?}, expected F32", view.dtype())));
+        }
+        let values: Vec<f32> =
+            view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        tensors.insert(name, TensorData::new(values, view.shape().to_vec()));
+    }
+    Ok((tensors, header.metadata().clone().unwrap_or_default()))
+}
+
+/// The `[model]` table of a run directory's `config.toml`.
+pub fn load_model_config(run_dir: &Path) -> Result<ModelConfig, BundleError> {
+    let path = run_dir.join(CONFIG);
+    let text = fs::read_to_string(&path).map_err(io(&path))?;
+    let bad = |reason: String| BundleError::Config { path: path.clone(), reason };
+    let table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.message().to_string()))?;
+    let model = table.get("model").cloned().ok_or_else(|| bad("no [model] table".into()))?;
+    let config: ModelConfig = model.try_into().map_err(|e: toml::de::Error| bad(e.message().to_string()))?;
+    config.validate().map_err(|cause| BundleError::Invalid { path: path.clone(), cause })?;
+    if config.vocab_size.is_none() {
+        return Err(bad("model.vocab_size is missing".into()));
+    }
+    Ok(config)
+}
+
+/// Builds a model of `config` on `device` with the tensors of `tensors` (a path → tensor map).
+pub fn model_from_tensors(
+    config: &ModelConfig,
+    tensors: &HashMap<String, TensorData>,
+    path: &Path,
+    device: &Device,
+) -> Result<Gpt, BundleError> {
+    let model = Gpt::new(config, &mut Rng::new(0), device);
+    params::load_state_dict(model, tensors).map_err(|cause| BundleError::Mismatch { path: path.to_path_buf(), cause })
+}
+
+/// A trained model ready to sample from: its config, weights and tokenizer.
+pub struct Bundle {
+    pub config: ModelConfig,
+    pub model: Gpt,
+    pub tokenizer: Tokenizer,
+}
+
+/// Loads a run directory written by `ember train`.
+pub fn load(run_dir: &Path, device: &Device) -> Result<Bundle, BundleError> {
+    let config = load_model_config(run_dir)?;
+    let weights = run_dir.join(MODEL);
+    let (tensors, _) = load_tensors(&weights)?;
+    let model = model_from_tensors(&config, &tensors, &weights, device)?;
+    let tok_path = run_dir.join(TOKENIZER);
+    let tokenizer = tokenizer::load(&tok_path).map_err(|cause| BundleError::Tokenizer { path: tok_path, cause })?;
+    Ok(Bundle { config, model, tokenizer })
+}

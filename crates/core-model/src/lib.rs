@@ -1,0 +1,15 @@
+//! Ember's models and what a model file needs to be loaded: config, layers, the GPT decoder, run-directory I/O
+//! and tokenizers.
+
+pub mod bundle;
+pub mod config;
+pub mod decoder;
+pub mod init;
+pub mod nn;
+pub mod params;
+pub mod rng;
+pub mod tokenizer;
+
+pub use config::{Invalid, ModelConfig};
+pub use decoder::Gpt;
+pub use rng::Rng;

@@ -1,0 +1,117 @@
+//! Parameters by dotted path ("blocks.0.attn.c_attn.weight"): listing, reading out, and loading back.
+
+use std::collections::HashMap;
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::tensor::{Tensor, TensorData};
+
+/// A parameter's path, identity and shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParamInfo {
+    pub path: String,
+    pub id: ParamId,
+    pub shape: Vec<usize>,
+}
+
+#[derive(Default)]
+struct Paths {
+    stack: Vec<String>,
+}
+
+impl Paths {
+    fn path(&self) -> String {
+        self.stack.join(".")
+    }
+}
+
+struct Lister {
+    paths: Paths,
+    infos: Vec<ParamInfo>,
+    data: Option<Vec<TensorData>>,
+}
+
+impl ModuleVisitor for Lister {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.paths.stack.push(name.to_string());
+    }
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.paths.stack.pop();
+    }
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let tensor = param.val();
+        self.infos.push(ParamInfo { path: self.paths.path(), id: param.id, shape: tensor.dims().to_vec() });
+        if let Some(data) = self.data.as_mut() {
+            data.push(tensor.into_data());
+        }
+    }
+}
+
+/// Every float parameter, in module order.
+pub fn param_infos<M: Module>(module: &M) -> Vec<ParamInfo> {
+    let mut lister = Lister { paths: Paths::default(), infos: Vec::new(), data: None };
+    module.visit(&mut lister);
+    lister.infos
+}
+
+/// Every float parameter's path and values, read back to the host.
+pub fn state_dict<M: Module>(module: &M) -> Vec<(String, TensorData)> {
+    let mut lister = Lister { paths: Paths::default(), infos: Vec::new(), data: Some(Vec::new()) };
+    module.visit(&mut lister);
+    let data = lister.data.unwrap_or_default();
+    lister.infos.into_iter().map(|i| i.path).zip(data).collect()
+}
+
+/// A stored parameter set that does not fit the model.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum Mismatch {
+    #[error("parameter {0} is missing")]
+    Missing(String),
+    #[error("parameter {path} has shape {found:?}, the model needs {expected:?}")]
+    Shape { path: String, expected: Vec<usize>, found: Vec<usize> },
+}
+
+struct Loader<'a> {
+    paths: Paths,
+    tensors: &'a HashMap<String, TensorData>,
+    error: Option<Mismatch>,
+}
+
+impl ModuleMapper for Loader<'_> {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.paths.stack.push(name.to_string());
+    }
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.paths.stack.pop();
+    }
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let path = self.paths.path();
+        let (id, tensor, mapper) = param.consume();
+        let expected = tensor.dims().to_vec();
+        let tensor = match self.tensors.get(&path) {
+            _ if self.error.is_some() => tensor,
+            None => {
+                self.error = Some(Mismatch::Missing(path));
+                tensor
+            }
+            Some(data) if data.shape().as_slice() != expected.as_slice() => {
+                self.error = Some(Mismatch::Shape { path, expected, found: data.shape().to_vec() });
+                tensor
+            }
+            Some(data) => {
+                let loaded = Tensor::<D>::from_data(data.clone(), &tensor.device());
+                if tensor.is_require_grad() { loaded.require_grad() } else { loaded }
+            }
+        };
+        Param::from_mapped_value(id, tensor, mapper)
+    }
+}
+
+/// The module with every parameter replaced by the stored tensor of the same path and shape.
+pub fn load_state_dict<M: Module>(module: M, tensors: &HashMap<String, TensorData>) -> Result<M, Mismatch> {
+    let mut loader = Loader { paths: Paths::default(), tensors, error: None };
+    let module = module.map(&mut loader);
+    match loader.error {
+        Some(e) => Err(e),
+        None => Ok(module),
+    }
+}

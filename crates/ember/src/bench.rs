@@ -1,0 +1,137 @@
+//! `ember bench train`: tokens/s and peak memory of training steps, optionally side by side with the PyTorch
+//! reference script (alternating rounds, medians, ratio).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use ember_train::{Trainer, corpus};
+
+use crate::config::RunConfig;
+use crate::devices::{self, DeviceChoice};
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Training throughput on a run config.
+    Train(BenchTrainArgs),
+}
+
+#[derive(Args)]
+pub struct BenchTrainArgs {
+    #[arg(long)]
+    config: PathBuf,
+    /// Override a config value (repeatable).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    overrides: Vec<String>,
+    /// Timed steps per round.
+    #[arg(long, default_value_t = 50)]
+    steps: u64,
+    /// Untimed steps before each round.
+    #[arg(long, default_value_t = 10)]
+    warmup: u64,
+    /// Rounds; with --pytorch, Ember and PyTorch alternate.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// A Python with torch: runs scripts/reference/gpt_train.py on the same config, same machine, in turns.
+    #[arg(long, value_name = "PYTHON")]
+    pytorch: Option<String>,
+}
+
+pub fn bench(command: BenchCommand, device: DeviceChoice) -> Result<()> {
+    match command {
+        BenchCommand::Train(args) => bench_train(args, device),
+    }
+}
+
+fn bench_train(args: BenchTrainArgs, device: DeviceChoice) -> Result<()> {
+    let config = RunConfig::load(&args.config, &args.overrides)?;
+    let (device, description) = devices::select(device)?;
+    let scratch = tempfile::tempdir().context("creating a scratch run directory")?;
+    let (tok, corpus) = corpus::prepare(&config.data, scratch.path(), false)?;
+    let mut model_config = config.model.clone();
+    model_config.vocab_size = Some(ember_core_model::tokenizer::vocab_size(&tok));
+    let resolved = scratch.path().join("config.toml");
+    std::fs::write(&resolved, RunConfig { model: model_config.clone(), ..config.clone() }.to_toml())?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "bench train: {} on {description}, {} warm-up + {} timed steps per round, {threads} threads",
+        args.config.display(),
+        args.warmup,
+        args.steps
+    );
+
+    let (mut ember, mut torch) = (Vec::new(), Vec::new());
+    for round in 1..=args.rounds {
+        let mut trainer =
+            Trainer::new(model_config.clone(), config.train.clone(), corpus.clone(), scratch.path(), &device);
+        for _ in 0..args.warmup {
+            trainer.step();
+        }
+        let started = Instant::now();
+        for _ in 0..args.steps {
+            trainer.step();
+        }
+        let tps = (args.steps as usize * trainer.tokens_per_step()) as f64 / started.elapsed().as_secs_f64();
+        println!("round {round}: ember   {tps:>10.0} tokens/s");
+        ember.push(tps);
+        if let Some(python) = &args.pytorch {
+            let tps = pytorch_round(python, &resolved, &args, threads)?;
+            println!("round {round}: pytorch {tps:>10.0} tokens/s");
+            torch.push(tps);
+        }
+    }
+    let ember_median = median(&mut ember);
+    println!("ember median: {ember_median:.0} tokens/s, peak memory {:.1} MB", peak_rss_mb());
+    if !torch.is_empty() {
+        let torch_median = median(&mut torch);
+        println!("pytorch median: {torch_median:.0} tokens/s");
+        println!("ratio ember / pytorch: {:.2}x", ember_median / torch_median);
+    }
+    Ok(())
+}
+
+fn pytorch_round(python: &str, config: &std::path::Path, args: &BenchTrainArgs, threads: usize) -> Result<f64> {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/reference/gpt_train.py");
+    let out = Command::new(python)
+        .arg(&script)
+        .arg(config)
+        .args([
+            "--steps",
+            &args.steps.to_string(),
+            "--warmup",
+            &args.warmup.to_string(),
+            "--threads",
+            &threads.to_string(),
+        ])
+        .output()
+        .with_context(|| format!("running {python} {}", script.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "the PyTorch reference failed: {}",
+            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or_default()
+        );
+    }
+    stdout
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("tokens_per_s="))
+        .and_then(|v| v.parse().ok())
+        .context("the PyTorch reference printed no tokens_per_s")
+}
+
+fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// The process's peak resident memory (VmHWM), in MB.
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}

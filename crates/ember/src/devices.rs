@@ -1,0 +1,41 @@
+//! `--device cpu|ndarray|flex|wgpu|auto`: which Burn device a command runs on.
+
+use anyhow::{Result, bail};
+use burn::tensor::{Device, DeviceKind};
+use clap::ValueEnum;
+use ember_kernels::wgpu_adapters;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DeviceChoice {
+    /// The faster CPU backend for training on this machine (burn-flex; see README for the figures).
+    Cpu,
+    /// burn-ndarray.
+    Ndarray,
+    /// burn-flex.
+    Flex,
+    /// wgpu on the best adapter found (Vulkan / Metal / DX12; lavapipe counts).
+    Wgpu,
+    /// A real GPU through wgpu when there is one, else `cpu`.
+    Auto,
+}
+
+/// The device for a choice, and a one-line description of it.
+pub fn select(choice: DeviceChoice) -> Result<(Device, String)> {
+    #[allow(deprecated)] // burn-ndarray is deprecated upstream; Ember keeps it selectable.
+    let ndarray = || Device::ndarray();
+    Ok(match choice {
+        DeviceChoice::Cpu | DeviceChoice::Flex => (Device::flex(), "cpu (burn-flex)".into()),
+        DeviceChoice::Ndarray => (ndarray(), "cpu (burn-ndarray)".into()),
+        DeviceChoice::Wgpu => {
+            let found = wgpu_adapters();
+            let Some(best) = found.iter().find(|a| a.is_real_gpu()).or(found.first()) else {
+                bail!("no wgpu adapter found (install a Vulkan driver, e.g. mesa-vulkan-drivers for lavapipe)");
+            };
+            (Device::wgpu(DeviceKind::DefaultDevice), format!("wgpu ({}, {:?})", best.name, best.backend))
+        }
+        DeviceChoice::Auto => match wgpu_adapters().into_iter().find(|a| a.is_real_gpu()) {
+            Some(gpu) => (Device::wgpu(DeviceKind::DefaultDevice), format!("wgpu ({}, {:?})", gpu.name, gpu.backend)),
+            None => select(DeviceChoice::Cpu)?,
+        },
+    })
+}

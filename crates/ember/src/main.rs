@@ -1,0 +1,120 @@
+//! `ember`: train a GPT from a TOML config, sample from a run directory, benchmark, and list devices.
+
+mod bench;
+mod config;
+mod devices;
+mod progress;
+mod train;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+use ember_core_model::bundle;
+use ember_serve::SampleConfig;
+
+use crate::devices::DeviceChoice;
+
+#[derive(Parser)]
+#[command(name = "ember", version, about = "Train and run Transformer language models on Burn")]
+struct Cli {
+    /// Where to run: cpu, ndarray, flex, wgpu, or auto (a real GPU when there is one, else cpu).
+    #[arg(long, global = true, value_enum, default_value = "auto")]
+    device: DeviceChoice,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a model from a TOML config, then print a sample from it.
+    Train(train::TrainArgs),
+    /// Generate text from a run directory.
+    Generate(GenerateArgs),
+    /// Measure performance.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+    /// List the devices Ember can run on.
+    Devices,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    /// A run directory written by `ember train`.
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long)]
+    prompt: Option<String>,
+    #[arg(long)]
+    max_new_tokens: Option<usize>,
+    /// 0 is greedy.
+    #[arg(long)]
+    temperature: Option<f64>,
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Train(args) => train::train(args, cli.device),
+        Command::Generate(args) => generate(args, cli.device),
+        Command::Bench(command) => bench::bench(command, cli.device),
+        Command::Devices => {
+            list_devices();
+            Ok(())
+        }
+    }
+}
+
+fn generate(args: GenerateArgs, device: DeviceChoice) -> Result<()> {
+    let (device, _) = devices::select(device)?;
+    let run = bundle::load(&args.model, &device)?;
+    let defaults = SampleConfig::default();
+    let settings = SampleConfig {
+        prompt: args.prompt.unwrap_or(defaults.prompt),
+        max_new_tokens: args.max_new_tokens.unwrap_or(defaults.max_new_tokens),
+        temperature: args.temperature.unwrap_or(defaults.temperature),
+        top_k: args.top_k.or(defaults.top_k),
+        seed: args.seed.unwrap_or(defaults.seed),
+    };
+    settings.validate()?;
+    train::print_sample(&run.model, &run.tokenizer, &settings, &device)
+}
+
+fn list_devices() {
+    println!(
+        "cpu      burn-flex (default `cpu`), {} threads",
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    println!("ndarray  burn-ndarray");
+    let adapters = ember_kernels::wgpu_adapters();
+    if adapters.is_empty() {
+        println!("wgpu     no adapter found");
+    }
+    for a in adapters {
+        println!(
+            "wgpu     {} | {:?} | {:?} | workgroup memory {} B, invocations/workgroup {}, storage binding {} MiB, buffer {} MiB",
+            a.name,
+            a.kind,
+            a.backend,
+            a.limits.max_compute_workgroup_storage_size,
+            a.limits.max_compute_invocations_per_workgroup,
+            a.limits.max_storage_buffer_binding_size >> 20,
+            a.limits.max_buffer_size >> 20,
+        );
+    }
+}

@@ -1,0 +1,162 @@
+//! `ember train`: config → data (prepared when missing) → tokenizer → Trainer → run directory → a sample.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use burn::module::Module;
+use burn::tensor::Device;
+use clap::Args;
+use ember_core_model::tokenizer;
+use ember_core_model::{Gpt, bundle};
+use ember_serve::SampleConfig;
+use ember_train::corpus;
+use ember_train::{Trainer, config::KNOWN_DATASETS};
+use tokenizers::Tokenizer;
+
+use crate::config::RunConfig;
+use crate::devices::{self, DeviceChoice};
+use crate::progress::Progress;
+
+#[derive(Args)]
+pub struct TrainArgs {
+    /// The run config (TOML).
+    #[arg(long, required_unless_present = "resume", conflicts_with = "resume")]
+    config: Option<PathBuf>,
+    /// Continue the run in this directory from its checkpoint (its config.toml is the config).
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Override a config value, e.g. --set train.max_steps=100 (repeatable).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    overrides: Vec<String>,
+    /// Skip the sample printed after training.
+    #[arg(long)]
+    no_sample: bool,
+}
+
+pub fn train(args: TrainArgs, device: DeviceChoice) -> Result<()> {
+    let (config_path, run_dir) = match (&args.config, &args.resume) {
+        (_, Some(run_dir)) => {
+            if !run_dir.join(bundle::CHECKPOINT).exists() {
+                bail!("{} has no checkpoint to resume from (expected {})", run_dir.display(), bundle::CHECKPOINT);
+            }
+            (run_dir.join(bundle::CONFIG), Some(run_dir.clone()))
+        }
+        (Some(path), None) => (path.clone(), None),
+        (None, None) => bail!("give --config FILE or --resume RUN_DIR"),
+    };
+    let mut config = RunConfig::load(&config_path, &args.overrides)?;
+    let run_dir = run_dir.unwrap_or_else(|| config.train.out_dir.clone());
+    if args.resume.is_none() && run_dir.join(bundle::CHECKPOINT).exists() {
+        bail!(
+            "{} already holds a checkpoint; continue it with --resume {0} or choose another train.out_dir",
+            run_dir.display()
+        );
+    }
+    let (device, description) = devices::select(device)?;
+
+    if args.resume.is_none() {
+        ensure_corpus(&config)?;
+    }
+    let (tok, corpus) = corpus::prepare(&config.data, &run_dir, args.resume.is_some())?;
+    let vocab = tokenizer::vocab_size(&tok);
+    match config.model.vocab_size {
+        Some(v) if v != vocab => {
+            bail!("{}: model.vocab_size = {v}: the tokenizer has {vocab} tokens", config_path.display())
+        }
+        _ => config.model.vocab_size = Some(vocab),
+    }
+    let seq_len = config.train.seq_len(&config.model);
+    corpus.check_fits(&config.data.corpus, seq_len)?;
+    if args.resume.is_none() {
+        bundle::write_atomic(&run_dir.join(bundle::CONFIG), config.to_toml().as_bytes())?;
+    }
+    device.seed(config.train.seed);
+    let mut trainer = match &args.resume {
+        Some(dir) => Trainer::resume(config.model.clone(), config.train.clone(), corpus, dir, &device)?,
+        None => Trainer::new(config.model.clone(), config.train.clone(), corpus, &run_dir, &device),
+    };
+    let params = ember_core_model::params::param_infos(&trainer.model)
+        .iter()
+        .map(|p| p.shape.iter().product::<usize>())
+        .sum::<usize>();
+    println!(
+        "training {} parameters on {description}: {} tokens/step, steps {}..{}, run directory {}",
+        params,
+        trainer.tokens_per_step(),
+        trainer.state.step,
+        config.train.max_steps,
+        run_dir.display()
+    );
+    let started = std::time::Instant::now();
+    let mut progress = Progress::new(trainer.state.step, config.train.max_steps);
+    let last = trainer.run(&mut progress);
+    progress.finish();
+    let last = last?;
+    let secs = started.elapsed().as_secs_f64();
+    if let Some(e) = last {
+        println!(
+            "done in {secs:.1} s: train loss {:.4}, val loss {:.4}; wrote {} and {}",
+            e.train_loss,
+            e.val_loss,
+            run_dir.join(bundle::MODEL).display(),
+            run_dir.join(bundle::LOSS_PLOT).display()
+        );
+    }
+    if !args.no_sample {
+        let inner = device.clone();
+        let model = trainer.model.valid();
+        print_sample(&model, &tok, &config.sample, &inner)?;
+    }
+    Ok(())
+}
+
+/// Runs `scripts/prepare-data.sh` for a known dataset whose corpus file is missing.
+fn ensure_corpus(config: &RunConfig) -> Result<()> {
+    let corpus = &config.data.corpus;
+    if corpus.exists() {
+        return Ok(());
+    }
+    let Some(dataset) = config.data.dataset.as_deref().filter(|d| KNOWN_DATASETS.contains(d)) else {
+        return Ok(()); // corpus::prepare names the missing file
+    };
+    let script = [
+        Path::new("scripts/prepare-data.sh").to_path_buf(),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/prepare-data.sh"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .context("scripts/prepare-data.sh not found (run from the Ember checkout)")?;
+    let dir = corpus.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    println!("{} is missing: preparing the {dataset} dataset with {}", corpus.display(), script.display());
+    let status = Command::new("bash")
+        .arg(&script)
+        .arg(dataset)
+        .env("EMBER_DATA_DIR", dir)
+        .status()
+        .context("running prepare-data.sh")?;
+    if !status.success() {
+        bail!("preparing dataset {dataset} failed ({status})");
+    }
+    let prepared = dir.join(format!("{dataset}.txt"));
+    if prepared != *corpus {
+        fs::rename(&prepared, corpus)
+            .with_context(|| format!("moving {} to {}", prepared.display(), corpus.display()))?;
+    }
+    Ok(())
+}
+
+/// Streams a sample to standard output.
+pub fn print_sample(model: &Gpt, tok: &Tokenizer, settings: &SampleConfig, device: &Device) -> Result<()> {
+    let mut out = std::io::stdout();
+    write!(out, "{}", settings.prompt)?;
+    ember_serve::generate(model, tok, settings, device, |piece| {
+        let _ = write!(out, "{piece}");
+        let _ = out.flush();
+    })?;
+    writeln!(out)?;
+    Ok(())
+}

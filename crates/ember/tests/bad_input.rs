@@ -1,0 +1,117 @@
+//! Bad input: each gives a one-line error naming the problem and a non-zero exit, never a panic.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn missing_config() {
+    let out = ember(&["train", "--device", "cpu", "--config", "/nonexistent/run.toml"]);
+    assert_clean_error(&out, "/nonexistent/run.toml");
+}
+
+#[test]
+fn unknown_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 20_000);
+    let config = tiny_config(dir.path(), &corpus, &dir.path().join("run"), "learning_speed = 3\n");
+    let out = ember(&["train", "--device", "cpu", "--config", config.to_str().unwrap()]);
+    assert_clean_error(&out, "unknown field `learning_speed`");
+}
+
+#[test]
+fn invalid_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 20_000);
+    let config = tiny_config(dir.path(), &corpus, &dir.path().join("run"), "");
+    let out = ember(&["train", "--device", "cpu", "--config", config.to_str().unwrap(), "--set", "model.n_heads=3"]);
+    assert_clean_error(&out, "model.d_model = 32: must be a multiple of model.n_heads = 3");
+}
+
+#[test]
+fn missing_corpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = tiny_config(dir.path(), &dir.path().join("absent.txt"), &dir.path().join("run"), "");
+    let out = ember(&["train", "--device", "cpu", "--config", config.to_str().unwrap()]);
+    assert_clean_error(&out, "absent.txt does not exist");
+}
+
+#[test]
+fn empty_corpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("empty.txt");
+    std::fs::write(&corpus, "").unwrap();
+    let config = tiny_config(dir.path(), &corpus, &dir.path().join("run"), "");
+    let out = ember(&["train", "--device", "cpu", "--config", config.to_str().unwrap()]);
+    assert_clean_error(&out, "empty.txt is empty");
+}
+
+#[test]
+fn non_utf8_corpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("latin1.txt");
+    std::fs::write(&corpus, b"To be, or not to be: caf\xe9\n".repeat(100)).unwrap();
+    let config = tiny_config(dir.path(), &corpus, &dir.path().join("run"), "");
+    let out = ember(&["train", "--device", "cpu", "--config", config.to_str().unwrap()]);
+    assert_clean_error(&out, "is not UTF-8 text (invalid byte at offset 24)");
+}
+
+#[test]
+fn resume_without_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = ember(&["train", "--device", "cpu", "--resume", dir.path().to_str().unwrap()]);
+    assert_clean_error(&out, "has no checkpoint to resume from");
+}
+
+#[test]
+fn corrupt_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 50_000);
+    let run = dir.path().join("run");
+    let config = tiny_config(dir.path(), &corpus, &run, "");
+    let out = ember(&[
+        "train",
+        "--device",
+        "cpu",
+        "--no-sample",
+        "--config",
+        config.to_str().unwrap(),
+        "--set",
+        "train.max_steps=2",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ckpt = run.join("checkpoint.safetensors");
+    let bytes = std::fs::read(&ckpt).unwrap();
+    std::fs::write(&ckpt, &bytes[..bytes.len() / 2]).unwrap();
+    let out = ember(&["train", "--device", "cpu", "--resume", run.to_str().unwrap(), "--set", "train.max_steps=4"]);
+    assert_clean_error(&out, "checkpoint.safetensors: not a valid safetensors file");
+    std::fs::write(run.join("model.safetensors"), b"garbage").unwrap();
+    let out = ember(&["generate", "--device", "cpu", "--model", run.to_str().unwrap(), "--max-new-tokens", "3"]);
+    assert_clean_error(&out, "model.safetensors: not a valid safetensors file");
+}
+
+#[test]
+fn fresh_run_refuses_to_overwrite_a_checkpoint_and_prompt_outside_vocabulary_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 50_000);
+    let run = dir.path().join("run");
+    let config = tiny_config(dir.path(), &corpus, &run, "");
+    let args =
+        ["train", "--device", "cpu", "--no-sample", "--config", config.to_str().unwrap(), "--set", "train.max_steps=1"];
+    assert!(ember(&args).status.success());
+    let before = std::fs::read(run.join("checkpoint.safetensors")).unwrap();
+    assert_clean_error(&ember(&args), "already holds a checkpoint");
+    assert_eq!(std::fs::read(run.join("checkpoint.safetensors")).unwrap(), before, "saved work is untouched");
+    let out = ember(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        run.to_str().unwrap(),
+        "--prompt",
+        "€",
+        "--max-new-tokens",
+        "3",
+    ]);
+    assert_clean_error(&out, "prompt");
+}

@@ -1,0 +1,98 @@
+//! Resume is exact, and a process killed while checkpointing leaves a loadable checkpoint.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+#[test]
+fn forty_steps_equal_twenty_then_resume_twenty() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 100_000);
+    let straight = dir.path().join("straight");
+    let config = tiny_config(dir.path(), &corpus, &straight, "");
+    let out = ember(&["train", "--device", "cpu", "--no-sample", "--config", config.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let split = dir.path().join("split");
+    let config = tiny_config(dir.path(), &corpus, &split, "");
+    let first = [
+        "train",
+        "--device",
+        "cpu",
+        "--no-sample",
+        "--config",
+        config.to_str().unwrap(),
+        "--set",
+        "train.max_steps=20",
+    ];
+    assert!(ember(&first).status.success());
+    let out = ember(&[
+        "train",
+        "--device",
+        "cpu",
+        "--no-sample",
+        "--resume",
+        split.to_str().unwrap(),
+        "--set",
+        "train.max_steps=40",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let (a, b) = (step_losses(&straight), step_losses(&split));
+    assert_eq!(a.len(), 40);
+    assert_eq!(a.iter().map(|s| s.0).collect::<Vec<_>>(), b.iter().map(|s| s.0).collect::<Vec<_>>());
+    for ((step, x), (_, y)) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-6, "step {step}: straight {x} vs resumed {y}");
+    }
+    assert!(a[39].1 < a[0].1, "training lowers the loss");
+}
+
+#[test]
+fn killing_training_mid_checkpoint_leaves_the_previous_checkpoint_loadable() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 100_000);
+    let run = dir.path().join("run");
+    let config = tiny_config(dir.path(), &corpus, &run, "checkpoint_interval = 1\n");
+    let ckpt = run.join("checkpoint.safetensors");
+    // Kill at staggered moments while a checkpoint is written every step, then resume each time.
+    for (i, delay_ms) in [0u64, 7, 13, 29, 41].into_iter().enumerate() {
+        let mut args: Vec<String> = vec!["train".into(), "--device".into(), "cpu".into(), "--no-sample".into()];
+        if i == 0 {
+            args.extend([
+                "--config".into(),
+                config.to_str().unwrap().into(),
+                "--set".into(),
+                "train.max_steps=100000".into(),
+            ]);
+        } else {
+            args.extend(["--resume".into(), run.to_str().unwrap().into()]);
+        }
+        let mut child =
+            Command::new(env!("CARGO_BIN_EXE_ember")).args(&args).stdout(std::process::Stdio::null()).spawn().unwrap();
+        let before = std::fs::metadata(&ckpt).and_then(|m| m.modified()).ok();
+        while std::fs::metadata(&ckpt).and_then(|m| m.modified()).ok() == before {
+            assert!(child.try_wait().unwrap().is_none(), "training exited before writing a checkpoint");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let out = ember(&["generate", "--device", "cpu", "--model", run.to_str().unwrap(), "--max-new-tokens", "2"]);
+        assert!(out.status.success(), "after kill {i}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let out = ember(&[
+        "train",
+        "--device",
+        "cpu",
+        "--no-sample",
+        "--resume",
+        run.to_str().unwrap(),
+        "--set",
+        "train.max_steps=1",
+    ]);
+    // max_steps below the checkpoint's step: nothing to train, but the checkpoint must load.
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -1,0 +1,8 @@
+//! Attention and other hot ops behind one entry point per op. Every model calls [`attention`]; which
+//! implementation runs is chosen here, so models never change when a faster kernel lands.
+
+pub mod adapters;
+pub mod attention;
+
+pub use adapters::{Adapter, wgpu_adapters};
+pub use attention::{AttentionImpl, AttentionSpec, attention, attention_with, set_attention_impl};

@@ -1,0 +1,7 @@
+//! Generation from a trained model: sampling settings, token sampling, and the decoding loop.
+
+pub mod generate;
+pub mod sampling;
+
+pub use generate::{GenerateError, generate};
+pub use sampling::SampleConfig;

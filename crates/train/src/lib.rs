@@ -1,0 +1,14 @@
+//! Training: corpora and batching, the causal-LM loss, AdamW with parameter groups and global-norm clipping,
+//! learning-rate schedules, checkpoints, and the loop that ties them together.
+
+pub mod checkpoint;
+pub mod config;
+pub mod corpus;
+pub mod loss;
+pub mod optim;
+pub mod plot;
+pub mod schedule;
+pub mod trainer;
+
+pub use config::{DataConfig, TrainConfig};
+pub use trainer::{EvalReport, Observer, StepReport, TrainError, Trainer};

