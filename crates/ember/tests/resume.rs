@@ -13,33 +13,12 @@ fn forty_steps_equal_twenty_then_resume_twenty() {
     let corpus = small_corpus(dir.path(), 100_000);
     let straight = dir.path().join("straight");
     let config = tiny_config(dir.path(), &corpus, &straight, "");
-    let out = ember(&["train", "--device", "cpu", "--no-sample", "--config", config.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    train_ok(&["--device", "cpu", "--config", config.to_str().unwrap()]);
 
     let split = dir.path().join("split");
     let config = tiny_config(dir.path(), &corpus, &split, "");
-    let first = [
-        "train",
-        "--device",
-        "cpu",
-        "--no-sample",
-        "--config",
-        config.to_str().unwrap(),
-        "--set",
-        "train.max_steps=20",
-    ];
-    assert!(ember(&first).status.success());
-    let out = ember(&[
-        "train",
-        "--device",
-        "cpu",
-        "--no-sample",
-        "--resume",
-        split.to_str().unwrap(),
-        "--set",
-        "train.max_steps=40",
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    train_ok(&["--device", "cpu", "--config", config.to_str().unwrap(), "--set", "train.max_steps=20"]);
+    train_ok(&["--device", "cpu", "--resume", split.to_str().unwrap(), "--set", "train.max_steps=40"]);
 
     let (a, b) = (step_losses(&straight), step_losses(&split));
     assert_eq!(a.len(), 40);
@@ -83,16 +62,6 @@ fn killing_training_mid_checkpoint_leaves_the_previous_checkpoint_loadable() {
         let out = ember(&["generate", "--device", "cpu", "--model", run.to_str().unwrap(), "--max-new-tokens", "2"]);
         assert!(out.status.success(), "after kill {i}: {}", String::from_utf8_lossy(&out.stderr));
     }
-    let out = ember(&[
-        "train",
-        "--device",
-        "cpu",
-        "--no-sample",
-        "--resume",
-        run.to_str().unwrap(),
-        "--set",
-        "train.max_steps=1",
-    ]);
     // max_steps below the checkpoint's step: nothing to train, but the checkpoint must load.
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    train_ok(&["--device", "cpu", "--resume", run.to_str().unwrap(), "--set", "train.max_steps=1"]);
 }

@@ -47,18 +47,9 @@ fn twenty_training_steps_lower_the_loss() {
     let corpus = common::small_corpus(dir.path(), 100_000);
     let run = dir.path().join("run");
     let config = common::tiny_config(dir.path(), &corpus, &run, "");
-    let out = common::ember(&[
-        "train",
-        "--device",
-        "wgpu",
-        "--no-sample",
-        "--config",
-        config.to_str().unwrap(),
-        "--set",
-        "train.max_steps=20",
-    ]);
+    let out =
+        common::train_ok(&["--device", "wgpu", "--config", config.to_str().unwrap(), "--set", "train.max_steps=20"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("on wgpu"), "{stdout}");
     let losses = common::step_losses(&run);
     assert_eq!(losses.len(), 20);

@@ -67,6 +67,13 @@ pub fn ember(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ember")).args(args).output().expect("the ember binary runs")
 }
 
+/// Runs `ember train --no-sample ARGS` and asserts it succeeded.
+pub fn train_ok(args: &[&str]) -> Output {
+    let out = ember(&[&["train", "--no-sample"], args].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
 /// The per-step training losses in a run directory's metrics.jsonl.
 pub fn step_losses(run_dir: &Path) -> Vec<(u64, f64)> {
     std::fs::read_to_string(run_dir.join("metrics.jsonl"))
