@@ -1,80 +1,187 @@
-//! The decoder-only GPT (nanoGPT / GPT-2): token + learned position embeddings, Pre-LN blocks, final LayerNorm,
-//! output projection tied to the token embedding.
+//! The decoder-only language model. GPT-2 (learned positions, Pre-LN LayerNorm, GELU, tied output) and Llama
+//! (RoPE, RMSNorm, GQA, SwiGLU, untied output) are configs of this one model; see [`ModelConfig`].
 
 use burn::module::Module;
-use burn::nn::{Dropout, DropoutConfig, Embedding, LayerNorm, LayerNormConfig};
+use burn::nn::{Dropout, DropoutConfig, Embedding, Linear};
 use burn::tensor::{Device, Int, Tensor};
 
-use crate::init;
+use crate::config::{AttentionKind, NormPlacement, PositionKind};
 use crate::nn::attention::CausalSelfAttention;
-use crate::nn::mlp::Mlp;
-use crate::{ModelConfig, Rng};
+use crate::nn::ffn::Ffn;
+use crate::nn::linear;
+use crate::nn::mla::MlaAttention;
+use crate::nn::norm::Norm;
+use crate::nn::position::{Rope, sinusoidal};
+use crate::{ModelConfig, Rng, init};
+
+/// Self-attention of one block: MHA / GQA / MQA, or multi-head latent attention.
+#[derive(Module, Debug)]
+pub enum Attention {
+    Mha(CausalSelfAttention),
+    Mla(MlaAttention),
+}
+
+impl Attention {
+    fn forward(&self, x: Tensor<3>, rope: Option<&Rope>) -> Tensor<3> {
+        match self {
+            Attention::Mha(attn) => attn.forward(x, rope),
+            Attention::Mla(mla) => mla.forward(x, rope.expect("validated: MLA uses RoPE")),
+        }
+    }
+}
 
 #[derive(Module, Debug)]
 pub struct Block {
-    pub ln_1: LayerNorm,
-    pub attn: CausalSelfAttention,
-    pub ln_2: LayerNorm,
-    pub mlp: Mlp,
+    pub ln_1: Norm,
+    pub attn: Attention,
+    pub ln_2: Norm,
+    pub mlp: Ffn,
+    /// Peri-LN's norms on the sub-layer outputs.
+    pub ln_1_out: Option<Norm>,
+    pub ln_2_out: Option<Norm>,
+    #[module(skip)]
+    placement: NormPlacement,
 }
 
 impl Block {
     fn new(config: &ModelConfig, rng: &mut Rng, device: &Device) -> Self {
-        let ln = || LayerNormConfig::new(config.d_model).with_bias(config.bias).init(device);
+        let norm = || Norm::new(config.norm, config.d_model, config.norm_eps, config.bias, device);
+        let peri = config.norm_placement == NormPlacement::Peri;
+        let attn = match config.attention {
+            AttentionKind::Mha => Attention::Mha(CausalSelfAttention::new(config, rng, device)),
+            AttentionKind::Mla => Attention::Mla(MlaAttention::new(config, rng, device)),
+        };
         Self {
-            ln_1: ln(),
-            attn: CausalSelfAttention::new(config, rng, device),
-            ln_2: ln(),
-            mlp: Mlp::new(config, rng, device),
+            ln_1: norm(),
+            attn,
+            ln_2: norm(),
+            mlp: Ffn::new(config, rng, device),
+            ln_1_out: peri.then(norm),
+            ln_2_out: peri.then(norm),
+            placement: config.norm_placement,
         }
     }
 
-    /// Pre-LN: x + Attn(LN(x)), then x + FFN(LN(x)).
-    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let x = x.clone() + self.attn.forward(self.ln_1.forward(x));
-        x.clone() + self.mlp.forward(self.ln_2.forward(x))
+    fn forward(&self, x: Tensor<3>, rope: Option<&Rope>) -> Tensor<3> {
+        let x = self.sublayer(x, &self.ln_1, self.ln_1_out.as_ref(), |h| self.attn.forward(h, rope));
+        self.sublayer(x, &self.ln_2, self.ln_2_out.as_ref(), |h| self.mlp.forward(h))
+    }
+
+    /// Post: LN(x + F(x)); Pre: x + F(LN(x)); Peri: x + LN_out(F(LN_in(x))).
+    fn sublayer(
+        &self,
+        x: Tensor<3>,
+        ln: &Norm,
+        ln_out: Option<&Norm>,
+        f: impl Fn(Tensor<3>) -> Tensor<3>,
+    ) -> Tensor<3> {
+        match (self.placement, ln_out) {
+            (NormPlacement::Post, _) => ln.forward(x.clone() + f(x)),
+            (NormPlacement::Peri, Some(out)) => x.clone() + out.forward(f(ln.forward(x))),
+            _ => x.clone() + f(ln.forward(x)),
+        }
     }
 }
 
 #[derive(Module, Debug)]
 pub struct Gpt {
     pub wte: Embedding,
-    pub wpe: Embedding,
+    /// Learned positions.
+    pub wpe: Option<Embedding>,
+    /// Peri-LN's norm of the input embeddings.
+    pub ln_emb: Option<Norm>,
     drop: Dropout,
     pub blocks: Vec<Block>,
-    pub ln_f: LayerNorm,
+    /// The final norm of Pre-LN and Peri-LN.
+    pub ln_f: Option<Norm>,
+    /// The output projection [d, V] when not tied to `wte`.
+    pub lm_head: Option<Linear>,
+    #[module(skip)]
+    config: ModelConfig,
 }
 
 impl Gpt {
     /// GPT-2 initialisation from `rng`: embeddings N(0, 0.02), norms γ = 1, β = 0.
     pub fn new(config: &ModelConfig, rng: &mut Rng, device: &Device) -> Self {
-        let wte = Embedding { weight: init::normal(rng, [config.vocab(), config.d_model], 0.02, device) };
-        let wpe = Embedding { weight: init::normal(rng, [config.block_size, config.d_model], 0.02, device) };
+        let (d, v) = (config.d_model, config.vocab());
+        let norm = || Norm::new(config.norm, d, config.norm_eps, config.bias, device);
+        let wte = Embedding { weight: init::normal(rng, [v, d], 0.02, device) };
+        let wpe = (config.positions == PositionKind::Learned)
+            .then(|| Embedding { weight: init::normal(rng, [config.block_size, d], 0.02, device) });
         let blocks = (0..config.n_layers).map(|_| Block::new(config, rng, device)).collect();
+        let placement = config.norm_placement;
         Self {
             wte,
             wpe,
+            ln_emb: (placement == NormPlacement::Peri).then(norm),
             drop: DropoutConfig::new(config.dropout).init(),
             blocks,
-            ln_f: LayerNormConfig::new(config.d_model).with_bias(config.bias).init(device),
+            ln_f: (placement != NormPlacement::Post).then(norm),
+            lm_head: (!config.tie_embeddings).then(|| linear(rng, d, v, 0.02, false, device)),
+            config: config.clone(),
         }
     }
 
-    /// Logits [B, T, V] for token ids [B, T] (T ≤ block_size): LN_f(blocks(E[x] + P[0..T])) Eᵀ.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Logits [B, T, V] for token ids [B, T] (T ≤ block_size).
     pub fn forward(&self, idx: Tensor<2, Int>) -> Tensor<3> {
-        let [_, t] = idx.dims();
-        let pos = Tensor::<1, Int>::arange(0..t as i64, &idx.device()).reshape([1, t]);
-        let mut x = self.drop.forward(self.wte.forward(idx) + self.wpe.forward(pos));
+        let t = idx.dims()[1];
+        let rope = self.rope(0, t, &idx.device());
+        let mut x = self.embed(idx, 0);
         for block in &self.blocks {
-            x = block.forward(x);
+            x = block.forward(x, rope.as_ref());
         }
-        let x = self.ln_f.forward(x);
-        burn::tensor::module::linear(x, self.wte.weight.val().transpose(), None)
+        self.logits(x)
     }
 
-    /// The context length the position table allows.
+    /// h₀ = E[x] (+ P[offset..offset + T] learned, or + PE·(E[x]·√d) sinusoidal), normalised for Peri-LN.
+    pub fn embed(&self, idx: Tensor<2, Int>, offset: usize) -> Tensor<3> {
+        let [_, t] = idx.dims();
+        let device = idx.device();
+        let e = self.wte.forward(idx);
+        let x = match (&self.wpe, self.config.positions) {
+            (Some(wpe), _) => {
+                let pos = Tensor::<1, Int>::arange(offset as i64..(offset + t) as i64, &device).reshape([1, t]);
+                e + wpe.forward(pos)
+            }
+            (None, PositionKind::Sinusoidal) => {
+                let d = self.config.d_model;
+                e * (d as f64).sqrt() + sinusoidal(offset, t, d, &device).unsqueeze()
+            }
+            _ => e,
+        };
+        let x = match &self.ln_emb {
+            Some(ln) => ln.forward(x),
+            None => x,
+        };
+        self.drop.forward(x)
+    }
+
+    /// The rotation tables for positions `offset..offset + t` when the model uses RoPE (width d_R for MLA).
+    pub fn rope(&self, offset: usize, t: usize, device: &Device) -> Option<Rope> {
+        let c = &self.config;
+        let width = c.mla_rope_dim.unwrap_or(c.head_dim());
+        (c.positions == PositionKind::Rope).then(|| Rope::new(c.rope_theta, width, offset, t, device))
+    }
+
+    /// Logits = norm_f(h) Wᵀ_out, W_out = E when tied.
+    pub fn logits(&self, x: Tensor<3>) -> Tensor<3> {
+        let x = match &self.ln_f {
+            Some(ln) => ln.forward(x),
+            None => x,
+        };
+        match &self.lm_head {
+            Some(head) => head.forward(x),
+            None => burn::tensor::module::linear(x, self.wte.weight.val().transpose(), None),
+        }
+    }
+
+    /// The context length the model allows.
     pub fn block_size(&self) -> usize {
-        self.wpe.weight.dims()[0]
+        self.config.block_size
     }
 
     /// Whether the parameter at `path` is an embedding table (weight decay on these is configurable).

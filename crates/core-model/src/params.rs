@@ -13,14 +13,22 @@ pub struct ParamInfo {
     pub shape: Vec<usize>,
 }
 
+/// The dotted path of the module being visited; enum variants (`Attention::Mha`) add no segment, so a parameter's
+/// path names the field it lives in ("blocks.0.attn.c_attn.weight").
 #[derive(Default)]
 struct Paths {
-    stack: Vec<String>,
+    stack: Vec<Option<String>>,
 }
 
 impl Paths {
+    fn enter(&mut self, name: &str, container_type: &str) {
+        self.stack.push((!container_type.starts_with("Enum:")).then(|| name.to_string()));
+    }
+    fn exit(&mut self) {
+        self.stack.pop();
+    }
     fn path(&self) -> String {
-        self.stack.join(".")
+        self.stack.iter().flatten().cloned().collect::<Vec<_>>().join(".")
     }
 }
 
@@ -31,11 +39,11 @@ struct Lister {
 }
 
 impl ModuleVisitor for Lister {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.paths.stack.push(name.to_string());
+    fn enter_module(&mut self, name: &str, container_type: &str) {
+        self.paths.enter(name, container_type);
     }
     fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.paths.stack.pop();
+        self.paths.exit();
     }
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         let tensor = param.val();
@@ -77,11 +85,11 @@ struct Loader<'a> {
 }
 
 impl ModuleMapper for Loader<'_> {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.paths.stack.push(name.to_string());
+    fn enter_module(&mut self, name: &str, container_type: &str) {
+        self.paths.enter(name, container_type);
     }
     fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.paths.stack.pop();
+        self.paths.exit();
     }
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
         let path = self.paths.path();

@@ -18,15 +18,7 @@ fn wgpu_device() -> Option<Device> {
 #[test]
 fn forward_logits_match_the_cpu_within_1e_4() {
     let Some(gpu) = wgpu_device() else { return };
-    let config = ModelConfig {
-        vocab_size: Some(71),
-        n_layers: 4,
-        n_heads: 4,
-        d_model: 128,
-        block_size: 64,
-        dropout: 0.0,
-        bias: true,
-    };
+    let config = ModelConfig::gpt(71, 4, 4, 128, 64);
     let cpu = Device::flex();
     let on_cpu = Gpt::new(&config, &mut Rng::new(11), &cpu);
     let on_gpu = Gpt::new(&config, &mut Rng::new(11), &gpu);

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use burn::tensor::activation::softmax;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{Bool, Tensor};
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 /// What one attention call computes.
 #[derive(Clone, Debug, PartialEq)]
@@ -16,12 +16,21 @@ pub struct AttentionSpec {
     pub causal: bool,
     /// Absolute position of the first query row: keys before it come from a cache.
     pub query_offset: usize,
+    /// Sliding causal window w: query at position i sees keys i − w < j ≤ i only.
+    pub window: Option<usize>,
+    /// Valid keys per batch row (padding masks); rows with none give zeros.
+    pub key_lengths: Option<Vec<usize>>,
 }
 
 impl AttentionSpec {
     /// Causal self-attention over heads of width `head_dim`, scale 1/√head_dim.
     pub fn causal(head_dim: usize) -> Self {
-        Self { scale: 1.0 / (head_dim as f64).sqrt(), causal: true, query_offset: 0 }
+        Self { scale: 1.0 / (head_dim as f64).sqrt(), causal: true, query_offset: 0, window: None, key_lengths: None }
+    }
+
+    /// The same attention restricted to a sliding window of `window` keys (none: unrestricted).
+    pub fn with_window(self, window: Option<usize>) -> Self {
+        Self { window, ..self }
     }
 }
 
@@ -59,28 +68,60 @@ pub fn attention_with(imp: AttentionImpl, q: Tensor<4>, k: Tensor<4>, v: Tensor<
     let [_, hq, _, _] = q.dims();
     let (k, v) = (repeat_kv(k, hq), repeat_kv(v, hq));
     match imp {
-        AttentionImpl::Burn if spec.query_offset == 0 => burn::tensor::module::attention(
-            q,
-            k,
-            v,
-            None,
-            None,
-            AttentionModuleOptions { scale: Some(spec.scale), softcap: None, is_causal: spec.causal },
-        ),
+        AttentionImpl::Burn if spec.query_offset == 0 && spec.window.is_none() && spec.key_lengths.is_none() => {
+            burn::tensor::module::attention(
+                q,
+                k,
+                v,
+                None,
+                None,
+                AttentionModuleOptions { scale: Some(spec.scale), softcap: None, is_causal: spec.causal },
+            )
+        }
         _ => naive(q, k, v, spec),
     }
 }
 
-/// The reference: s = q kᵀ · scale, masked where key j > query_offset + i, p = softmax(s), o = p v.
+/// The reference: s = q kᵀ · scale, masked (causal: j > query_offset + i; window: j ≤ query_offset + i − w;
+/// padding: j ≥ key_length), p = softmax(s), o = p v; a row with every key masked gives zeros.
 fn naive(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> {
     let [b, h, tq, _] = q.dims();
     let tk = k.dims()[2];
-    let mut s = q.matmul(k.swap_dims(2, 3)) * spec.scale;
-    if spec.causal {
-        let mask = Tensor::<2, Bool>::tril_mask([tq, tk], spec.query_offset as i64, &s.device());
-        s = s.mask_fill(mask.unsqueeze::<4>().expand([b, h, tq, tk]), f32::NEG_INFINITY);
+    let device = q.device();
+    let s = q.matmul(k.swap_dims(2, 3)) * spec.scale;
+    let Some(mask) = mask(b, tq, tk, spec, &device) else {
+        return softmax(s, 3).matmul(v);
+    };
+    let s = s.mask_fill(mask.unsqueeze_dim::<4>(1).expand([b, h, tq, tk]), f32::NEG_INFINITY);
+    if spec.key_lengths.is_none() {
+        return softmax(s, 3).matmul(v);
     }
-    softmax(s, 3).matmul(v)
+    // Padding can mask a whole row: p = e^(s − m) / max(ℓ, tiny) with m = 0 where the row max is −∞.
+    let m = s.clone().max_dim(3);
+    let m = m.clone().mask_fill(m.equal_elem(f32::NEG_INFINITY), 0.0);
+    let e = (s - m).exp();
+    let l = e.clone().sum_dim(3).clamp_min(f32::MIN_POSITIVE);
+    (e / l).matmul(v)
+}
+
+/// True where query i may not see key j, as [B, Tq, Tk]; None when nothing is masked.
+fn mask(b: usize, tq: usize, tk: usize, spec: &AttentionSpec, device: &Device) -> Option<Tensor<3, Bool>> {
+    let o = spec.query_offset as i64;
+    let mut masked: Option<Tensor<2, Bool>> = None;
+    let mut or = |m: Tensor<2, Bool>| masked = Some(masked.take().map_or(m.clone(), |a| a.bool_or(m)));
+    if spec.causal {
+        or(Tensor::<2, Bool>::tril_mask([tq, tk], o, device)); // j > o + i
+    }
+    if let Some(w) = spec.window {
+        or(Tensor::<2, Bool>::triu_mask([tq, tk], o - w as i64 + 1, device)); // j ≤ o + i − w
+    }
+    let masked = masked.map(|m| m.unsqueeze::<3>().expand([b, tq, tk]));
+    let Some(lengths) = &spec.key_lengths else { return masked };
+    let lengths: Vec<i64> = lengths.iter().map(|&l| l as i64).collect();
+    let lengths = Tensor::<1, Int>::from_data(TensorData::new(lengths, [b]), device).reshape([b, 1, 1]);
+    let j = Tensor::<1, Int>::arange(0..tk as i64, device).reshape([1, 1, tk]);
+    let padding = j.greater_equal(lengths).expand([b, tq, tk]);
+    Some(masked.map_or(padding.clone(), |m| m.bool_or(padding)))
 }
 
 /// K or V of [B, Hkv, T, D] seen as [B, Hq, T, D]: each KV head serves Hq/Hkv consecutive query heads.
@@ -144,5 +185,54 @@ mod tests {
             &spec,
         );
         assert!(max_diff(one, reference.slice([0..2, 3..4, 0..7, 0..8])) < 1e-6);
+    }
+
+    fn qkv(b: usize, h: usize, t: usize, d: usize) -> [Tensor<4>; 3] {
+        let dev = Device::flex();
+        [(); 3].map(|_| Tensor::<4>::random([b, h, t, d], Distribution::Normal(0.0, 1.0), &dev))
+    }
+
+    #[test]
+    fn a_window_of_t_is_full_causal_attention() {
+        let [q, k, v] = qkv(2, 3, 9, 8);
+        let full = naive(q.clone(), k.clone(), v.clone(), &AttentionSpec::causal(8));
+        let windowed = naive(q, k, v, &AttentionSpec::causal(8).with_window(Some(9)));
+        assert!(max_diff(full, windowed) < 1e-6);
+    }
+
+    #[test]
+    fn a_window_of_w_sees_exactly_the_last_w_keys() {
+        let [q, k, v] = qkv(1, 2, 8, 4);
+        let (w, i) = (3, 6);
+        let spec = AttentionSpec::causal(4).with_window(Some(w));
+        let windowed = naive(q.clone(), k.clone(), v.clone(), &spec).slice([0..1, 0..2, i..i + 1, 0..4]);
+        // Row i alone against keys i − w + 1 ..= i, unmasked.
+        let keys = (i + 1 - w)..(i + 1);
+        let spec = AttentionSpec { causal: false, ..AttentionSpec::causal(4) };
+        let row = naive(
+            q.slice([0..1, 0..2, i..i + 1, 0..4]),
+            k.slice([0..1, 0..2, keys.clone(), 0..4]),
+            v.slice([0..1, 0..2, keys, 0..4]),
+            &spec,
+        );
+        assert!(max_diff(windowed, row) < 1e-6);
+    }
+
+    #[test]
+    fn a_fully_masked_row_gives_zeros_not_nan() {
+        let [q, k, v] = qkv(2, 2, 5, 4);
+        let spec = AttentionSpec { causal: false, key_lengths: Some(vec![0, 3]), ..AttentionSpec::causal(4) };
+        let o = naive(q.clone(), k.clone(), v.clone(), &spec);
+        let empty = o.clone().slice([0..1, 0..2, 0..5, 0..4]).into_data().try_to_vec::<f32>().unwrap();
+        assert!(empty.iter().all(|&x| x == 0.0), "{empty:?}");
+        // The second row sees its first three keys only.
+        let spec = AttentionSpec { causal: false, ..AttentionSpec::causal(4) };
+        let three = naive(
+            q.slice([1..2, 0..2, 0..5, 0..4]),
+            k.slice([1..2, 0..2, 0..3, 0..4]),
+            v.slice([1..2, 0..2, 0..3, 0..4]),
+            &spec,
+        );
+        assert!(max_diff(o.slice([1..2, 0..2, 0..5, 0..4]), three) < 1e-6);
     }
 }

@@ -293,15 +293,7 @@ mod tests {
     use super::*;
 
     fn trainer(batch_size: usize, grad_accum: usize, dir: &Path) -> Trainer {
-        let model = ModelConfig {
-            vocab_size: Some(13),
-            n_layers: 1,
-            n_heads: 2,
-            d_model: 8,
-            block_size: 8,
-            dropout: 0.0,
-            bias: true,
-        };
+        let model = ModelConfig::gpt(13, 1, 2, 8, 8);
         let config: TrainConfig = serde_json::from_value(serde_json::json!({
             "batch_size": batch_size, "grad_accum": grad_accum, "max_steps": 1, "lr": 1e-2, "weight_decay": 0.1,
             "grad_clip": 1.0, "eval_interval": 1, "eval_iters": 1, "out_dir": dir

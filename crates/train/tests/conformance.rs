@@ -31,15 +31,7 @@ fn ids(t: &HashMap<String, TensorData>, name: &str, device: &Device) -> Tensor<2
 fn gpt_logits_loss_gradient_norm_and_one_adamw_step_match_pytorch() {
     let t = fixture();
     let device = Device::flex().autodiff();
-    let config = ModelConfig {
-        vocab_size: Some(11),
-        n_layers: 2,
-        n_heads: 2,
-        d_model: 16,
-        block_size: 8,
-        dropout: 0.0,
-        bias: true,
-    };
+    let config = ModelConfig::gpt(11, 2, 2, 16, 8);
     let model = bundle::model_from_tensors(&config, &t, Path::new("fixture"), &device).unwrap();
     let (x, y) = (ids(&t, "fixture.x", &device), ids(&t, "fixture.y", &device));
 

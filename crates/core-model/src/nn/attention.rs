@@ -1,53 +1,128 @@
-//! Causal multi-head self-attention with a fused QKV projection (GPT-2's `c_attn`).
+//! Causal multi-head self-attention with a fused QKV projection (GPT-2's `c_attn`): MHA, GQA and MQA by the number
+//! of key/value heads, optional RoPE on q and k, optional sliding window.
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::tensor::Tensor;
 use ember_kernels::{AttentionSpec, attention};
 
-use crate::init;
+use crate::nn::linear;
+use crate::nn::position::Rope;
 use crate::{ModelConfig, Rng};
 
 #[derive(Module, Debug)]
 pub struct CausalSelfAttention {
+    /// [W_Q | W_K | W_V]: d → (h + 2g)·d_h.
     pub c_attn: Linear,
+    /// W_O: h·d_h → d.
     pub c_proj: Linear,
     resid_drop: Dropout,
     n_heads: usize,
+    n_kv_heads: usize,
+    #[module(skip)]
+    window: Option<usize>,
 }
 
 impl CausalSelfAttention {
     /// GPT-2 init: N(0, 0.02) weights, residual projection N(0, 0.02/√(2L)), zero biases.
     pub fn new(config: &ModelConfig, rng: &mut Rng, device: &burn::tensor::Device) -> Self {
-        let d = config.d_model;
+        let (d, h, g, dh) = (config.d_model, config.n_heads, config.kv_heads(), config.head_dim());
         let residual_std = 0.02 / (2.0 * config.n_layers as f64).sqrt();
         Self {
-            c_attn: linear(rng, d, 3 * d, 0.02, config.bias, device),
-            c_proj: linear(rng, d, d, residual_std, config.bias, device),
+            c_attn: linear(rng, d, (h + 2 * g) * dh, 0.02, config.qkv_bias(), device),
+            c_proj: linear(rng, h * dh, d, residual_std, config.bias, device),
             resid_drop: DropoutConfig::new(config.dropout).init(),
-            n_heads: config.n_heads,
+            n_heads: h,
+            n_kv_heads: g,
+            window: config.window,
         }
     }
 
-    /// y = softmax(q kᵀ / √d_k + causal mask) v, heads concatenated, then W_O.
-    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let [b, t, c] = x.dims();
-        let (h, d) = (self.n_heads, c / self.n_heads);
-        let heads = |z: Tensor<3>| z.reshape([b, t, h, d]).swap_dims(1, 2); // [b, h, t, d]
-        let mut qkv = self.c_attn.forward(x).chunk(3, 2);
-        let v = heads(qkv.pop().expect("v"));
-        let k = heads(qkv.pop().expect("k"));
-        let q = heads(qkv.pop().expect("q"));
-        let y = attention(q, k, v, &AttentionSpec::causal(d));
-        let y = y.swap_dims(1, 2).reshape([b, t, c]);
+    /// q [B, h, T, d_h] and k, v [B, g, T, d_h] of x [B, T, d]; q and k rotated when `rope` is given.
+    pub fn qkv(&self, x: Tensor<3>, rope: Option<&Rope>) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+        let [b, t, _] = x.dims();
+        let (h, g) = (self.n_heads, self.n_kv_heads);
+        let dh = self.c_attn.weight.dims()[1] / (h + 2 * g);
+        let heads = |z: Tensor<3>, n: usize| z.reshape([b, t, n, dh]).swap_dims(1, 2);
+        let qkv = self.c_attn.forward(x);
+        let q = heads(qkv.clone().slice([0..b, 0..t, 0..h * dh]), h);
+        let k = heads(qkv.clone().slice([0..b, 0..t, h * dh..(h + g) * dh]), g);
+        let v = heads(qkv.slice([0..b, 0..t, (h + g) * dh..(h + 2 * g) * dh]), g);
+        match rope {
+            Some(rope) => (rope.apply(q), rope.apply(k), v),
+            None => (q, k, v),
+        }
+    }
+
+    /// y = softmax(q kᵀ / √d_k + mask) v, heads concatenated, then W_O; queries start at `query_offset` of k, v.
+    pub fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, query_offset: usize) -> Tensor<3> {
+        let [b, h, t, dh] = q.dims();
+        let spec = AttentionSpec { query_offset, ..AttentionSpec::causal(dh).with_window(self.window) };
+        let y = attention(q, k, v, &spec).swap_dims(1, 2).reshape([b, t, h * dh]);
         self.resid_drop.forward(self.c_proj.forward(y))
+    }
+
+    pub fn forward(&self, x: Tensor<3>, rope: Option<&Rope>) -> Tensor<3> {
+        let (q, k, v) = self.qkv(x, rope);
+        self.attend(q, k, v, 0)
     }
 }
 
-/// A linear layer x W + b with W ~ N(0, std²) of shape [d_in, d_out] and b = 0.
-pub fn linear(rng: &mut Rng, d_in: usize, d_out: usize, std: f64, bias: bool, device: &burn::tensor::Device) -> Linear {
-    Linear {
-        weight: init::normal(rng, [d_in, d_out], std, device),
-        bias: bias.then(|| init::constant([d_out], 0.0, device)),
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::{load_state_dict, state_dict};
+    use burn::tensor::{Device, Distribution, TensorData};
+    use std::collections::HashMap;
+
+    fn max_diff(a: Tensor<3>, b: Tensor<3>) -> f32 {
+        (a - b).abs().max().into_scalar()
+    }
+
+    /// Weights of `mha` (h heads of width dh) with K/V head r taken from head `source(r)`, for `n` K/V heads.
+    fn kv_heads_from(
+        mha: &CausalSelfAttention,
+        h: usize,
+        dh: usize,
+        n: usize,
+        source: impl Fn(usize) -> usize,
+    ) -> HashMap<String, TensorData> {
+        let mut sd: HashMap<String, TensorData> = state_dict(mha).into_iter().collect();
+        let w = Tensor::<2>::from_data(sd["c_attn.weight"].clone(), &Device::flex());
+        let d = w.dims()[0];
+        let head = |part: usize, r: usize| w.clone().slice([0..d, (part * h + r) * dh..(part * h + r + 1) * dh]);
+        let q = w.clone().slice([0..d, 0..h * dh]);
+        let k = (0..n).map(|r| head(1, source(r)));
+        let v = (0..n).map(|r| head(2, source(r)));
+        let fused = Tensor::cat(std::iter::once(q).chain(k).chain(v).collect(), 1);
+        sd.insert("c_attn.weight".into(), fused.into_data());
+        sd
+    }
+
+    #[test]
+    fn gqa_with_g_equal_h_is_mha_and_query_head_r_reads_kv_head_r_over_h_by_g() {
+        let dev = Device::flex();
+        let (h, dh) = (4, 8);
+        let base = ModelConfig { bias: false, ..ModelConfig::gpt(10, 1, h, h * dh, 16) };
+        let mha = CausalSelfAttention::new(&base, &mut Rng::new(1), &dev);
+        let x = Tensor::<3>::random([2, 6, h * dh], Distribution::Normal(0.0, 1.0), &dev);
+
+        // g = h: the same weights give the same output.
+        let g4 = CausalSelfAttention::new(&ModelConfig { n_kv_heads: Some(h), ..base.clone() }, &mut Rng::new(1), &dev);
+        assert!(max_diff(g4.forward(x.clone(), None), mha.forward(x.clone(), None)) < 1e-6);
+
+        // g = 2 (GQA) and g = 1 (MQA): K/V head j is MHA head j·(h/g); MHA with every K/V head r replaced by
+        // head ⌊r / (h/g)⌋·(h/g) computes the same.
+        for g in [2, 1] {
+            let group = h / g;
+            let cfg = ModelConfig { n_kv_heads: Some(g), ..base.clone() };
+            let gqa = CausalSelfAttention::new(&cfg, &mut Rng::new(2), &dev);
+            let gqa = load_state_dict(gqa, &kv_heads_from(&mha, h, dh, g, |j| j * group)).unwrap();
+            let shared = CausalSelfAttention::new(&base, &mut Rng::new(3), &dev);
+            let shared = load_state_dict(shared, &kv_heads_from(&mha, h, dh, h, |r| r / group * group)).unwrap();
+            let (_, k, _) = gqa.qkv(x.clone(), None);
+            assert_eq!(k.dims(), [2, g, 6, dh]);
+            assert!(max_diff(gqa.forward(x.clone(), None), shared.forward(x.clone(), None)) < 1e-5, "g = {g}");
+        }
     }
 }

@@ -1,0 +1,296 @@
+//! GGUF files (llama.cpp): metadata, tensor directory, and tensors dequantized to f32 (F32, F16, BF16, Q8_0, Q4_0,
+//! Q4_1).
+
+use std::collections::HashMap;
+
+use burn::tensor::TensorData;
+
+/// A metadata value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    Uint(u64),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Str(String),
+    Array(Vec<Value>),
+}
+
+impl Value {
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            Value::Uint(v) => Some(v),
+            Value::Int(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            Value::Float(v) => Some(v),
+            Value::Uint(v) => Some(v as f64),
+            Value::Int(v) => Some(v as f64),
+            _ => None,
+        }
+    }
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+    pub fn as_array(&self) -> Option<&[Value]> {
+        match self {
+            Value::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// One tensor's name, GGUF dimensions (fastest first), ggml type and byte offset in the data section.
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    pub name: String,
+    pub dims: Vec<usize>,
+    pub ggml_type: u32,
+    pub offset: usize,
+}
+
+impl TensorInfo {
+    /// Row-major shape: GGUF lists the fastest dimension first, so [ne₁, ne₀] is PyTorch's [out, in].
+    pub fn shape(&self) -> Vec<usize> {
+        self.dims.iter().rev().copied().collect()
+    }
+    fn len(&self) -> usize {
+        self.dims.iter().product()
+    }
+}
+
+/// A parsed GGUF file held in memory.
+pub struct Gguf {
+    pub metadata: HashMap<String, Value>,
+    pub tensors: Vec<TensorInfo>,
+    bytes: Vec<u8>,
+    data_start: usize,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum GgufError {
+    #[error("not a GGUF file (magic {0:?})")]
+    Magic([u8; 4]),
+    #[error("GGUF version {0} is not supported (2 and 3 are)")]
+    Version(u32),
+    #[error("truncated at byte {0}")]
+    Truncated(usize),
+    #[error("metadata value type {0} is unknown")]
+    ValueType(u32),
+    #[error("tensor {name}: ggml type {ggml_type} is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1 are)")]
+    TensorType { name: String, ggml_type: u32 },
+    #[error("tensor {0} extends past the end of the file")]
+    TensorBounds(String),
+    #[error("no tensor named {0}")]
+    MissingTensor(String),
+    #[error("text is not UTF-8 at byte {0}")]
+    Utf8(usize),
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], GgufError> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or(GgufError::Truncated(self.at))?;
+        let s = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], GgufError> {
+        Ok(self.take(N)?.try_into().expect("took N bytes"))
+    }
+    fn u32(&mut self) -> Result<u32, GgufError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, GgufError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    fn len(&mut self) -> Result<usize, GgufError> {
+        let at = self.at;
+        usize::try_from(self.u64()?).ok().filter(|&n| n <= self.bytes.len()).ok_or(GgufError::Truncated(at))
+    }
+    fn string(&mut self) -> Result<String, GgufError> {
+        let n = self.len()?;
+        let at = self.at;
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| GgufError::Utf8(at))
+    }
+    fn value(&mut self, ty: u32) -> Result<Value, GgufError> {
+        Ok(match ty {
+            0 => Value::Uint(self.array::<1>()?[0] as u64),
+            1 => Value::Int(self.array::<1>()?[0] as i8 as i64),
+            2 => Value::Uint(u16::from_le_bytes(self.array()?) as u64),
+            3 => Value::Int(i16::from_le_bytes(self.array()?) as i64),
+            4 => Value::Uint(self.u32()? as u64),
+            5 => Value::Int(i32::from_le_bytes(self.array()?) as i64),
+            6 => Value::Float(f32::from_le_bytes(self.array()?) as f64),
+            7 => Value::Bool(self.array::<1>()?[0] != 0),
+            8 => Value::Str(self.string()?),
+            9 => {
+                let item = self.u32()?;
+                let n = self.len()?;
+                Value::Array((0..n).map(|_| self.value(item)).collect::<Result<_, _>>()?)
+            }
+            10 => Value::Uint(self.u64()?),
+            11 => Value::Int(i64::from_le_bytes(self.array()?)),
+            12 => Value::Float(f64::from_le_bytes(self.array()?)),
+            other => return Err(GgufError::ValueType(other)),
+        })
+    }
+}
+
+impl Gguf {
+    /// Parses the header, metadata and tensor directory of a GGUF file's bytes.
+    pub fn parse(bytes: Vec<u8>) -> Result<Self, GgufError> {
+        let mut r = Reader { bytes: &bytes, at: 0 };
+        let magic: [u8; 4] = r.array()?;
+        if &magic != b"GGUF" {
+            return Err(GgufError::Magic(magic));
+        }
+        let version = r.u32()?;
+        if !(2..=3).contains(&version) {
+            return Err(GgufError::Version(version));
+        }
+        let (n_tensors, n_kv) = (r.len()?, r.len()?);
+        let mut metadata = HashMap::new();
+        for _ in 0..n_kv {
+            let key = r.string()?;
+            let ty = r.u32()?;
+            metadata.insert(key, r.value(ty)?);
+        }
+        let mut tensors = Vec::with_capacity(n_tensors);
+        for _ in 0..n_tensors {
+            let name = r.string()?;
+            let n_dims = r.u32()? as usize;
+            let dims = (0..n_dims).map(|_| r.len()).collect::<Result<_, _>>()?;
+            let ggml_type = r.u32()?;
+            let offset = r.len()?;
+            tensors.push(TensorInfo { name, dims, ggml_type, offset });
+        }
+        let alignment = metadata.get("general.alignment").and_then(Value::as_u64).unwrap_or(32).max(1) as usize;
+        let data_start = r.at.div_ceil(alignment) * alignment;
+        Ok(Self { metadata, tensors, bytes, data_start })
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.metadata.get(key)
+    }
+
+    pub fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// The tensor `name` as f32 in row-major shape [ne_{n−1}, …, ne₀].
+    pub fn tensor(&self, name: &str) -> Result<TensorData, GgufError> {
+        let info = self.info(name).ok_or_else(|| GgufError::MissingTensor(name.into()))?;
+        let n = info.len();
+        let unsupported = || GgufError::TensorType { name: name.into(), ggml_type: info.ggml_type };
+        let (block, block_bytes) = match info.ggml_type {
+            0 => (1, 4),
+            1 | 30 => (1, 2),
+            8 => (32, 34),
+            2 => (32, 18),
+            3 => (32, 20),
+            _ => return Err(unsupported()),
+        };
+        if n % block != 0 {
+            return Err(unsupported());
+        }
+        let start = self.data_start + info.offset;
+        let end = start + n / block * block_bytes;
+        let raw = self.bytes.get(start..end).ok_or_else(|| GgufError::TensorBounds(name.into()))?;
+        let values = match info.ggml_type {
+            0 => raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+            1 => raw.chunks_exact(2).map(|b| f16(u16::from_le_bytes([b[0], b[1]]))).collect(),
+            30 => raw.chunks_exact(2).map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)).collect(),
+            8 => raw.chunks_exact(34).flat_map(q8_0).collect(),
+            2 => raw.chunks_exact(18).flat_map(q4_0).collect(),
+            _ => raw.chunks_exact(20).flat_map(q4_1).collect(),
+        };
+        Ok(TensorData::new(values, info.shape()))
+    }
+}
+
+/// IEEE half precision to f32.
+pub fn f16(h: u16) -> f32 {
+    let sign = ((h >> 15) as u32) << 31;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    let bits = match (exp, man) {
+        (0, 0) => sign,
+        // Subnormal: man · 2⁻²⁴.
+        (0, _) => return if sign != 0 { -1.0 } else { 1.0 } * man as f32 * 2f32.powi(-24),
+        (31, 0) => sign | 0x7f80_0000,
+        (31, _) => sign | 0x7fc0_0000,
+        _ => sign | ((exp + 112) << 23) | (man << 13),
+    };
+    f32::from_bits(bits)
+}
+
+fn scale(b: &[u8], at: usize) -> f32 {
+    f16(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+/// Q8_0 block of 32: x = d · q with q an i8.
+fn q8_0(b: &[u8]) -> [f32; 32] {
+    let d = scale(b, 0);
+    std::array::from_fn(|i| d * b[2 + i] as i8 as f32)
+}
+
+/// Q4_0 block of 32: x = d · (q − 8); element i < 16 in the low nibble of byte i, element 16 + i in its high nibble.
+fn q4_0(b: &[u8]) -> [f32; 32] {
+    let d = scale(b, 0);
+    std::array::from_fn(|i| d * (nibble(&b[2..], i) as f32 - 8.0))
+}
+
+/// Q4_1 block of 32: x = d · q + m, nibbles laid out as Q4_0.
+fn q4_1(b: &[u8]) -> [f32; 32] {
+    let (d, m) = (scale(b, 0), scale(b, 2));
+    std::array::from_fn(|i| d * nibble(&b[4..], i) as f32 + m)
+}
+
+fn nibble(qs: &[u8], i: usize) -> u8 {
+    if i < 16 { qs[i] & 0x0f } else { qs[i - 16] >> 4 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_precision_decodes() {
+        assert_eq!(f16(0x3c00), 1.0);
+        assert_eq!(f16(0xc000), -2.0);
+        assert_eq!(f16(0x3555), 0.333_251_95);
+        assert_eq!(f16(0x0001), 2f32.powi(-24));
+        assert_eq!(f16(0x7c00), f32::INFINITY);
+    }
+
+    #[test]
+    fn quantized_blocks_dequantize_as_ggml_defines_them() {
+        // d = 0.5 (0x3800), m = −1 (0xbc00); nibbles: low = i % 16, high = 15 − i % 16.
+        let qs: Vec<u8> = (0..16u8).map(|i| i | ((15 - i) << 4)).collect();
+        let q41: Vec<u8> = [0x00, 0x38, 0x00, 0xbc].into_iter().chain(qs.iter().copied()).collect();
+        let x = q4_1(&q41);
+        assert_eq!((x[0], x[15], x[16], x[31]), (-1.0, 6.5, 6.5, -1.0));
+        let q40: Vec<u8> = [0x00, 0x38].into_iter().chain(qs.iter().copied()).collect();
+        let x = q4_0(&q40);
+        assert_eq!((x[0], x[3], x[16]), (-4.0, -2.5, 3.5));
+        let q80: Vec<u8> = [0x00, 0x38].into_iter().chain((0..32).map(|i| (i as i8 - 16) as u8)).collect();
+        assert_eq!((q8_0(&q80)[0], q8_0(&q80)[31]), (-8.0, 7.5));
+    }
+
+    #[test]
+    fn bad_magic_and_truncation_are_errors() {
+        assert_eq!(Gguf::parse(b"GGML\x03\0\0\0".to_vec()).err(), Some(GgufError::Magic(*b"GGML")));
+        assert_eq!(Gguf::parse(b"GGUF\x03\0\0\0\x01".to_vec()).err(), Some(GgufError::Truncated(8)));
+    }
+}

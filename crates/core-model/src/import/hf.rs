@@ -1,0 +1,185 @@
+//! Hugging Face model directories: `config.json` + `model.safetensors` (or sharded with an index) for
+//! `GPT2LMHeadModel` and `LlamaForCausalLM`, mapped onto Ember's parameter names.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::Path;
+
+use burn::tensor::TensorData;
+use safetensors::tensor::Dtype;
+use serde_json::Value;
+
+use super::{ImportError, Tensors, concat_rows, transpose};
+use crate::config::{FfnKind, NormKind, PositionKind};
+use crate::ModelConfig;
+
+/// The model config and Ember-named tensors of a Hugging Face directory.
+pub fn load(dir: &Path) -> Result<(ModelConfig, Tensors), ImportError> {
+    let config_path = dir.join("config.json");
+    let bad = |reason: String| ImportError::new(&config_path, reason);
+    let text = fs::read_to_string(&config_path).map_err(|e| bad(e.to_string()))?;
+    let json: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    let model_type = json["model_type"].as_str().unwrap_or_default();
+    let hf = read_safetensors(dir)?;
+    let (config, tensors) = match model_type {
+        "gpt2" => gpt2(&json, hf).map_err(bad)?,
+        "llama" => llama(&json, hf).map_err(bad)?,
+        other => return Err(bad(format!("model_type {other:?} is not supported (gpt2 and llama are)"))),
+    };
+    config.validate().map_err(|e| bad(e.to_string()))?;
+    Ok((config, tensors))
+}
+
+fn usize_of(json: &Value, key: &str) -> Result<usize, String> {
+    json[key].as_u64().map(|v| v as usize).ok_or_else(|| format!("{key} is missing or not an integer"))
+}
+
+fn f64_of(json: &Value, key: &str, default: f64) -> f64 {
+    json[key].as_f64().unwrap_or(default)
+}
+
+fn take(hf: &mut Tensors, name: &str) -> Result<TensorData, String> {
+    hf.remove(name).ok_or_else(|| format!("tensor {name} is missing from the safetensors"))
+}
+
+/// GPT-2: Conv1D weights are already [in, out], as Burn's Linear.
+fn gpt2(json: &Value, mut hf: Tensors) -> Result<(ModelConfig, Tensors), String> {
+    let d = usize_of(json, "n_embd")?;
+    let mut config = ModelConfig::gpt(
+        usize_of(json, "vocab_size")?,
+        usize_of(json, "n_layer")?,
+        usize_of(json, "n_head")?,
+        d,
+        usize_of(json, "n_positions")?,
+    );
+    config.norm_eps = f64_of(json, "layer_norm_epsilon", 1e-5);
+    config.d_ff = json["n_inner"].as_u64().map(|v| v as usize);
+    config.ffn = match json["activation_function"].as_str().unwrap_or("gelu_new") {
+        "gelu_new" | "gelu_pytorch_tanh" => FfnKind::GeluTanh,
+        "gelu" => FfnKind::Gelu,
+        "relu" => FfnKind::Relu,
+        other => return Err(format!("activation_function {other:?} is not supported")),
+    };
+    // Checkpoints saved from GPT2LMHeadModel prefix "transformer."; those of GPT2Model do not.
+    hf = hf.into_iter().map(|(k, v)| (k.strip_prefix("transformer.").unwrap_or(&k).to_string(), v)).collect();
+    let mut out = Tensors::new();
+    for name in ["wte.weight", "wpe.weight"] {
+        out.insert(name.into(), take(&mut hf, name)?);
+    }
+    for i in 0..config.n_layers {
+        for (part, ember) in [("ln_1", "ln_1"), ("ln_2", "ln_2")] {
+            out.insert(format!("blocks.{i}.{ember}.gamma"), take(&mut hf, &format!("h.{i}.{part}.weight"))?);
+            out.insert(format!("blocks.{i}.{ember}.beta"), take(&mut hf, &format!("h.{i}.{part}.bias"))?);
+        }
+        for part in ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"] {
+            for kind in ["weight", "bias"] {
+                out.insert(format!("blocks.{i}.{part}.{kind}"), take(&mut hf, &format!("h.{i}.{part}.{kind}"))?);
+            }
+        }
+    }
+    out.insert("ln_f.gamma".into(), take(&mut hf, "ln_f.weight")?);
+    out.insert("ln_f.beta".into(), take(&mut hf, "ln_f.bias")?);
+    Ok((config, out))
+}
+
+/// Llama: nn.Linear weights are [out, in] and are transposed; q, k, v are fused into `c_attn`.
+fn llama(json: &Value, mut hf: Tensors) -> Result<(ModelConfig, Tensors), String> {
+    let (d, h) = (usize_of(json, "hidden_size")?, usize_of(json, "num_attention_heads")?);
+    if let Some(dh) = json["head_dim"].as_u64().filter(|&dh| dh as usize * h != d) {
+        return Err(format!("head_dim = {dh} with hidden_size {d} and {h} heads is not supported (needs d / h)"));
+    }
+    if !json["rope_scaling"].is_null() {
+        return Err(format!("rope_scaling {} is not supported", json["rope_scaling"]));
+    }
+    let theta = json["rope_theta"].as_f64().or_else(|| json["rope_parameters"]["rope_theta"].as_f64());
+    let qkv_bias = json["attention_bias"].as_bool().unwrap_or(false);
+    let mut config = ModelConfig::gpt(
+        usize_of(json, "vocab_size")?,
+        usize_of(json, "num_hidden_layers")?,
+        h,
+        d,
+        usize_of(json, "max_position_embeddings")?,
+    );
+    config.bias = json["mlp_bias"].as_bool().unwrap_or(false);
+    config.qkv_bias = Some(qkv_bias);
+    config.norm = NormKind::RmsNorm;
+    config.norm_eps = f64_of(json, "rms_norm_eps", 1e-6);
+    config.ffn = FfnKind::Swiglu;
+    config.d_ff = Some(usize_of(json, "intermediate_size")?);
+    config.positions = PositionKind::Rope;
+    config.rope_theta = theta.unwrap_or(10_000.0);
+    config.n_kv_heads = Some(json["num_key_value_heads"].as_u64().map_or(h, |g| g as usize));
+    config.tie_embeddings = json["tie_word_embeddings"].as_bool().unwrap_or(false);
+    if config.bias {
+        return Err("mlp_bias = true is not supported".into());
+    }
+
+    let mut out = Tensors::new();
+    out.insert("wte.weight".into(), take(&mut hf, "model.embed_tokens.weight")?);
+    let linear = |hf: &mut Tensors, name: &str| take(hf, &format!("{name}.weight")).map(|w| transpose(&w));
+    for i in 0..config.n_layers {
+        let l = format!("model.layers.{i}");
+        let b = format!("blocks.{i}");
+        out.insert(format!("{b}.ln_1.gamma"), take(&mut hf, &format!("{l}.input_layernorm.weight"))?);
+        out.insert(format!("{b}.ln_2.gamma"), take(&mut hf, &format!("{l}.post_attention_layernorm.weight"))?);
+        let qkv: Vec<TensorData> = ["q_proj", "k_proj", "v_proj"]
+            .iter()
+            .map(|p| take(&mut hf, &format!("{l}.self_attn.{p}.weight")))
+            .collect::<Result<_, _>>()?;
+        out.insert(format!("{b}.attn.c_attn.weight"), transpose(&concat_rows(&qkv)));
+        if qkv_bias {
+            let biases: Vec<TensorData> = ["q_proj", "k_proj", "v_proj"]
+                .iter()
+                .map(|p| take(&mut hf, &format!("{l}.self_attn.{p}.bias")))
+                .collect::<Result<_, _>>()?;
+            out.insert(format!("{b}.attn.c_attn.bias"), concat_rows(&biases));
+        }
+        out.insert(format!("{b}.attn.c_proj.weight"), linear(&mut hf, &format!("{l}.self_attn.o_proj"))?);
+        out.insert(format!("{b}.mlp.c_gate.weight"), linear(&mut hf, &format!("{l}.mlp.gate_proj"))?);
+        out.insert(format!("{b}.mlp.c_fc.weight"), linear(&mut hf, &format!("{l}.mlp.up_proj"))?);
+        out.insert(format!("{b}.mlp.c_proj.weight"), linear(&mut hf, &format!("{l}.mlp.down_proj"))?);
+    }
+    out.insert("ln_f.gamma".into(), take(&mut hf, "model.norm.weight")?);
+    if !config.tie_embeddings {
+        out.insert("lm_head.weight".into(), linear(&mut hf, "lm_head")?);
+    }
+    Ok((config, out))
+}
+
+/// Every tensor of `model.safetensors`, or of the shards `model.safetensors.index.json` lists, as f32.
+fn read_safetensors(dir: &Path) -> Result<Tensors, ImportError> {
+    let index = dir.join("model.safetensors.index.json");
+    let files: Vec<String> = if index.exists() {
+        let bad = |reason: String| ImportError::new(&index, reason);
+        let json: Value = serde_json::from_str(&fs::read_to_string(&index).map_err(|e| bad(e.to_string()))?)
+            .map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        let map = json["weight_map"].as_object().ok_or_else(|| bad("no weight_map".into()))?;
+        let mut files: Vec<String> = map.values().filter_map(|v| v.as_str().map(String::from)).collect();
+        files.sort();
+        files.dedup();
+        files
+    } else {
+        vec!["model.safetensors".into()]
+    };
+    let mut tensors = Tensors::new();
+    for file in files {
+        let path = dir.join(file);
+        let bad = |reason: String| ImportError::new(&path, reason);
+        let bytes = fs::read(&path).map_err(|e| bad(e.to_string()))?;
+        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("not valid safetensors: {e}")))?;
+        for (name, view) in st.tensors() {
+            let raw = view.data();
+            let values: Vec<f32> = match view.dtype() {
+                Dtype::F32 => raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+                Dtype::F16 => raw.chunks_exact(2).map(|b| super::gguf::f16(u16::from_le_bytes([b[0], b[1]]))).collect(),
+                Dtype::BF16 => {
+                    raw.chunks_exact(2).map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)).collect()
+                }
+                // Integer buffers (GPT-2's attention masks) are not parameters.
+                _ => continue,
+            };
+            tensors.insert(name, TensorData::new(values, view.shape().to_vec()));
+        }
+    }
+    Ok(tensors)
+}

@@ -1,0 +1,109 @@
+//! Models from elsewhere, loaded into Ember's own model: Hugging Face directories (GPT-2, Llama) and GGUF files
+//! (llama architecture). [`load`] also opens Ember run directories, so every command takes any of the three.
+
+pub mod gguf;
+pub mod gguf_llama;
+pub mod hf;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{Device, TensorData};
+
+use crate::bundle::{self, Bundle, BundleError};
+use crate::tokenizer;
+
+/// Parameters by Ember path.
+pub type Tensors = HashMap<String, TensorData>;
+
+/// What is wrong with a file being imported.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {reason}", path.display())]
+pub struct ImportError {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+impl ImportError {
+    pub fn new(path: &Path, reason: impl Into<String>) -> Self {
+        Self { path: path.to_path_buf(), reason: reason.into() }
+    }
+}
+
+impl From<BundleError> for ImportError {
+    fn from(e: BundleError) -> Self {
+        let text = e.to_string();
+        let (path, reason) = text.split_once(": ").unwrap_or(("", &text));
+        Self::new(Path::new(path), reason)
+    }
+}
+
+/// Where a model comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// A directory written by `ember train` or `ember import` (`config.toml`).
+    Run,
+    /// A Hugging Face directory (`config.json`).
+    HuggingFace,
+    /// A `.gguf` file.
+    Gguf,
+}
+
+impl Source {
+    pub fn of(path: &Path) -> Result<Self, ImportError> {
+        if path.is_file() {
+            return Ok(Source::Gguf);
+        }
+        if path.join(bundle::CONFIG).is_file() {
+            Ok(Source::Run)
+        } else if path.join("config.json").is_file() {
+            Ok(Source::HuggingFace)
+        } else if path.exists() {
+            Err(ImportError::new(path, "neither an Ember run directory (config.toml), a Hugging Face directory (config.json) nor a GGUF file"))
+        } else {
+            Err(ImportError::new(path, "no such file or directory"))
+        }
+    }
+}
+
+/// Loads a run directory, a Hugging Face directory or a GGUF file onto `device`.
+pub fn load(path: &Path, device: &Device) -> Result<Bundle, ImportError> {
+    let (config, tensors, tokenizer) = match Source::of(path)? {
+        Source::Run => return Ok(bundle::load(path, device)?),
+        Source::HuggingFace => {
+            let (config, tensors) = hf::load(path)?;
+            let tok_path = path.join(bundle::TOKENIZER);
+            if !tok_path.is_file() {
+                return Err(ImportError::new(path, "has no tokenizer.json, which generation needs"));
+            }
+            let tok = tokenizer::load(&tok_path).map_err(|e| ImportError::new(&tok_path, e.to_string()))?;
+            (config, tensors, tok)
+        }
+        Source::Gguf => gguf_llama::load(path)?,
+    };
+    let model = bundle::model_from_tensors(&config, &tensors, path, device)?;
+    Ok(Bundle { config, model, tokenizer })
+}
+
+/// A [rows, cols] matrix as [cols, rows] (PyTorch's nn.Linear [out, in] to Burn's [in, out]).
+pub fn transpose(m: &TensorData) -> TensorData {
+    let shape = m.shape();
+    let (rows, cols) = (shape[0], shape[1]);
+    let v = m.as_slice::<f32>().expect("imported tensors are f32");
+    let mut t = vec![0.0f32; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = v[r * cols + c];
+        }
+    }
+    TensorData::new(t, [cols, rows])
+}
+
+/// Matrices (or vectors) stacked along their first dimension.
+pub fn concat_rows(parts: &[TensorData]) -> TensorData {
+    let mut shape = parts[0].shape().to_vec();
+    shape[0] = parts.iter().map(|p| p.shape()[0]).sum();
+    let values: Vec<f32> =
+        parts.iter().flat_map(|p| p.as_slice::<f32>().expect("imported tensors are f32").iter().copied()).collect();
+    TensorData::new(values, shape)
+}

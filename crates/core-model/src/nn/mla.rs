@@ -1,0 +1,170 @@
+//! Multi-head latent attention (DeepSeek-V2): keys and values come from a latent c = x W_DKV of width d_c through
+//! per-head up-projections U_K, U_V; positions enter through a decoupled RoPE key k_R = RoPE(x W_KR) of width d_R
+//! shared by every head. Training uses the expanded form; inference attends against the cached latents directly
+//! (the absorbed form), so expanded keys and values are never materialised.
+
+use burn::module::Module;
+use burn::nn::{Dropout, DropoutConfig, Linear};
+use burn::tensor::Tensor;
+use ember_kernels::{AttentionSpec, attention};
+
+use crate::nn::linear;
+use crate::nn::position::Rope;
+use crate::{ModelConfig, Rng};
+
+#[derive(Module, Debug)]
+pub struct MlaAttention {
+    /// W_Q: d → h·d_h, content queries.
+    pub w_q: Linear,
+    /// W_QR: d → h·d_R, rotary queries.
+    pub w_qr: Linear,
+    /// W_DKV: d → d_c, the latent.
+    pub w_dkv: Linear,
+    /// W_KR: d → d_R, the shared rotary key.
+    pub w_kr: Linear,
+    /// U_K: d_c → h·d_h, per-head content keys (no bias, so it can be absorbed into the query).
+    pub u_k: Linear,
+    /// U_V: d_c → h·d_h, per-head values.
+    pub u_v: Linear,
+    /// W_O: h·d_h → d.
+    pub c_proj: Linear,
+    resid_drop: Dropout,
+    n_heads: usize,
+    #[module(skip)]
+    window: Option<usize>,
+}
+
+/// What a layer of MLA derives from its input: queries per head, and the per-token state a cache keeps.
+pub struct MlaProjections {
+    /// q_C [B, h, T, d_h].
+    pub q_c: Tensor<4>,
+    /// RoPE(x W_QR) [B, h, T, d_R].
+    pub q_r: Tensor<4>,
+    /// c [B, 1, T, d_c].
+    pub c: Tensor<4>,
+    /// RoPE(x W_KR) [B, 1, T, d_R].
+    pub k_r: Tensor<4>,
+}
+
+impl MlaAttention {
+    pub fn new(config: &ModelConfig, rng: &mut Rng, device: &burn::tensor::Device) -> Self {
+        let (d, h, dh) = (config.d_model, config.n_heads, config.head_dim());
+        let dc = config.mla_latent_dim.expect("validated: MLA has a latent width");
+        let dr = config.mla_rope_dim.expect("validated: MLA has a rope width");
+        let bias = config.qkv_bias();
+        let residual_std = 0.02 / (2.0 * config.n_layers as f64).sqrt();
+        Self {
+            w_q: linear(rng, d, h * dh, 0.02, bias, device),
+            w_qr: linear(rng, d, h * dr, 0.02, bias, device),
+            w_dkv: linear(rng, d, dc, 0.02, bias, device),
+            w_kr: linear(rng, d, dr, 0.02, bias, device),
+            u_k: linear(rng, dc, h * dh, 0.02, false, device),
+            u_v: linear(rng, dc, h * dh, 0.02, false, device),
+            c_proj: linear(rng, h * dh, d, residual_std, config.bias, device),
+            resid_drop: DropoutConfig::new(config.dropout).init(),
+            n_heads: h,
+            window: config.window,
+        }
+    }
+
+    /// q_C = x W_Q, q_R = RoPE(x W_QR), c = x W_DKV, k_R = RoPE(x W_KR), split into heads; `rope` has width d_R.
+    pub fn project(&self, x: Tensor<3>, rope: &Rope) -> MlaProjections {
+        let [b, t, _] = x.dims();
+        let heads = |z: Tensor<3>, n: usize| {
+            let w = z.dims()[2] / n;
+            z.reshape([b, t, n, w]).swap_dims(1, 2)
+        };
+        MlaProjections {
+            q_c: heads(self.w_q.forward(x.clone()), self.n_heads),
+            q_r: rope.apply(heads(self.w_qr.forward(x.clone()), self.n_heads)),
+            c: heads(self.w_dkv.forward(x.clone()), 1),
+            k_r: rope.apply(heads(self.w_kr.forward(x), 1)),
+        }
+    }
+
+    fn spec(&self, p: &MlaProjections, query_offset: usize) -> AttentionSpec {
+        let (dh, dr) = (p.q_c.dims()[3], p.q_r.dims()[3]);
+        AttentionSpec { query_offset, ..AttentionSpec::causal(dh + dr).with_window(self.window) }
+    }
+
+    /// Expanded: k_C = c U_K, v = c U_V per head, scores (q_C·k_C + q_R·k_R) / sqrt(d_h + d_R).
+    pub fn attend_expanded(&self, p: MlaProjections, query_offset: usize) -> Tensor<3> {
+        let spec = self.spec(&p, query_offset);
+        let [b, h, _, _] = p.q_c.dims();
+        let [_, _, tk, dc] = p.c.dims();
+        let latent = p.c.reshape([b, tk, dc]);
+        let heads = |z: Tensor<3>| {
+            let w = z.dims()[2] / h;
+            z.reshape([b, tk, h, w]).swap_dims(1, 2)
+        };
+        let k_c = heads(self.u_k.forward(latent.clone()));
+        let v = heads(self.u_v.forward(latent));
+        let dr = p.k_r.dims()[3];
+        let q = Tensor::cat(vec![p.q_c, p.q_r], 3);
+        let k = Tensor::cat(vec![k_c, p.k_r.expand([b, h, tk, dr])], 3);
+        self.output(attention(q, k, v, &spec))
+    }
+
+    /// Absorbed: q̂ = q_C U_Kᵀ per head scores against the latents, o = softmax(q̂ cᵀ + q_R k_Rᵀ) c is summed in latent
+    /// space, then U_V per head; one shared "KV head" [c | k_R] serves every query head.
+    pub fn attend_absorbed(&self, p: MlaProjections, query_offset: usize) -> Tensor<3> {
+        let spec = self.spec(&p, query_offset);
+        let [b, h, t, dh] = p.q_c.dims();
+        let dc = p.c.dims()[3];
+        // U_K as [h, d_h, d_c] and U_V as [h, d_c, d_h].
+        let u_k = self.u_k.weight.val().reshape([dc, h, dh]).permute([1, 2, 0]).unsqueeze::<4>().expand([b, h, dh, dc]);
+        let u_v = self.u_v.weight.val().reshape([dc, h, dh]).swap_dims(0, 1).unsqueeze::<4>().expand([b, h, dc, dh]);
+        let q = Tensor::cat(vec![p.q_c.matmul(u_k), p.q_r], 3);
+        let k = Tensor::cat(vec![p.c.clone(), p.k_r], 3);
+        let o_latent = attention(q, k, p.c, &spec);
+        let o = o_latent.matmul(u_v);
+        debug_assert_eq!(o.dims(), [b, h, t, dh]);
+        self.output(o)
+    }
+
+    /// Heads [B, h, T, d_h] concatenated, then W_O.
+    fn output(&self, o: Tensor<4>) -> Tensor<3> {
+        let [b, h, t, dh] = o.dims();
+        self.resid_drop.forward(self.c_proj.forward(o.swap_dims(1, 2).reshape([b, t, h * dh])))
+    }
+
+    pub fn forward(&self, x: Tensor<3>, rope: &Rope) -> Tensor<3> {
+        self.attend_expanded(self.project(x, rope), 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{AttentionKind, PositionKind};
+    use crate::params::{load_state_dict, state_dict};
+    use burn::tensor::{Device, Distribution};
+
+    #[test]
+    fn absorbed_inference_equals_the_expanded_computation() {
+        let dev = Device::flex();
+        let config = ModelConfig {
+            attention: AttentionKind::Mla,
+            positions: PositionKind::Rope,
+            mla_latent_dim: Some(24),
+            mla_rope_dim: Some(8),
+            bias: false,
+            ..ModelConfig::gpt(10, 1, 4, 64, 32)
+        };
+        // Weights of std 0.3 rather than 0.02, so the outputs are O(1) and 1e-5 is a real bound.
+        let mla = MlaAttention::new(&config, &mut Rng::new(5), &dev);
+        let scaled = state_dict(&mla).into_iter().map(|(k, v)| {
+            let t = Tensor::<2>::from_data(v, &dev) * 15.0;
+            (k, t.into_data())
+        });
+        let mla = load_state_dict(mla, &scaled.collect()).unwrap();
+        let x = Tensor::<3>::random([2, 11, 64], Distribution::Normal(0.0, 1.0), &dev);
+        let rope = Rope::new(10_000.0, 8, 0, 11, &dev);
+        let expanded = mla.attend_expanded(mla.project(x.clone(), &rope), 0);
+        let absorbed = mla.attend_absorbed(mla.project(x, &rope), 0);
+        let diff: f32 = (expanded.clone() - absorbed).abs().max().into_scalar();
+        let scale: f32 = expanded.abs().max().into_scalar();
+        assert!(scale > 0.1, "outputs are O(1): {scale}");
+        assert!(diff <= 1e-5, "max |expanded − absorbed| = {diff} (outputs up to {scale})");
+    }
+}

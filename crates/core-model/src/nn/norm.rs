@@ -1,0 +1,69 @@
+//! LayerNorm and RMSNorm over the last dimension.
+
+use burn::module::{Module, Param};
+use burn::tensor::{Device, Tensor};
+
+use crate::config::NormKind;
+use crate::init;
+
+#[derive(Module, Debug)]
+pub struct Norm {
+    pub gamma: Param<Tensor<1>>,
+    pub beta: Option<Param<Tensor<1>>>,
+    #[module(skip)]
+    kind: NormKind,
+    eps: f64,
+}
+
+impl Norm {
+    /// γ = 1, and β = 0 for LayerNorm with `bias` (RMSNorm has no β).
+    pub fn new(kind: NormKind, d: usize, eps: f64, bias: bool, device: &Device) -> Self {
+        let beta = (bias && kind == NormKind::LayerNorm).then(|| init::constant([d], 0.0, device));
+        Self { gamma: init::constant([d], 1.0, device), beta, kind, eps }
+    }
+
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let y = match self.kind {
+            // LN(x) = (x − μ) / sqrt(σ² + ε), σ² the biased variance.
+            NormKind::LayerNorm => {
+                let (var, mean) = x.clone().var_mean_bias(D - 1);
+                (x - mean) / (var + self.eps).sqrt()
+            }
+            // RMS(x) = x / sqrt(mean(x²) + ε).
+            NormKind::RmsNorm => x.clone() / (x.square().mean_dim(D - 1) + self.eps).sqrt(),
+        };
+        let y = y * self.gamma.val().unsqueeze();
+        match &self.beta {
+            Some(beta) => y + beta.val().unsqueeze(),
+            None => y,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::TensorData;
+
+    fn normed(kind: NormKind) -> Vec<f32> {
+        let dev = Device::flex();
+        let x = Tensor::<2>::from_data(TensorData::new(vec![2.0f32, 4.0, 6.0, 8.0], [1, 4]), &dev);
+        Norm::new(kind, 4, 1e-12, true, &dev).forward(x).into_data().try_to_vec().unwrap()
+    }
+
+    fn close(a: &[f32], b: &[f64]) -> bool {
+        a.iter().zip(b).all(|(x, y)| (*x as f64 - y).abs() < 1e-5)
+    }
+
+    #[test]
+    fn layernorm_of_2_4_6_8_is_minus3_minus1_1_3_over_sqrt5() {
+        let s = 5f64.sqrt();
+        assert!(close(&normed(NormKind::LayerNorm), &[-3.0 / s, -1.0 / s, 1.0 / s, 3.0 / s]));
+    }
+
+    #[test]
+    fn rmsnorm_of_2_4_6_8_is_itself_over_sqrt30() {
+        let s = 30f64.sqrt();
+        assert!(close(&normed(NormKind::RmsNorm), &[2.0 / s, 4.0 / s, 6.0 / s, 8.0 / s]));
+    }
+}
