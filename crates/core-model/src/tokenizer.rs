@@ -6,11 +6,13 @@ use std::path::Path;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::models::TrainerWrapper;
-use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
+use tokenizers::models::bpe::{BPE, BpeTrainerBuilder, Vocab};
 use tokenizers::models::wordlevel::WordLevel;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::Split;
-use tokenizers::{SplitDelimiterBehavior, Tokenizer};
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
@@ -63,6 +65,35 @@ pub fn train_bpe(text: &str, vocab_size: usize) -> Result<Tokenizer, TokenizerEr
         .build()
         .into();
     tokenizer.train(&mut trainer, text.lines()).map_err(build)?;
+    Ok(tokenizer)
+}
+
+/// A pretrained byte-level BPE from its token list (id = position), its merges ("a b"), the ids of its special
+/// tokens, and whether digits are split one by one before the byte-level split (SmolLM, Llama 3).
+pub fn from_bpe(
+    tokens: &[String],
+    merges: &[String],
+    specials: &[u32],
+    digits: bool,
+) -> Result<Tokenizer, TokenizerError> {
+    let vocab: Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+    let merges = merges
+        .iter()
+        .map(|m| m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| TokenizerError::Build("a merge is not of the form \"a b\"".into()))?;
+    let model = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(build)?;
+    let mut tokenizer = Tokenizer::new(model);
+    let byte_level = ByteLevel::new(false, true, true);
+    if digits {
+        tokenizer.with_pre_tokenizer(Some(Sequence::new(vec![Digits::new(true).into(), byte_level.into()])));
+    } else {
+        tokenizer.with_pre_tokenizer(Some(byte_level));
+    }
+    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+    let specials: Vec<AddedToken> =
+        specials.iter().filter_map(|&id| tokens.get(id as usize)).map(|t| AddedToken::from(t.clone(), true)).collect();
+    tokenizer.add_special_tokens(&specials);
     Ok(tokenizer)
 }
 

@@ -210,7 +210,9 @@ impl Gguf {
         let values = match info.ggml_type {
             0 => raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
             1 => raw.chunks_exact(2).map(|b| f16(u16::from_le_bytes([b[0], b[1]]))).collect(),
-            30 => raw.chunks_exact(2).map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)).collect(),
+            30 => {
+                raw.chunks_exact(2).map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)).collect()
+            }
             8 => raw.chunks_exact(34).flat_map(q8_0).collect(),
             2 => raw.chunks_exact(18).flat_map(q4_0).collect(),
             _ => raw.chunks_exact(20).flat_map(q4_1).collect(),

@@ -1,7 +1,6 @@
 //! Hugging Face model directories: `config.json` + `model.safetensors` (or sharded with an index) for
 //! `GPT2LMHeadModel` and `LlamaForCausalLM`, mapped onto Ember's parameter names.
 
-use std::collections::HashMap;
 use std::fs;
 use std::path::Path;
 
@@ -10,8 +9,8 @@ use safetensors::tensor::Dtype;
 use serde_json::Value;
 
 use super::{ImportError, Tensors, concat_rows, transpose};
-use crate::config::{FfnKind, NormKind, PositionKind};
 use crate::ModelConfig;
+use crate::config::{FfnKind, NormKind, PositionKind};
 
 /// The model config and Ember-named tensors of a Hugging Face directory.
 pub fn load(dir: &Path) -> Result<(ModelConfig, Tensors), ImportError> {
@@ -91,6 +90,9 @@ fn llama(json: &Value, mut hf: Tensors) -> Result<(ModelConfig, Tensors), String
     if !json["rope_scaling"].is_null() {
         return Err(format!("rope_scaling {} is not supported", json["rope_scaling"]));
     }
+    if let Some(kind) = json["rope_parameters"]["rope_type"].as_str().filter(|&k| k != "default") {
+        return Err(format!("rope_type {kind:?} is not supported (default RoPE is)"));
+    }
     let theta = json["rope_theta"].as_f64().or_else(|| json["rope_parameters"]["rope_theta"].as_f64());
     let qkv_bias = json["attention_bias"].as_bool().unwrap_or(false);
     let mut config = ModelConfig::gpt(
@@ -166,15 +168,17 @@ fn read_safetensors(dir: &Path) -> Result<Tensors, ImportError> {
         let path = dir.join(file);
         let bad = |reason: String| ImportError::new(&path, reason);
         let bytes = fs::read(&path).map_err(|e| bad(e.to_string()))?;
-        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("not valid safetensors: {e}")))?;
+        let st =
+            safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("not valid safetensors: {e}")))?;
         for (name, view) in st.tensors() {
             let raw = view.data();
             let values: Vec<f32> = match view.dtype() {
                 Dtype::F32 => raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
                 Dtype::F16 => raw.chunks_exact(2).map(|b| super::gguf::f16(u16::from_le_bytes([b[0], b[1]]))).collect(),
-                Dtype::BF16 => {
-                    raw.chunks_exact(2).map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)).collect()
-                }
+                Dtype::BF16 => raw
+                    .chunks_exact(2)
+                    .map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16))
+                    .collect(),
                 // Integer buffers (GPT-2's attention masks) are not parameters.
                 _ => continue,
             };

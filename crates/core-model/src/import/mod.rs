@@ -59,7 +59,10 @@ impl Source {
         } else if path.join("config.json").is_file() {
             Ok(Source::HuggingFace)
         } else if path.exists() {
-            Err(ImportError::new(path, "neither an Ember run directory (config.toml), a Hugging Face directory (config.json) nor a GGUF file"))
+            Err(ImportError::new(
+                path,
+                "neither an Ember run directory (config.toml), a Hugging Face directory (config.json) nor a GGUF file",
+            ))
         } else {
             Err(ImportError::new(path, "no such file or directory"))
         }

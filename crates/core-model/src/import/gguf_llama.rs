@@ -1,0 +1,144 @@
+//! A GGUF file of the llama architecture as an Ember model: hyper-parameters and tokenizer from the metadata, tensors
+//! dequantized and renamed, and llama.cpp's interleaved q/k row order turned back into the rotate-half order.
+
+use std::fs;
+use std::path::Path;
+
+use burn::tensor::TensorData;
+use tokenizers::Tokenizer;
+
+use super::gguf::{Gguf, Value};
+use super::{ImportError, Tensors, concat_rows, transpose};
+use crate::ModelConfig;
+use crate::config::{FfnKind, NormKind, PositionKind};
+use crate::tokenizer;
+
+/// Config, Ember-named tensors and tokenizer of a llama GGUF file.
+pub fn load(path: &Path) -> Result<(ModelConfig, Tensors, Tokenizer), ImportError> {
+    let bad = |reason: String| ImportError::new(path, reason);
+    let bytes = fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let gguf = Gguf::parse(bytes).map_err(|e| bad(e.to_string()))?;
+    let config = config(&gguf).map_err(bad)?;
+    let tensors = tensors(&gguf, &config).map_err(bad)?;
+    let tokenizer = tokenizer(&gguf).map_err(bad)?;
+    Ok((config, tensors, tokenizer))
+}
+
+fn meta<'a>(gguf: &'a Gguf, key: &str) -> Result<&'a Value, String> {
+    gguf.get(key).ok_or_else(|| format!("metadata {key} is missing"))
+}
+
+fn count(gguf: &Gguf, key: &str) -> Result<usize, String> {
+    meta(gguf, key)?.as_u64().map(|v| v as usize).ok_or_else(|| format!("metadata {key} is not an integer"))
+}
+
+fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
+    let arch = meta(gguf, "general.architecture")?.as_str().unwrap_or_default();
+    if arch != "llama" {
+        return Err(format!("architecture {arch:?} is not supported (llama is)"));
+    }
+    let tokens = meta(gguf, "tokenizer.ggml.tokens")?.as_array().ok_or("tokenizer.ggml.tokens is not an array")?;
+    let h = count(gguf, "llama.attention.head_count")?;
+    let d = count(gguf, "llama.embedding_length")?;
+    let mut config =
+        ModelConfig::gpt(tokens.len(), count(gguf, "llama.block_count")?, h, d, count(gguf, "llama.context_length")?);
+    config.bias = false;
+    config.norm = NormKind::RmsNorm;
+    config.norm_eps =
+        meta(gguf, "llama.attention.layer_norm_rms_epsilon")?.as_f64().ok_or("rms epsilon is not a number")?;
+    config.ffn = FfnKind::Swiglu;
+    config.d_ff = Some(count(gguf, "llama.feed_forward_length")?);
+    config.positions = PositionKind::Rope;
+    config.rope_theta = gguf.get("llama.rope.freq_base").and_then(Value::as_f64).unwrap_or(10_000.0);
+    config.n_kv_heads = Some(count(gguf, "llama.attention.head_count_kv").unwrap_or(h));
+    config.tie_embeddings = gguf.info("output.weight").is_none();
+    if let Ok(rope_dim) = count(gguf, "llama.rope.dimension_count") {
+        if rope_dim != config.head_dim() {
+            return Err(format!(
+                "partial rotary embeddings ({rope_dim} of {} dims) are not supported",
+                config.head_dim()
+            ));
+        }
+    }
+    config.validate().map_err(|e| e.to_string())?;
+    Ok(config)
+}
+
+fn tensors(gguf: &Gguf, config: &ModelConfig) -> Result<Tensors, String> {
+    let get = |name: &str| gguf.tensor(name).map_err(|e| e.to_string());
+    let (h, g, dh) = (config.n_heads, config.kv_heads(), config.head_dim());
+    let mut out = Tensors::new();
+    out.insert("wte.weight".into(), get("token_embd.weight")?);
+    for i in 0..config.n_layers {
+        let (l, b) = (format!("blk.{i}"), format!("blocks.{i}"));
+        out.insert(format!("{b}.ln_1.gamma"), get(&format!("{l}.attn_norm.weight"))?);
+        out.insert(format!("{b}.ln_2.gamma"), get(&format!("{l}.ffn_norm.weight"))?);
+        let q = unpermute(&get(&format!("{l}.attn_q.weight"))?, h, dh);
+        let k = unpermute(&get(&format!("{l}.attn_k.weight"))?, g, dh);
+        let v = get(&format!("{l}.attn_v.weight"))?;
+        out.insert(format!("{b}.attn.c_attn.weight"), transpose(&concat_rows(&[q, k, v])));
+        for (part, ember) in [("attn_output", "attn.c_proj"), ("ffn_gate", "mlp.c_gate"), ("ffn_up", "mlp.c_fc")] {
+            out.insert(format!("{b}.{ember}.weight"), transpose(&get(&format!("{l}.{part}.weight"))?));
+        }
+        out.insert(format!("{b}.mlp.c_proj.weight"), transpose(&get(&format!("{l}.ffn_down.weight"))?));
+    }
+    out.insert("ln_f.gamma".into(), get("output_norm.weight")?);
+    if !config.tie_embeddings {
+        out.insert("lm_head.weight".into(), transpose(&get("output.weight")?));
+    }
+    Ok(out)
+}
+
+/// llama.cpp stores each head's q/k rows as [d_h/2, 2] (interleaved pairs); Hugging Face and Ember use [2, d_h/2]
+/// (rotate-half). Row (head, i, half) moves to (head, half, i).
+fn unpermute(w: &TensorData, heads: usize, dh: usize) -> TensorData {
+    let cols = w.shape()[1];
+    let v = w.as_slice::<f32>().expect("dequantized tensors are f32");
+    let mut out = vec![0.0f32; v.len()];
+    for head in 0..heads {
+        for i in 0..dh / 2 {
+            for half in 0..2 {
+                let from = head * dh + i * 2 + half;
+                let to = head * dh + half * dh / 2 + i;
+                out[to * cols..(to + 1) * cols].copy_from_slice(&v[from * cols..(from + 1) * cols]);
+            }
+        }
+    }
+    TensorData::new(out, w.shape().to_vec())
+}
+
+/// The GPT-2 style byte-level BPE of `tokenizer.ggml.*`: tokens, merges, control tokens as special tokens.
+fn tokenizer(gguf: &Gguf) -> Result<Tokenizer, String> {
+    let model = meta(gguf, "tokenizer.ggml.model")?.as_str().unwrap_or_default();
+    if model != "gpt2" {
+        return Err(format!("tokenizer {model:?} is not supported (GPT-2 style byte-level BPE, \"gpt2\", is)"));
+    }
+    let strings = |key: &str| -> Result<Vec<String>, String> {
+        let values = meta(gguf, key)?.as_array().ok_or_else(|| format!("{key} is not an array"))?;
+        values.iter().map(|v| v.as_str().map(String::from).ok_or_else(|| format!("{key} holds a non-string"))).collect()
+    };
+    let tokens = strings("tokenizer.ggml.tokens")?;
+    let merges = strings("tokenizer.ggml.merges")?;
+    let types: Vec<u64> = gguf
+        .get("tokenizer.ggml.token_type")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().map(|v| v.as_u64().unwrap_or(1)).collect())
+        .unwrap_or_default();
+    // Token type 3 is "control" (<|im_start|>, <|endoftext|>, ...).
+    let specials: Vec<u32> = types.iter().enumerate().filter(|&(_, &t)| t == 3).map(|(i, _)| i as u32).collect();
+    let pre = gguf.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default");
+    let digits = matches!(pre, "smollm" | "qwen2" | "llama3" | "deepseek-llm");
+    tokenizer::from_bpe(&tokens, &merges, &specials, digits).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unpermute_undoes_llama_cpp_interleaving() {
+        // One head of width 4, one column: HF rows (a0, a1, b0, b1) are stored by llama.cpp as (a0, b0, a1, b1).
+        let stored = TensorData::new(vec![0.0f32, 2.0, 1.0, 3.0], [4, 1]);
+        assert_eq!(unpermute(&stored, 1, 4).as_slice::<f32>().unwrap(), &[0.0, 1.0, 2.0, 3.0]);
+    }
+}

@@ -1,0 +1,83 @@
+//! Imported checkpoints against Hugging Face: the fixtures come from scripts/reference/hf_fixtures.py.
+
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use ember_core_model::bundle::{self, load_tensors};
+use ember_core_model::import;
+use ember_core_model::tokenizer;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf")
+}
+
+/// Imports a tiny random-init HF model and compares its logits for the stored inputs (f32, 1e-4 absolute).
+fn logits_match(name: &str) {
+    let dir = fixtures().join(name);
+    let device = Device::flex();
+    let (config, tensors) = import::hf::load(&dir).unwrap();
+    let model = bundle::model_from_tensors(&config, &tensors, &dir, &device).unwrap();
+    let (expected, _) = load_tensors(&dir.join("expected.safetensors")).unwrap();
+    let ids: Vec<i64> = expected["input_ids"].as_slice::<f32>().unwrap().iter().map(|&x| x as i64).collect();
+    let shape = expected["input_ids"].shape().to_vec();
+    let idx = Tensor::<2, Int>::from_data(TensorData::new(ids, [shape[0], shape[1]]), &device);
+    let logits = model.forward(idx).into_data();
+    let want = expected["logits"].as_slice::<f32>().unwrap();
+    let got = logits.as_slice::<f32>().unwrap();
+    assert_eq!(got.len(), want.len());
+    let diff = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+    assert!(diff <= 1e-4, "{name}: max |Ember − HF| = {diff}");
+}
+
+#[test]
+fn gpt2_logits_match_hugging_face() {
+    logits_match("gpt2-tiny");
+}
+
+#[test]
+fn llama_gqa_logits_match_hugging_face() {
+    let (config, _) = import::hf::load(&fixtures().join("llama-tiny")).unwrap();
+    assert_eq!((config.n_heads, config.kv_heads(), config.rope_theta, config.tie_embeddings), (4, 2, 1000.0, false));
+    logits_match("llama-tiny");
+}
+
+#[test]
+fn a_directory_that_is_no_model_is_a_clear_error() {
+    let err = import::load(&fixtures(), &Device::flex()).err().unwrap().to_string();
+    assert!(err.contains("neither an Ember run directory"), "{err}");
+    let err = import::load(Path::new("/nonexistent/model.gguf"), &Device::flex()).err().unwrap().to_string();
+    assert!(err.ends_with("no such file or directory"), "{err}");
+}
+
+/// The real SmolLM2-135M-Instruct GGUF (Q4_1, dequantized): `scripts/prepare-data.sh smollm2` fetches it, and
+/// scripts/test.sh runs that before the tests.
+#[test]
+fn smollm2_gguf_tokenizes_and_continues_greedily_as_hugging_face() {
+    let gguf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(gguf.is_file(), "{} is missing: run scripts/prepare-data.sh smollm2", gguf.display());
+    let device = Device::flex();
+    let bundle = import::load(&gguf, &device).unwrap();
+    let c = &bundle.config;
+    assert_eq!((c.n_layers, c.d_model, c.n_heads, c.kv_heads(), c.vocab()), (30, 576, 9, 3, 49152));
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("smollm2_greedy.json")).unwrap()).unwrap();
+    for record in expected["records"].as_array().unwrap() {
+        let ids = |key: &str| -> Vec<u32> {
+            record[key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+        };
+        let prompt = record["prompt"].as_str().unwrap();
+        let mut tokens = tokenizer::encode(&bundle.tokenizer, prompt).unwrap();
+        assert_eq!(tokens, ids("prompt_ids"), "tokenization of {prompt:?}");
+        let want = ids("greedy_ids");
+        for _ in 0..want.len() {
+            let n = tokens.len();
+            let idx = TensorData::new(tokens.iter().map(|&t| t as i64).collect::<Vec<_>>(), [1, n]);
+            let logits = bundle.model.forward(Tensor::<2, Int>::from_data(idx, &device));
+            let last = logits.slice([0..1, n - 1..n]).reshape([c.vocab()]);
+            tokens.push(last.argmax(0).into_scalar::<i64>() as u32);
+        }
+        let got = &tokens[tokens.len() - want.len()..];
+        let text = tokenizer::decode(&bundle.tokenizer, got).unwrap();
+        assert_eq!(got, want.as_slice(), "{prompt:?} continued as {text:?}, Hugging Face: {}", record["greedy_text"]);
+    }
+}

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Conformance fixtures from Hugging Face transformers, for Ember's importers.
+
+- gpt2-tiny/ and llama-tiny/: small random-init GPT2LMHeadModel and LlamaForCausalLM (GQA: 4 query / 2 KV heads,
+  rope_theta 1000, untied output), built offline from config objects and saved with save_pretrained
+  (config.json + model.safetensors), plus expected.safetensors: fixed input ids (as f32) and their logits.
+- smollm2_greedy.json: Hugging Face's greedy continuation (16 tokens, f32 weights dequantized from the same GGUF by
+  transformers) of three prompts with SmolLM2-135M-Instruct, and the prompt token ids.
+
+    python3 scripts/reference/hf_fixtures.py crates/core-model/tests/fixtures/hf data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+
+Needs torch, transformers, safetensors and gguf (pip install torch transformers safetensors gguf).
+"""
+import json
+import os
+import sys
+
+import torch
+from safetensors.torch import save_file
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                          LlamaForCausalLM)
+
+PROMPTS = ["The capital of France is", "Once upon a time,", "def fibonacci(n):"]
+
+
+def save_tiny(model, out, vocab):
+    torch.manual_seed(1)
+    ids = torch.randint(0, vocab, (2, 12))
+    with torch.no_grad():
+        logits = model(ids).logits
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    for extra in ("generation_config.json",):
+        if os.path.exists(os.path.join(out, extra)):
+            os.remove(os.path.join(out, extra))
+    save_file({"input_ids": ids.to(torch.float32), "logits": logits.contiguous()},
+              os.path.join(out, "expected.safetensors"))
+    print(out, "logits", tuple(logits.shape), "max |logit|", float(logits.abs().max()))
+
+
+def main(out_dir, gguf_path):
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                                      initializer_range=0.2)).eval()
+    save_tiny(gpt2, os.path.join(out_dir, "gpt2-tiny"), 96)
+
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                         rope_theta=1000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                         initializer_range=0.2)).eval()
+    save_tiny(llama, os.path.join(out_dir, "llama-tiny"), 96)
+
+    folder, name = os.path.split(os.path.abspath(gguf_path))
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    records = []
+    for prompt in PROMPTS:
+        ids = tok(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = model.generate(ids, do_sample=False, max_new_tokens=16, attention_mask=torch.ones_like(ids))
+        new = out[0, ids.shape[1]:].tolist()
+        records.append({"prompt": prompt, "prompt_ids": ids[0].tolist(), "greedy_ids": new,
+                        "greedy_text": tok.decode(new)})
+        print(json.dumps(records[-1]))
+    with open(os.path.join(out_dir, "smollm2_greedy.json"), "w") as f:
+        json.dump({"model": "SmolLM2-135M-Instruct.Q4_1.gguf dequantized to f32", "max_new_tokens": 16,
+                   "records": records}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
