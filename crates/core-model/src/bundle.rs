@@ -115,6 +115,17 @@ pub fn model_from_tensors(
     params::load_state_dict(model, tensors).map_err(|cause| BundleError::Mismatch { path: path.to_path_buf(), cause })
 }
 
+/// Writes a model as a run directory: `config.toml` (its `[model]` table), `model.safetensors`, `tokenizer.json`.
+pub fn save(run_dir: &Path, config: &ModelConfig, model: &Gpt, tokenizer: &Tokenizer) -> Result<(), BundleError> {
+    fs::create_dir_all(run_dir).map_err(io(run_dir))?;
+    let table =
+        toml::Table::from_iter([("model".to_string(), toml::Value::try_from(config).expect("a model config is TOML"))]);
+    save_tensors(&run_dir.join(MODEL), &params::state_dict(model), HashMap::new())?;
+    let tok_path = run_dir.join(TOKENIZER);
+    tokenizer::save(tokenizer, &tok_path).map_err(|cause| BundleError::Tokenizer { path: tok_path, cause })?;
+    write_atomic(&run_dir.join(CONFIG), table.to_string().as_bytes())
+}
+
 /// A trained model ready to sample from: its config, weights and tokenizer.
 pub struct Bundle {
     pub config: ModelConfig,

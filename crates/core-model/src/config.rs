@@ -87,6 +87,9 @@ pub struct ModelConfig {
     pub n_layers: usize,
     pub n_heads: usize,
     pub d_model: usize,
+    /// Width of each attention head; d_model / n_heads when absent (Gemma 3 and DeepSeek-V2 set their own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<usize>,
     /// Context length (rows of the learned position table).
     pub block_size: usize,
     #[serde(default)]
@@ -151,6 +154,7 @@ impl ModelConfig {
             n_layers,
             n_heads,
             d_model,
+            head_dim: None,
             block_size,
             dropout: 0.0,
             bias: true,
@@ -178,12 +182,15 @@ impl ModelConfig {
         require(self.n_layers >= 1, "model.n_layers", self.n_layers, "at least 1")?;
         require(self.n_heads >= 1, "model.n_heads", self.n_heads, "at least 1")?;
         require(self.d_model >= 1, "model.d_model", self.d_model, "at least 1")?;
-        require(
-            self.d_model % self.n_heads == 0,
-            "model.d_model",
-            self.d_model,
-            format!("must be a multiple of model.n_heads = {}", self.n_heads),
-        )?;
+        match self.head_dim {
+            Some(dh) => require(dh >= 1, "model.head_dim", dh, "at least 1")?,
+            None => require(
+                self.d_model % self.n_heads == 0,
+                "model.d_model",
+                self.d_model,
+                format!("must be a multiple of model.n_heads = {} (or set model.head_dim)", self.n_heads),
+            )?,
+        }
         require(self.block_size >= 1, "model.block_size", self.block_size, "at least 1")?;
         require((0.0..1.0).contains(&self.dropout), "model.dropout", self.dropout, "in [0, 1)")?;
         require(self.norm_eps > 0.0 && self.norm_eps < 1.0, "model.norm_eps", self.norm_eps, "in (0, 1)")?;
@@ -234,7 +241,7 @@ impl ModelConfig {
     }
 
     pub fn head_dim(&self) -> usize {
-        self.d_model / self.n_heads
+        self.head_dim.unwrap_or(self.d_model / self.n_heads)
     }
 
     pub fn kv_heads(&self) -> usize {
@@ -267,7 +274,10 @@ mod tests {
     fn width_must_split_into_heads() {
         let bad = ModelConfig { d_model: 130, ..baby() };
         let err = bad.validate().unwrap_err();
-        assert_eq!(err.to_string(), "model.d_model = 130: must be a multiple of model.n_heads = 4");
+        assert_eq!(
+            err.to_string(),
+            "model.d_model = 130: must be a multiple of model.n_heads = 4 (or set model.head_dim)"
+        );
         assert!(baby().validate().is_ok());
     }
 

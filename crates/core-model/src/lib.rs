@@ -6,6 +6,7 @@ pub mod config;
 pub mod decoder;
 pub mod import;
 pub mod init;
+pub mod inspect;
 pub mod nn;
 pub mod params;
 pub mod rng;

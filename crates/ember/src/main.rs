@@ -3,15 +3,16 @@
 mod bench;
 mod config;
 mod devices;
+mod inspect;
 mod progress;
 mod train;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use clap::{Args, Parser, Subcommand};
-use ember_core_model::bundle;
+use ember_core_model::{bundle, import};
 use ember_serve::SampleConfig;
 
 use crate::devices::DeviceChoice;
@@ -30,8 +31,12 @@ struct Cli {
 enum Command {
     /// Train a model from a TOML config, then print a sample from it.
     Train(train::TrainArgs),
-    /// Generate text from a run directory.
+    /// Generate text from a run directory, a Hugging Face directory or a GGUF file.
     Generate(GenerateArgs),
+    /// Convert a Hugging Face directory or a GGUF file into an Ember run directory.
+    Import(ImportArgs),
+    /// Print a model's parameters per part and its KV-cache size.
+    Inspect(inspect::InspectArgs),
     /// Measure performance.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -41,7 +46,7 @@ enum Command {
 
 #[derive(Args)]
 struct GenerateArgs {
-    /// A run directory written by `ember train`.
+    /// A run directory (`ember train` / `ember import`), a Hugging Face directory, or a .gguf file.
     #[arg(long)]
     model: PathBuf,
     #[arg(long)]
@@ -55,6 +60,15 @@ struct GenerateArgs {
     top_k: Option<usize>,
     #[arg(long)]
     seed: Option<u64>,
+}
+
+#[derive(Args)]
+struct ImportArgs {
+    /// A Hugging Face directory (config.json + model.safetensors + tokenizer.json) or a .gguf file.
+    source: PathBuf,
+    /// The run directory to write; it must not hold a model already.
+    #[arg(long)]
+    out: PathBuf,
 }
 
 fn main() -> ExitCode {
@@ -72,6 +86,8 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train(args) => train::train(args, cli.device),
         Command::Generate(args) => generate(args, cli.device),
+        Command::Import(args) => import(args),
+        Command::Inspect(args) => inspect::inspect(args),
         Command::Bench(command) => bench::bench(command, cli.device),
         Command::Devices => {
             list_devices();
@@ -82,7 +98,7 @@ fn run(cli: Cli) -> Result<()> {
 
 fn generate(args: GenerateArgs, device: DeviceChoice) -> Result<()> {
     let (device, _) = devices::select(device)?;
-    let run = bundle::load(&args.model, &device)?;
+    let run = import::load(&args.model, &device)?;
     let defaults = SampleConfig::default();
     let settings = SampleConfig {
         prompt: args.prompt.unwrap_or(defaults.prompt),
@@ -93,6 +109,24 @@ fn generate(args: GenerateArgs, device: DeviceChoice) -> Result<()> {
     };
     settings.validate()?;
     train::print_sample(&run.model, &run.tokenizer, &settings, &device)
+}
+
+fn import(args: ImportArgs) -> Result<()> {
+    if args.out.join(bundle::CONFIG).exists() || args.out.join(bundle::MODEL).exists() {
+        bail!("{}: already holds a model; choose another --out", args.out.display());
+    }
+    let started = std::time::Instant::now();
+    let run = import::load(&args.source, &burn::tensor::Device::flex())?;
+    bundle::save(&args.out, &run.config, &run.model, &run.tokenizer)?;
+    let params: usize = inspect::total_params(&run.config);
+    println!(
+        "imported {} ({} parameters) into {} in {:.1} s",
+        args.source.display(),
+        params,
+        args.out.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 fn list_devices() {

@@ -62,11 +62,13 @@ pub fn train(args: TrainArgs, device: DeviceChoice) -> Result<()> {
     }
     let (tok, corpus) = corpus::prepare(&config.data, &run_dir, args.resume.is_some())?;
     let vocab = tokenizer::vocab_size(&tok);
+    // A larger model vocabulary leaves rows unused (nanoGPT pads GPT-2's 50257 to 50304); a smaller one cannot work.
     match config.model.vocab_size {
-        Some(v) if v != vocab => {
+        Some(v) if v < vocab => {
             bail!("{}: model.vocab_size = {v}: the tokenizer has {vocab} tokens", config_path.display())
         }
-        _ => config.model.vocab_size = Some(vocab),
+        Some(_) => {}
+        None => config.model.vocab_size = Some(vocab),
     }
     let seq_len = config.train.seq_len(&config.model);
     corpus.check_fits(&config.data.corpus, seq_len)?;

@@ -42,6 +42,7 @@ fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
     let d = count(gguf, "llama.embedding_length")?;
     let mut config =
         ModelConfig::gpt(tokens.len(), count(gguf, "llama.block_count")?, h, d, count(gguf, "llama.context_length")?);
+    config.head_dim = count(gguf, "llama.attention.key_length").ok().filter(|&dh| dh * h != d);
     config.bias = false;
     config.norm = NormKind::RmsNorm;
     config.norm_eps =

@@ -84,9 +84,6 @@ fn gpt2(json: &Value, mut hf: Tensors) -> Result<(ModelConfig, Tensors), String>
 /// Llama: nn.Linear weights are [out, in] and are transposed; q, k, v are fused into `c_attn`.
 fn llama(json: &Value, mut hf: Tensors) -> Result<(ModelConfig, Tensors), String> {
     let (d, h) = (usize_of(json, "hidden_size")?, usize_of(json, "num_attention_heads")?);
-    if let Some(dh) = json["head_dim"].as_u64().filter(|&dh| dh as usize * h != d) {
-        return Err(format!("head_dim = {dh} with hidden_size {d} and {h} heads is not supported (needs d / h)"));
-    }
     if !json["rope_scaling"].is_null() {
         return Err(format!("rope_scaling {} is not supported", json["rope_scaling"]));
     }
@@ -102,6 +99,7 @@ fn llama(json: &Value, mut hf: Tensors) -> Result<(ModelConfig, Tensors), String
         d,
         usize_of(json, "max_position_embeddings")?,
     );
+    config.head_dim = json["head_dim"].as_u64().map(|dh| dh as usize).filter(|&dh| dh * h != d);
     config.bias = json["mlp_bias"].as_bool().unwrap_or(false);
     config.qkv_bias = Some(qkv_bias);
     config.norm = NormKind::RmsNorm;

@@ -98,3 +98,10 @@ pub fn assert_clean_error(out: &Output, needle: &str) {
         "expected an error naming {needle:?}, got: {stderr}"
     );
 }
+
+/// The real SmolLM2-135M-Instruct GGUF that `scripts/prepare-data.sh smollm2` fetches (scripts/test.sh does so).
+pub fn smollm2() -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(path.is_file(), "{} is missing: run scripts/prepare-data.sh smollm2", path.display());
+    path
+}

@@ -1,0 +1,130 @@
+//! `ember inspect`: parameters per part and KV-cache bytes, from a config alone or from a model.
+
+use std::fs;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Args;
+use ember_core_model::config::AttentionKind;
+use ember_core_model::import::{self, Source};
+use ember_core_model::inspect::{kv_cache_bytes, kv_elements_per_token_layer, param_counts};
+use ember_core_model::{ModelConfig, bundle};
+
+#[derive(Args)]
+pub struct InspectArgs {
+    /// A TOML config with a [model] table (nothing is built, so any size works).
+    #[arg(long, conflicts_with = "model")]
+    config: Option<PathBuf>,
+    /// A run directory, Hugging Face directory or GGUF file.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Sequences in the batch, for the KV-cache total.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Tokens per sequence, for the KV-cache total (default: the context length).
+    #[arg(long)]
+    length: Option<usize>,
+    /// Bytes per cached element (4 for f32, 2 for f16/bf16, 1 for int8).
+    #[arg(long, default_value_t = 2)]
+    bytes: usize,
+}
+
+pub fn total_params(config: &ModelConfig) -> usize {
+    param_counts(config).iter().map(|(_, n)| n).sum()
+}
+
+fn config_of(args: &InspectArgs) -> Result<ModelConfig> {
+    match (&args.config, &args.model) {
+        (Some(path), _) => {
+            let file = path.display();
+            let text = fs::read_to_string(path).with_context(|| format!("config {file}"))?;
+            let table: toml::Table = toml::from_str(&text).map_err(|e| anyhow!("{file}: {}", e.message()))?;
+            let model = table.get("model").cloned().ok_or_else(|| anyhow!("{file}: no [model] table"))?;
+            let config: ModelConfig =
+                model.try_into().map_err(|e: toml::de::Error| anyhow!("{file}: {}", e.message()))?;
+            config.validate().map_err(|e| anyhow!("{file}: {e}"))?;
+            Ok(config)
+        }
+        (None, Some(path)) => match Source::of(path)? {
+            Source::Run => Ok(bundle::load_model_config(path)?),
+            Source::HuggingFace => Ok(import::hf::load(path)?.0),
+            Source::Gguf => Ok(import::gguf_llama::load(path)?.0),
+        },
+        (None, None) => bail!("give --config FILE or --model PATH"),
+    }
+}
+
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{n} B") } else { format!("{v:.2} {}", UNITS[unit]) }
+}
+
+fn thousands(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, ch) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+pub fn inspect(args: InspectArgs) -> Result<()> {
+    let c = config_of(&args)?;
+    let (b, t, e) = (args.batch, args.length.unwrap_or(c.block_size), args.bytes);
+    let kind = match (c.attention, c.kv_heads()) {
+        (AttentionKind::Mla, _) => {
+            format!("MLA d_c {} d_R {}", c.mla_latent_dim.unwrap_or(0), c.mla_rope_dim.unwrap_or(0))
+        }
+        (_, g) if g == c.n_heads => "MHA".to_string(),
+        (_, 1) => "MQA".to_string(),
+        (_, g) => format!("GQA g {g}"),
+    };
+    println!(
+        "model: {} layers, d {}, {} heads of {} ({kind}), ffn {:?} {}, positions {:?}, norm {:?} {:?}, vocab {}",
+        c.n_layers,
+        c.d_model,
+        c.n_heads,
+        c.head_dim(),
+        c.ffn,
+        c.ffn_dim(),
+        c.positions,
+        c.norm,
+        c.norm_placement,
+        c.vocab_size.map_or("from tokenizer".into(), thousands),
+    );
+    println!("parameters");
+    let counts = param_counts(&c);
+    for (part, n) in &counts {
+        println!("  {part:<20} {:>18}", thousands(*n));
+    }
+    println!("  {:<20} {:>18}", "total", thousands(counts.iter().map(|(_, n)| n).sum()));
+    let per_layer = kv_elements_per_token_layer(&c);
+    let formula = match c.attention {
+        AttentionKind::Mla => "d_c + d_R",
+        AttentionKind::Mha => "2·g·d_h",
+    };
+    println!("KV cache at {e} bytes per element");
+    println!("  per token per layer  {formula} = {per_layer} elements = {}", bytes((per_layer * e) as u64));
+    println!("  per token            {}", bytes(kv_cache_bytes(&c, 1, 1, e)));
+    println!(
+        "  {b} × {t} tokens{:>w$}{}",
+        "",
+        bytes(kv_cache_bytes(&c, b, t, e)),
+        w = 8usize.saturating_sub(format!("{b}{t}").len())
+    );
+    if c.attention == AttentionKind::Mha {
+        let with = |g: usize| bytes(kv_cache_bytes(&ModelConfig { n_kv_heads: Some(g), ..c.clone() }, b, t, e));
+        let gqa = if c.n_heads % 8 == 0 { 8 } else { c.kv_heads() };
+        println!("  the same model as MHA {}, GQA g = {gqa} {}, MQA {}", with(c.n_heads), with(gqa), with(1));
+    }
+    Ok(())
+}

@@ -1,0 +1,96 @@
+//! Every architecture variant trains with `ember train` and samples with `ember generate`; real checkpoints import,
+//! generate and inspect through the CLI.
+
+mod common;
+
+use common::{assert_clean_error, ember, small_corpus, smollm2, step_losses, tiny_config, train_ok};
+
+const VARIANTS: &[(&str, &[&str])] = &[
+    (
+        "llama: RMSNorm, SwiGLU, RoPE, MQA, untied, no biases",
+        &["norm=rmsnorm", "ffn=swiglu", "positions=rope", "n_kv_heads=1", "bias=false", "tie_embeddings=false"],
+    ),
+    ("mla", &["norm=rmsnorm", "positions=rope", "attention=mla", "mla_latent_dim=8", "mla_rope_dim=4"]),
+    ("post-LN, sinusoidal, ReLU", &["norm_placement=post", "positions=sinusoidal", "ffn=relu"]),
+    (
+        "peri-LN, sliding window, no positions, GELU-tanh",
+        &["norm_placement=peri", "window=8", "positions=none", "ffn=gelu_tanh"],
+    ),
+];
+
+#[test]
+fn every_variant_trains_and_generates() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 20_000);
+    for (i, (name, sets)) in VARIANTS.iter().enumerate() {
+        let run = dir.path().join(format!("run{i}"));
+        let config = tiny_config(dir.path(), &corpus, &run, "");
+        let mut args = vec!["--device".to_string(), "cpu".into(), "--config".into(), config.display().to_string()];
+        for s in ["train.max_steps=6", "train.eval_interval=6"].iter().copied().chain(sets.iter().map(|s| s.to_owned()))
+        {
+            let s = if s.starts_with("train.") { s.to_string() } else { format!("model.{s}") };
+            args.extend(["--set".to_string(), s]);
+        }
+        train_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let losses = step_losses(&run);
+        assert!(losses.len() == 6 && losses.iter().all(|(_, l)| l.is_finite()), "{name}: {losses:?}");
+        let run = run.display().to_string();
+        let out =
+            ember(&["generate", "--device", "cpu", "--model", &run, "--prompt", "To be", "--max-new-tokens", "8"]);
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(text.starts_with("To be") && text.trim_end().chars().count() > "To be".len(), "{name}: {text:?}");
+    }
+}
+
+#[test]
+fn smollm2_gguf_says_paris_and_imports_into_a_run_directory() {
+    let gguf = smollm2().display().to_string();
+    let greedy = ["--prompt", "The capital of France is", "--temperature", "0", "--max-new-tokens", "8"];
+    let out = ember(&[&["generate", "--device", "cpu", "--model", &gguf], &greedy[..]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("The capital of France is Paris."), "{text:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("smollm2").display().to_string();
+    let out = ember(&["import", &gguf, "--out", &run]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = ember(&[&["generate", "--device", "cpu", "--model", &run], &greedy[..]].concat());
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), text, "the imported run directory generates the same");
+    assert_clean_error(&ember(&["import", &gguf, "--out", &run]), "already holds a model");
+
+    let out = ember(&["inspect", "--model", &run]);
+    let report = String::from_utf8(out.stdout).unwrap();
+    assert!(report.contains("30 layers, d 576, 9 heads of 64 (GQA g 3)"), "{report}");
+}
+
+#[test]
+fn inspect_reproduces_the_seeds_kv_cache_table() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../../configs/llama2-7b.toml");
+    let out = ember(&["inspect", "--config", config, "--length", "8192", "--bytes", "2"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = String::from_utf8(out.stdout).unwrap();
+    assert!(report.contains("the same model as MHA 4.00 GiB, GQA g = 8 1.00 GiB, MQA 128.00 MiB"), "{report}");
+    for preset in ["llama3-70b", "gemma3-27b", "deepseek-v2", "gpt2-124m", "llama-tiny", "mla-tiny"] {
+        let path = format!("{}/../../configs/{preset}.toml", env!("CARGO_MANIFEST_DIR"));
+        let out = ember(&["inspect", "--config", &path]);
+        assert!(out.status.success(), "{preset}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let deepseek = format!("{}/../../configs/deepseek-v2.toml", env!("CARGO_MANIFEST_DIR"));
+    let report = String::from_utf8(ember(&["inspect", "--config", &deepseek]).stdout).unwrap();
+    assert!(report.contains("d_c + d_R = 576 elements"), "{report}");
+}
+
+#[test]
+fn a_model_path_that_is_nothing_is_a_clear_error() {
+    let out = ember(&["generate", "--device", "cpu", "--model", "/nonexistent/x.gguf", "--prompt", "a"]);
+    assert_clean_error(&out, "/nonexistent/x.gguf: no such file or directory");
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.gguf");
+    std::fs::write(&bad, b"not a gguf file at all").unwrap();
+    assert_clean_error(
+        &ember(&["generate", "--device", "cpu", "--model", bad.to_str().unwrap(), "--prompt", "a"]),
+        "not a GGUF file",
+    );
+}
