@@ -71,8 +71,11 @@ pub fn save_tensors(
     write_atomic(path, &bytes)
 }
 
+/// Tensors by name.
+pub type Tensors = HashMap<String, TensorData>;
+
 /// Loads every tensor (as f32) and the metadata of a safetensors file.
-pub fn load_tensors(path: &Path) -> Result<(HashMap<String, TensorData>, HashMap<String, String>), BundleError> {
+pub fn load_tensors(path: &Path) -> Result<(Tensors, HashMap<String, String>), BundleError> {
     let bytes = fs::read(path).map_err(io(path))?;
     let corrupt = |reason: String| BundleError::Corrupt { path: path.to_path_buf(), reason };
     let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;

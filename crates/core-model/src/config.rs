@@ -185,7 +185,7 @@ impl ModelConfig {
         match self.head_dim {
             Some(dh) => require(dh >= 1, "model.head_dim", dh, "at least 1")?,
             None => require(
-                self.d_model % self.n_heads == 0,
+                self.d_model.is_multiple_of(self.n_heads),
                 "model.d_model",
                 self.d_model,
                 format!("must be a multiple of model.n_heads = {} (or set model.head_dim)", self.n_heads),
@@ -200,11 +200,11 @@ impl ModelConfig {
         require(self.rope_theta > 1.0, "model.rope_theta", self.rope_theta, "greater than 1")?;
         if self.positions == PositionKind::Rope && self.attention == AttentionKind::Mha {
             let d = self.head_dim();
-            require(d % 2 == 0, "model.positions", "\"rope\"", format!("needs an even head width, not {d}"))?;
+            require(d.is_multiple_of(2), "model.positions", "\"rope\"", format!("needs an even head width, not {d}"))?;
         }
         if let Some(g) = self.n_kv_heads {
             let h = self.n_heads;
-            require(g >= 1 && h % g == 0, "model.n_kv_heads", g, format!("must divide model.n_heads = {h}"))?;
+            require(g >= 1 && h.is_multiple_of(g), "model.n_kv_heads", g, format!("must divide model.n_heads = {h}"))?;
         }
         if let Some(w) = self.window {
             require(w >= 1, "model.window", w, "at least 1")?;
@@ -223,7 +223,12 @@ impl ModelConfig {
                 let dc = self.mla_latent_dim.unwrap_or(0);
                 require(dc >= 1, "model.mla_latent_dim", dc, "at least 1 (required when attention = \"mla\")")?;
                 let dr = self.mla_rope_dim.unwrap_or(0);
-                require(dr >= 2 && dr % 2 == 0, "model.mla_rope_dim", dr, "an even number ≥ 2 (required for MLA)")?;
+                require(
+                    dr >= 2 && dr.is_multiple_of(2),
+                    "model.mla_rope_dim",
+                    dr,
+                    "an even number ≥ 2 (required for MLA)",
+                )?;
                 require(
                     self.positions == PositionKind::Rope,
                     "model.positions",

@@ -15,6 +15,7 @@ use crate::nn::position::{Rope, sinusoidal};
 use crate::{ModelConfig, Rng, init};
 
 /// Self-attention of one block: MHA / GQA / MQA, or multi-head latent attention.
+#[allow(clippy::large_enum_variant)] // one per block; boxing would buy nothing
 #[derive(Module, Debug)]
 pub enum Attention {
     Mha(CausalSelfAttention),

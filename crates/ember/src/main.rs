@@ -60,6 +60,9 @@ struct GenerateArgs {
     top_k: Option<usize>,
     #[arg(long)]
     seed: Option<u64>,
+    /// Print load time and prompt / generation speed to stderr.
+    #[arg(long)]
+    stats: bool,
 }
 
 #[derive(Args)]
@@ -98,7 +101,9 @@ fn run(cli: Cli) -> Result<()> {
 
 fn generate(args: GenerateArgs, device: DeviceChoice) -> Result<()> {
     let (device, _) = devices::select(device)?;
+    let started = std::time::Instant::now();
     let run = import::load(&args.model, &device)?;
+    let load_seconds = started.elapsed().as_secs_f64();
     let defaults = SampleConfig::default();
     let settings = SampleConfig {
         prompt: args.prompt.unwrap_or(defaults.prompt),
@@ -108,7 +113,20 @@ fn generate(args: GenerateArgs, device: DeviceChoice) -> Result<()> {
         seed: args.seed.unwrap_or(defaults.seed),
     };
     settings.validate()?;
-    train::print_sample(&run.model, &run.tokenizer, &settings, &device)
+    let g = train::print_sample(&run.model, &run.tokenizer, &settings, &device)?;
+    if args.stats {
+        eprintln!(
+            "loaded in {load_seconds:.2} s; prompt {} tokens in {:.3} s ({:.1} tokens/s, until the first new token); \
+             {} more tokens in {:.2} s ({:.1} tokens/s)",
+            g.prompt_tokens,
+            g.prompt_seconds,
+            g.prompt_tokens as f64 / g.prompt_seconds,
+            g.new_tokens.saturating_sub(1),
+            g.decode_seconds,
+            g.new_tokens.saturating_sub(1) as f64 / g.decode_seconds,
+        );
+    }
+    Ok(())
 }
 
 fn import(args: ImportArgs) -> Result<()> {

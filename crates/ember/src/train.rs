@@ -11,7 +11,7 @@ use burn::tensor::Device;
 use clap::Args;
 use ember_core_model::tokenizer;
 use ember_core_model::{Gpt, bundle};
-use ember_serve::SampleConfig;
+use ember_serve::{Generation, SampleConfig};
 use ember_train::corpus;
 use ember_train::{Trainer, config::KNOWN_DATASETS};
 use tokenizers::Tokenizer;
@@ -152,13 +152,15 @@ fn ensure_corpus(config: &RunConfig) -> Result<()> {
 }
 
 /// Streams a sample to standard output.
-pub fn print_sample(model: &Gpt, tok: &Tokenizer, settings: &SampleConfig, device: &Device) -> Result<()> {
+/// Streams the prompt and its continuation to stdout.
+pub fn print_sample(model: &Gpt, tok: &Tokenizer, settings: &SampleConfig, device: &Device) -> Result<Generation> {
     let mut out = std::io::stdout();
     write!(out, "{}", settings.prompt)?;
-    ember_serve::generate(model, tok, settings, device, |piece| {
+    out.flush()?;
+    let generation = ember_serve::generate(model, tok, settings, device, |piece| {
         let _ = write!(out, "{piece}");
         let _ = out.flush();
     })?;
     writeln!(out)?;
-    Ok(())
+    Ok(generation)
 }

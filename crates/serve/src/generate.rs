@@ -17,6 +17,18 @@ pub enum GenerateError {
     Decode(TokenizerError),
 }
 
+/// What one generation produced and how long it took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Generation {
+    pub text: String,
+    pub prompt_tokens: usize,
+    pub new_tokens: usize,
+    /// Until the first new token: the prompt's forward pass and one sample.
+    pub prompt_seconds: f64,
+    /// Every later token.
+    pub decode_seconds: f64,
+}
+
 /// Generates `max_new_tokens` after the prompt, calling `on_text` with each newly decoded piece of text.
 /// The context is cropped to the model's last `block_size` tokens.
 pub fn generate(
@@ -25,7 +37,7 @@ pub fn generate(
     settings: &SampleConfig,
     device: &Device,
     mut on_text: impl FnMut(&str),
-) -> Result<String, GenerateError> {
+) -> Result<Generation, GenerateError> {
     let mut ids = tokenizer::encode(tokenizer, &settings.prompt).map_err(GenerateError::Prompt)?;
     if ids.is_empty() {
         return Err(GenerateError::EmptyPrompt);
@@ -33,7 +45,9 @@ pub fn generate(
     let prompt_len = ids.len();
     let mut rng = Rng::new(settings.seed);
     let mut text = String::new();
-    for _ in 0..settings.max_new_tokens {
+    let started = std::time::Instant::now();
+    let mut prompt_seconds = 0.0;
+    for step in 0..settings.max_new_tokens {
         let context = &ids[ids.len().saturating_sub(model.block_size())..];
         let t = context.len();
         let x = Tensor::<2, Int>::from_data(
@@ -48,6 +62,9 @@ pub fn generate(
             .try_to_vec::<f32>()
             .expect("f32 logits");
         ids.push(sample(&logits, settings.temperature, settings.top_k, &mut rng));
+        if step == 0 {
+            prompt_seconds = started.elapsed().as_secs_f64();
+        }
         // Decode everything generated so far and emit only what is new, so multi-token characters stay whole.
         let all = tokenizer::decode(tokenizer, &ids[prompt_len..]).map_err(GenerateError::Decode)?;
         if all.len() > text.len() && all.starts_with(&text) {
@@ -55,5 +72,11 @@ pub fn generate(
             text = all;
         }
     }
-    tokenizer::decode(tokenizer, &ids[prompt_len..]).map_err(GenerateError::Decode)
+    Ok(Generation {
+        text: tokenizer::decode(tokenizer, &ids[prompt_len..]).map_err(GenerateError::Decode)?,
+        prompt_tokens: prompt_len,
+        new_tokens: ids.len() - prompt_len,
+        prompt_seconds,
+        decode_seconds: started.elapsed().as_secs_f64() - prompt_seconds,
+    })
 }

@@ -3,5 +3,5 @@
 pub mod generate;
 pub mod sampling;
 
-pub use generate::{GenerateError, generate};
+pub use generate::{GenerateError, Generation, generate};
 pub use sampling::SampleConfig;

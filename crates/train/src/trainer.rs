@@ -198,7 +198,7 @@ impl Trainer {
         let max = self.config.max_steps;
         let mut last_eval = None;
         while self.state.step < max {
-            if self.state.step % self.config.eval_interval == 0 {
+            if self.state.step.is_multiple_of(self.config.eval_interval) {
                 last_eval = Some(self.eval_and_log(observer)?);
             }
             let started = Instant::now();
@@ -211,7 +211,7 @@ impl Trainer {
             let report = StepReport { step: self.state.step, loss, lr, grad_norm, tokens_per_s };
             self.log(&report)?;
             observer.on_step(&report);
-            if self.state.step % self.config.checkpoint_interval() == 0 || self.state.step == max {
+            if self.state.step.is_multiple_of(self.config.checkpoint_interval()) || self.state.step == max {
                 self.save_checkpoint()?;
                 observer.on_checkpoint(self.state.step);
             }

@@ -53,13 +53,10 @@ fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
     config.rope_theta = gguf.get("llama.rope.freq_base").and_then(Value::as_f64).unwrap_or(10_000.0);
     config.n_kv_heads = Some(count(gguf, "llama.attention.head_count_kv").unwrap_or(h));
     config.tie_embeddings = gguf.info("output.weight").is_none();
-    if let Ok(rope_dim) = count(gguf, "llama.rope.dimension_count") {
-        if rope_dim != config.head_dim() {
-            return Err(format!(
-                "partial rotary embeddings ({rope_dim} of {} dims) are not supported",
-                config.head_dim()
-            ));
-        }
+    if let Ok(rope_dim) = count(gguf, "llama.rope.dimension_count")
+        && rope_dim != config.head_dim()
+    {
+        return Err(format!("partial rotary embeddings ({rope_dim} of {} dims) are not supported", config.head_dim()));
     }
     config.validate().map_err(|e| e.to_string())?;
     Ok(config)

@@ -5,7 +5,6 @@ pub mod gguf;
 pub mod gguf_llama;
 pub mod hf;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{Device, TensorData};
@@ -13,8 +12,7 @@ use burn::tensor::{Device, TensorData};
 use crate::bundle::{self, Bundle, BundleError};
 use crate::tokenizer;
 
-/// Parameters by Ember path.
-pub type Tensors = HashMap<String, TensorData>;
+pub use crate::bundle::Tensors;
 
 /// What is wrong with a file being imported.
 #[derive(Debug, thiserror::Error)]
