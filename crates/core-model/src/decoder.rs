@@ -5,11 +5,12 @@ use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Embedding, Linear};
 use burn::tensor::{Device, Int, Tensor};
 
+use crate::cache::KvCache;
 use crate::config::{AttentionKind, NormPlacement, PositionKind};
 use crate::nn::attention::CausalSelfAttention;
 use crate::nn::ffn::Ffn;
 use crate::nn::linear;
-use crate::nn::mla::MlaAttention;
+use crate::nn::mla::{MlaAttention, MlaProjections};
 use crate::nn::norm::Norm;
 use crate::nn::position::{Rope, sinusoidal};
 use crate::{ModelConfig, Rng, init};
@@ -29,6 +30,35 @@ impl Attention {
             Attention::Mla(mla) => mla.forward(x, rope.expect("validated: MLA uses RoPE")),
         }
     }
+
+    /// New queries (from position `offset`) against everything cached for `layer`, after appending this step's k, v
+    /// (or c, k_R).
+    fn forward_cached(&self, x: Tensor<3>, rope: Option<&Rope>, step: Step, cache: &mut dyn KvCache) -> Tensor<3> {
+        let Step { layer, offset } = step;
+        match self {
+            Attention::Mha(attn) => {
+                let (q, k, v) = attn.qkv(x, rope);
+                let [k, v] = two(cache.append(layer, vec![k, v]));
+                attn.attend(q, k, v, offset)
+            }
+            Attention::Mla(mla) => {
+                let p = mla.project(x, rope.expect("validated: MLA uses RoPE"));
+                let [c, k_r] = two(cache.append(layer, vec![p.c, p.k_r]));
+                mla.attend_absorbed(MlaProjections { c, k_r, ..p }, offset)
+            }
+        }
+    }
+}
+
+/// Which layer a cached forward pass is in, and the position of its first new token.
+#[derive(Clone, Copy)]
+struct Step {
+    layer: usize,
+    offset: usize,
+}
+
+fn two(entries: Vec<Tensor<4>>) -> [Tensor<4>; 2] {
+    entries.try_into().unwrap_or_else(|e: Vec<_>| panic!("a KV cache returned {} entries for 2", e.len()))
 }
 
 #[derive(Module, Debug)]
@@ -68,13 +98,19 @@ impl Block {
         self.sublayer(x, &self.ln_2, self.ln_2_out.as_ref(), |h| self.mlp.forward(h))
     }
 
+    fn forward_cached(&self, x: Tensor<3>, rope: Option<&Rope>, step: Step, cache: &mut dyn KvCache) -> Tensor<3> {
+        let attn = |h| self.attn.forward_cached(h, rope, step, cache);
+        let x = self.sublayer(x, &self.ln_1, self.ln_1_out.as_ref(), attn);
+        self.sublayer(x, &self.ln_2, self.ln_2_out.as_ref(), |h| self.mlp.forward(h))
+    }
+
     /// Post: LN(x + F(x)); Pre: x + F(LN(x)); Peri: x + LN_out(F(LN_in(x))).
     fn sublayer(
         &self,
         x: Tensor<3>,
         ln: &Norm,
         ln_out: Option<&Norm>,
-        f: impl Fn(Tensor<3>) -> Tensor<3>,
+        f: impl FnOnce(Tensor<3>) -> Tensor<3>,
     ) -> Tensor<3> {
         match (self.placement, ln_out) {
             (NormPlacement::Post, _) => ln.forward(x.clone() + f(x)),
@@ -136,6 +172,21 @@ impl Gpt {
             x = block.forward(x, rope.as_ref());
         }
         self.logits(x)
+    }
+
+    /// Logits [B, V] of the last of the new tokens [B, T_new] at positions `cache.len()..`: every layer appends its
+    /// keys and values (or MLA latents) to `cache` and attends with the new queries only,
+    /// o_t = softmax(q_t K_{1:t}ᵀ / √d_k) V_{1:t}. Prefill is the first call with the whole prompt.
+    pub fn forward_step(&self, idx: Tensor<2, Int>, cache: &mut dyn KvCache) -> Tensor<2> {
+        let [b, t] = idx.dims();
+        let offset = cache.len();
+        let rope = self.rope(offset, t, &idx.device());
+        let mut x = self.embed(idx, offset);
+        for (layer, block) in self.blocks.iter().enumerate() {
+            x = block.forward_cached(x, rope.as_ref(), Step { layer, offset }, cache);
+        }
+        let d = x.dims()[2];
+        self.logits(x.slice([0..b, t - 1..t, 0..d])).reshape([b, self.config.vocab()])
     }
 
     /// h₀ = E[x] (+ P[offset..offset + T] learned, or + PE·(E[x]·√d) sinusoidal), normalised for Peri-LN.

@@ -2,6 +2,7 @@
 //! and tokenizers.
 
 pub mod bundle;
+pub mod cache;
 pub mod config;
 pub mod decoder;
 pub mod import;

@@ -60,6 +60,9 @@ struct GenerateArgs {
     top_k: Option<usize>,
     #[arg(long)]
     seed: Option<u64>,
+    /// Where keys and values live between steps: contiguous (default) or none (recompute every step).
+    #[arg(long, default_value = "contiguous")]
+    kv_cache: ember_serve::KvKind,
     /// Print load time and prompt / generation speed to stderr.
     #[arg(long)]
     stats: bool,
@@ -113,7 +116,7 @@ fn generate(args: GenerateArgs, device: DeviceChoice) -> Result<()> {
         seed: args.seed.unwrap_or(defaults.seed),
     };
     settings.validate()?;
-    let g = train::print_sample(&run.model, &run.tokenizer, &settings, &device)?;
+    let g = train::print_sample(&run.model, &run.tokenizer, &settings, args.kv_cache, &device)?;
     if args.stats {
         eprintln!(
             "loaded in {load_seconds:.2} s; prompt {} tokens in {:.3} s ({:.1} tokens/s, until the first new token); \

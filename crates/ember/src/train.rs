@@ -11,7 +11,7 @@ use burn::tensor::Device;
 use clap::Args;
 use ember_core_model::tokenizer;
 use ember_core_model::{Gpt, bundle};
-use ember_serve::{Generation, SampleConfig};
+use ember_serve::{Generation, KvKind, SampleConfig};
 use ember_train::corpus;
 use ember_train::{Trainer, config::KNOWN_DATASETS};
 use tokenizers::Tokenizer;
@@ -110,7 +110,7 @@ pub fn train(args: TrainArgs, device: DeviceChoice) -> Result<()> {
     if !args.no_sample {
         let inner = device.clone();
         let model = trainer.model.valid();
-        print_sample(&model, &tok, &config.sample, &inner)?;
+        print_sample(&model, &tok, &config.sample, KvKind::Contiguous, &inner)?;
     }
     Ok(())
 }
@@ -153,11 +153,17 @@ fn ensure_corpus(config: &RunConfig) -> Result<()> {
 
 /// Streams a sample to standard output.
 /// Streams the prompt and its continuation to stdout.
-pub fn print_sample(model: &Gpt, tok: &Tokenizer, settings: &SampleConfig, device: &Device) -> Result<Generation> {
+pub fn print_sample(
+    model: &Gpt,
+    tok: &Tokenizer,
+    settings: &SampleConfig,
+    kv: KvKind,
+    device: &Device,
+) -> Result<Generation> {
     let mut out = std::io::stdout();
     write!(out, "{}", settings.prompt)?;
     out.flush()?;
-    let generation = ember_serve::generate(model, tok, settings, device, |piece| {
+    let generation = ember_serve::generate(model, tok, settings, kv, device, |piece| {
         let _ = write!(out, "{piece}");
         let _ = out.flush();
     })?;

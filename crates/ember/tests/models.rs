@@ -35,11 +35,13 @@ fn every_variant_trains_and_generates() {
         let losses = step_losses(&run);
         assert!(losses.len() == 6 && losses.iter().all(|(_, l)| l.is_finite()), "{name}: {losses:?}");
         let run = run.display().to_string();
-        let out =
-            ember(&["generate", "--device", "cpu", "--model", &run, "--prompt", "To be", "--max-new-tokens", "8"]);
-        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
-        let text = String::from_utf8(out.stdout).unwrap();
-        assert!(text.starts_with("To be") && text.trim_end().chars().count() > "To be".len(), "{name}: {text:?}");
+        for device in ["cpu", "ndarray"] {
+            let args = ["generate", "--device", device, "--model", &run, "--prompt", "To be", "--max-new-tokens", "8"];
+            let out = ember(&args);
+            assert!(out.status.success(), "{name} on {device}: {}", String::from_utf8_lossy(&out.stderr));
+            let text = String::from_utf8(out.stdout).unwrap();
+            assert!(text.starts_with("To be") && text.trim_end().chars().count() > "To be".len(), "{name}: {text:?}");
+        }
     }
 }
 

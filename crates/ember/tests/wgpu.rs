@@ -83,3 +83,25 @@ fn twenty_training_steps_lower_the_loss() {
     let last: f64 = losses[17..].iter().map(|l| l.1).sum::<f64>() / 3.0;
     assert!(last < first - 0.1, "loss {first:.3} -> {last:.3}");
 }
+
+#[test]
+fn cached_decoding_on_wgpu_equals_recomputation_on_the_cpu_within_1e_4() {
+    let Some(gpu) = wgpu_device() else { return };
+    let cpu = Device::flex();
+    for config in variants().into_iter().take(3) {
+        let on_gpu = Gpt::new(&config, &mut Rng::new(3), &gpu);
+        let on_cpu = Gpt::new(&config, &mut Rng::new(3), &cpu);
+        let mut cached = ember_serve::Decoder::new(&on_gpu, ember_serve::KvKind::Contiguous, &gpu);
+        let mut full = ember_serve::Decoder::new(&on_cpu, ember_serve::KvKind::None, &cpu);
+        let mut ids: Vec<u32> = vec![3, 14, 15, 9, 2, 6];
+        let (mut seen, mut worst) = (0, 0.0f32);
+        for _ in 0..64 - ids.len() {
+            let a = cached.next_logits(&ids, seen);
+            let b = full.next_logits(&ids, seen);
+            worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(worst, f32::max);
+            seen = ids.len();
+            ids.push(b.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).map(|(i, _)| i as u32).unwrap());
+        }
+        assert!(worst <= 1e-4, "max |cached wgpu − recomputed cpu| = {worst} for {config:?}");
+    }
+}

@@ -1,10 +1,15 @@
-//! Autoregressive generation by full recomputation: each new token runs the whole (cropped) context again.
+//! Autoregressive generation. Cached: prefill runs the prompt once and fills a KV store, then each step runs one new
+//! token through every layer. Recompute (the reference, and the baseline of `ember bench decode`): each step runs the
+//! whole context again.
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use ember_core_model::cache::KvCache;
 use ember_core_model::tokenizer::{self, TokenizerError};
 use ember_core_model::{Gpt, Rng};
+use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
+use crate::kv::ContiguousCache;
 use crate::sampling::{SampleConfig, sample};
 
 #[derive(Debug, thiserror::Error)]
@@ -13,8 +18,44 @@ pub enum GenerateError {
     Prompt(TokenizerError),
     #[error("the prompt encodes to no tokens; give at least one character")]
     EmptyPrompt,
+    #[error("the prompt is {tokens} tokens, longer than the model's context of {context}")]
+    PromptTooLong { tokens: usize, context: usize },
     #[error(transparent)]
     Decode(TokenizerError),
+}
+
+/// Where keys and values live between steps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvKind {
+    /// No cache: every step recomputes the whole context.
+    None,
+    /// One growing buffer per layer.
+    #[default]
+    Contiguous,
+}
+
+/// Tokens a contiguous store grows by.
+const CHUNK: usize = 256;
+
+impl std::str::FromStr for KvKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(KvKind::None),
+            "contiguous" => Ok(KvKind::Contiguous),
+            other => Err(format!("{other:?} is not a KV store (none, contiguous)")),
+        }
+    }
+}
+
+impl KvKind {
+    pub fn build(self) -> Option<Box<dyn KvCache>> {
+        match self {
+            KvKind::None => None,
+            KvKind::Contiguous => Some(Box::new(ContiguousCache::new(CHUNK))),
+        }
+    }
 }
 
 /// What one generation produced and how long it took.
@@ -29,12 +70,57 @@ pub struct Generation {
     pub decode_seconds: f64,
 }
 
+/// The next-token logits of a sequence, computed with a KV store or by recomputation.
+pub struct Decoder<'a> {
+    model: &'a Gpt,
+    cache: Option<Box<dyn KvCache>>,
+    device: Device,
+}
+
+impl<'a> Decoder<'a> {
+    pub fn new(model: &'a Gpt, kv: KvKind, device: &Device) -> Self {
+        Self { model, cache: kv.build(), device: device.clone() }
+    }
+
+    /// Logits after `ids`, of which the first `seen` were given before. Cached: only the new tokens run, unless the
+    /// context is full, when the store is refilled with the last half context (a context shift). Recompute: the last
+    /// `block_size` tokens run again.
+    pub fn next_logits(&mut self, ids: &[u32], seen: usize) -> Vec<f32> {
+        let block = self.model.block_size();
+        let logits = match self.cache.as_mut() {
+            None => {
+                let context = &ids[ids.len().saturating_sub(block)..];
+                let t = context.len();
+                let logits = self.model.forward(row(context, &self.device));
+                let v = logits.dims()[2];
+                logits.slice([0..1, t - 1..t, 0..v]).reshape([1, v])
+            }
+            Some(cache) => {
+                let new = if cache.len() + (ids.len() - seen) > block {
+                    cache.clear();
+                    &ids[ids.len() - (block / 2).max(1)..]
+                } else {
+                    &ids[seen..]
+                };
+                self.model.forward_step(row(new, &self.device), cache.as_mut())
+            }
+        };
+        logits.into_data().convert::<f32>().try_to_vec::<f32>().expect("f32 logits")
+    }
+}
+
+/// Token ids as a batch of one row [1, T].
+fn row(ids: &[u32], device: &Device) -> Tensor<2, Int> {
+    let data = TensorData::new(ids.iter().map(|&i| i as i64).collect::<Vec<_>>(), [1, ids.len()]);
+    Tensor::from_data(data, device)
+}
+
 /// Generates `max_new_tokens` after the prompt, calling `on_text` with each newly decoded piece of text.
-/// The context is cropped to the model's last `block_size` tokens.
 pub fn generate(
     model: &Gpt,
     tokenizer: &Tokenizer,
     settings: &SampleConfig,
+    kv: KvKind,
     device: &Device,
     mut on_text: impl FnMut(&str),
 ) -> Result<Generation, GenerateError> {
@@ -43,24 +129,18 @@ pub fn generate(
         return Err(GenerateError::EmptyPrompt);
     }
     let prompt_len = ids.len();
+    if prompt_len > model.block_size() {
+        return Err(GenerateError::PromptTooLong { tokens: prompt_len, context: model.block_size() });
+    }
+    let mut decoder = Decoder::new(model, kv, device);
     let mut rng = Rng::new(settings.seed);
     let mut text = String::new();
     let started = std::time::Instant::now();
     let mut prompt_seconds = 0.0;
+    let mut seen = 0;
     for step in 0..settings.max_new_tokens {
-        let context = &ids[ids.len().saturating_sub(model.block_size())..];
-        let t = context.len();
-        let x = Tensor::<2, Int>::from_data(
-            TensorData::new(context.iter().map(|&i| i as i64).collect::<Vec<_>>(), [1, t]),
-            device,
-        );
-        let logits = model
-            .forward(x)
-            .slice([0..1, t - 1..t])
-            .into_data()
-            .convert::<f32>()
-            .try_to_vec::<f32>()
-            .expect("f32 logits");
+        let logits = decoder.next_logits(&ids, seen);
+        seen = ids.len();
         ids.push(sample(&logits, settings.temperature, settings.top_k, &mut rng));
         if step == 0 {
             prompt_seconds = started.elapsed().as_secs_f64();

@@ -1,7 +1,8 @@
 //! Generation from a trained model: sampling settings, token sampling, and the decoding loop.
 
 pub mod generate;
+pub mod kv;
 pub mod sampling;
 
-pub use generate::{GenerateError, Generation, generate};
+pub use generate::{Decoder, GenerateError, Generation, KvKind, generate};
 pub use sampling::SampleConfig;

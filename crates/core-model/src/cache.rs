@@ -1,0 +1,18 @@
+//! The seam between a model's incremental forward pass and the KV stores of `serve`.
+
+use burn::tensor::Tensor;
+
+/// Per-layer, per-token state that decoding appends to and attends over. A layer of MHA / GQA / MQA appends
+/// `[k, v]`, each [B, g, T_new, d_h] with k already rotated at its own positions; a layer of MLA appends `[c, k_R]`,
+/// [B, 1, T_new, d_c] and [B, 1, T_new, d_R].
+pub trait KvCache {
+    /// Tokens cached before the current step (the position of its first new token); read before any layer appends.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Forgets everything (a new sequence, or a context shift that re-fills it).
+    fn clear(&mut self);
+    /// Appends this step's entries of `layer` and returns everything that layer holds, [B, n, len + T_new, w] each.
+    fn append(&mut self, layer: usize, entries: Vec<Tensor<4>>) -> Vec<Tensor<4>>;
+}

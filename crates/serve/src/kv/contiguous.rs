@@ -1,0 +1,80 @@
+//! The contiguous store: per layer and entry one buffer [B, n, capacity, w] that grows a chunk of tokens at a time;
+//! each step writes its new tokens in place and attention reads the filled prefix, so nothing is copied per step.
+
+use burn::tensor::Tensor;
+use ember_core_model::cache::KvCache;
+
+/// One growing buffer: `data[.., .., 0..len, ..]` is filled.
+struct Buffer {
+    data: Tensor<4>,
+    len: usize,
+}
+
+impl Buffer {
+    fn capacity(&self) -> usize {
+        self.data.dims()[2]
+    }
+
+    /// Writes x [B, n, t, w] at `len..len + t`, growing to the next multiple of `chunk` tokens when full.
+    fn append(&mut self, x: Tensor<4>, chunk: usize) -> Tensor<4> {
+        let [b, n, t, w] = x.dims();
+        let end = self.len + t;
+        if end > self.capacity() {
+            let grown = Tensor::<4>::zeros([b, n, end.div_ceil(chunk) * chunk, w], &x.device());
+            let filled = self.data.clone().slice([0..b, 0..n, 0..self.len, 0..w]);
+            self.data = grown.slice_assign([0..b, 0..n, 0..self.len, 0..w], filled);
+        }
+        self.data = self.data.clone().slice_assign([0..b, 0..n, self.len..end, 0..w], x);
+        self.len = end;
+        self.data.clone().slice([0..b, 0..n, 0..end, 0..w])
+    }
+}
+
+/// Contiguous per-layer buffers, grown `chunk` tokens at a time.
+pub struct ContiguousCache {
+    chunk: usize,
+    layers: Vec<Vec<Buffer>>,
+}
+
+impl ContiguousCache {
+    pub fn new(chunk: usize) -> Self {
+        Self { chunk: chunk.max(1), layers: Vec::new() }
+    }
+
+    /// Bytes allocated (capacity) and bytes holding cached tokens, over every layer (f32).
+    pub fn bytes(&self) -> (usize, usize) {
+        let mut allocated = 0;
+        let mut used = 0;
+        for buffer in self.layers.iter().flatten() {
+            let [b, n, cap, w] = buffer.data.dims();
+            allocated += b * n * cap * w * 4;
+            used += b * n * buffer.len * w * 4;
+        }
+        (allocated, used)
+    }
+}
+
+impl KvCache for ContiguousCache {
+    fn len(&self) -> usize {
+        self.layers.iter().flatten().map(|b| b.len).min().unwrap_or(0)
+    }
+
+    fn clear(&mut self) {
+        self.layers.clear();
+    }
+
+    fn append(&mut self, layer: usize, entries: Vec<Tensor<4>>) -> Vec<Tensor<4>> {
+        if self.layers.len() <= layer {
+            self.layers.resize_with(layer + 1, Vec::new);
+        }
+        let buffers = &mut self.layers[layer];
+        let chunk = self.chunk;
+        if buffers.is_empty() {
+            buffers.extend(entries.iter().map(|x| {
+                let [b, n, t, w] = x.dims();
+                Buffer { data: Tensor::zeros([b, n, t.div_ceil(chunk) * chunk, w], &x.device()), len: 0 }
+            }));
+        }
+        buffers.iter_mut().zip(entries).map(|(buffer, x)| buffer.append(x, chunk)).collect()
+    }
+}
