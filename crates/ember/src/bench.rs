@@ -16,6 +16,8 @@ use crate::devices::{self, DeviceChoice};
 pub enum BenchCommand {
     /// Training throughput on a run config.
     Train(BenchTrainArgs),
+    /// Generation tokens/s, KV-cached against recomputation.
+    Decode(crate::bench_decode::BenchDecodeArgs),
 }
 
 #[derive(Args)]
@@ -42,6 +44,7 @@ pub struct BenchTrainArgs {
 pub fn bench(command: BenchCommand, device: DeviceChoice) -> Result<()> {
     match command {
         BenchCommand::Train(args) => bench_train(args, device),
+        BenchCommand::Decode(args) => crate::bench_decode::bench_decode(args, device),
     }
 }
 
@@ -121,7 +124,7 @@ fn pytorch_round(python: &str, config: &std::path::Path, args: &BenchTrainArgs, 
         .context("the PyTorch reference printed no tokens_per_s")
 }
 
-fn median(xs: &mut [f64]) -> f64 {
+pub fn median(xs: &mut [f64]) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
 }

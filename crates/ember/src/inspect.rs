@@ -33,18 +33,20 @@ pub fn total_params(config: &ModelConfig) -> usize {
     param_counts(config).iter().map(|(_, n)| n).sum()
 }
 
+/// The validated `[model]` table of a TOML file (the other sections are not read).
+pub fn model_config(path: &std::path::Path) -> Result<ModelConfig> {
+    let file = path.display();
+    let text = fs::read_to_string(path).with_context(|| format!("config {file}"))?;
+    let table: toml::Table = toml::from_str(&text).map_err(|e| anyhow!("{file}: {}", e.message()))?;
+    let model = table.get("model").cloned().ok_or_else(|| anyhow!("{file}: no [model] table"))?;
+    let config: ModelConfig = model.try_into().map_err(|e: toml::de::Error| anyhow!("{file}: {}", e.message()))?;
+    config.validate().map_err(|e| anyhow!("{file}: {e}"))?;
+    Ok(config)
+}
+
 fn config_of(args: &InspectArgs) -> Result<ModelConfig> {
     match (&args.config, &args.model) {
-        (Some(path), _) => {
-            let file = path.display();
-            let text = fs::read_to_string(path).with_context(|| format!("config {file}"))?;
-            let table: toml::Table = toml::from_str(&text).map_err(|e| anyhow!("{file}: {}", e.message()))?;
-            let model = table.get("model").cloned().ok_or_else(|| anyhow!("{file}: no [model] table"))?;
-            let config: ModelConfig =
-                model.try_into().map_err(|e: toml::de::Error| anyhow!("{file}: {}", e.message()))?;
-            config.validate().map_err(|e| anyhow!("{file}: {e}"))?;
-            Ok(config)
-        }
+        (Some(path), _) => model_config(path),
         (None, Some(path)) => match Source::of(path)? {
             Source::Run => Ok(bundle::load_model_config(path)?),
             Source::HuggingFace => Ok(import::hf::load(path)?.0),
