@@ -59,6 +59,15 @@ struct GenerateArgs {
     temperature: Option<f64>,
     #[arg(long)]
     top_k: Option<usize>,
+    /// Nucleus sampling: the smallest set of likeliest tokens whose probability reaches P.
+    #[arg(long)]
+    top_p: Option<f64>,
+    /// Penalty on tokens already in the context (1 is off; 1.1–1.3 is typical).
+    #[arg(long)]
+    repetition_penalty: Option<f64>,
+    /// Stop before this string (repeatable); it is not printed.
+    #[arg(long)]
+    stop: Vec<String>,
     #[arg(long)]
     seed: Option<u64>,
     /// Where keys and values live between steps: contiguous (default) or none (recompute every step).
@@ -114,6 +123,9 @@ fn generate(args: GenerateArgs, device: DeviceChoice) -> Result<()> {
         max_new_tokens: args.max_new_tokens.unwrap_or(defaults.max_new_tokens),
         temperature: args.temperature.unwrap_or(defaults.temperature),
         top_k: args.top_k.or(defaults.top_k),
+        top_p: args.top_p.or(defaults.top_p),
+        repetition_penalty: args.repetition_penalty.unwrap_or(defaults.repetition_penalty),
+        stop: args.stop,
         seed: args.seed.unwrap_or(defaults.seed),
     };
     settings.validate()?;

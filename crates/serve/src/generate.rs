@@ -109,6 +109,17 @@ impl<'a> Decoder<'a> {
     }
 }
 
+/// Special tokens that end a text: end-of-text / end-of-turn markers of GPT-2, Llama, ChatML and Gemma.
+pub fn end_tokens(tokenizer: &Tokenizer) -> Vec<u32> {
+    const ENDS: [&str; 6] = ["<|endoftext|>", "</s>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<eos>"];
+    tokenizer
+        .get_added_tokens_decoder()
+        .into_iter()
+        .filter(|(_, t)| t.special && ENDS.contains(&t.content.as_str()))
+        .map(|(id, _)| id)
+        .collect()
+}
+
 /// Token ids as a batch of one row [1, T].
 fn row(ids: &[u32], device: &Device) -> Tensor<2, Int> {
     let data = TensorData::new(ids.iter().map(|&i| i as i64).collect::<Vec<_>>(), [1, ids.len()]);
@@ -134,6 +145,10 @@ pub fn generate(
     }
     let mut decoder = Decoder::new(model, kv, device);
     let mut rng = Rng::new(settings.seed);
+    let ends = end_tokens(tokenizer);
+    // Text that could still turn into a stop string is held back until it cannot.
+    let hold = settings.stop.iter().map(|s| s.len().saturating_sub(1)).max().unwrap_or(0);
+    let mut emitted = 0;
     let mut text = String::new();
     let started = std::time::Instant::now();
     let mut prompt_seconds = 0.0;
@@ -141,19 +156,37 @@ pub fn generate(
     for step in 0..settings.max_new_tokens {
         let logits = decoder.next_logits(&ids, seen);
         seen = ids.len();
-        ids.push(sample(&logits, settings.temperature, settings.top_k, &mut rng));
+        let next = sample(&logits, settings, &ids, &mut rng);
         if step == 0 {
             prompt_seconds = started.elapsed().as_secs_f64();
         }
-        // Decode everything generated so far and emit only what is new, so multi-token characters stay whole.
-        let all = tokenizer::decode(tokenizer, &ids[prompt_len..]).map_err(GenerateError::Decode)?;
-        if all.len() > text.len() && all.starts_with(&text) {
-            on_text(&all[text.len()..]);
-            text = all;
+        if ends.contains(&next) {
+            break;
+        }
+        ids.push(next);
+        // Decode everything generated so far, so multi-token characters stay whole.
+        text = tokenizer::decode(tokenizer, &ids[prompt_len..]).map_err(GenerateError::Decode)?;
+        let stop_at = settings.stop.iter().filter_map(|s| text.find(s.as_str())).min();
+        if let Some(at) = stop_at {
+            text.truncate(at);
+        }
+        let mut ready = if stop_at.is_some() { text.len() } else { text.len().saturating_sub(hold) };
+        while !text.is_char_boundary(ready) {
+            ready -= 1;
+        }
+        if ready > emitted {
+            on_text(&text[emitted..ready]);
+            emitted = ready;
+        }
+        if stop_at.is_some() {
+            break;
         }
     }
+    if text.len() > emitted {
+        on_text(&text[emitted..]);
+    }
     Ok(Generation {
-        text: tokenizer::decode(tokenizer, &ids[prompt_len..]).map_err(GenerateError::Decode)?,
+        text,
         prompt_tokens: prompt_len,
         new_tokens: ids.len() - prompt_len,
         prompt_seconds,
