@@ -70,9 +70,15 @@ struct GenerateArgs {
     stop: Vec<String>,
     #[arg(long)]
     seed: Option<u64>,
-    /// Where keys and values live between steps: contiguous (default) or none (recompute every step).
+    /// Where keys and values live between steps: contiguous (default), paged, int8, int4, or none (recompute).
     #[arg(long, default_value = "contiguous")]
     kv_cache: ember_serve::KvKind,
+    /// Tokens per page of the paged store.
+    #[arg(long, default_value_t = 16)]
+    page_size: usize,
+    /// Values per scale of the int8 / int4 stores.
+    #[arg(long, default_value_t = 32)]
+    kv_group: usize,
     /// Print load time and prompt / generation speed to stderr.
     #[arg(long)]
     stats: bool,
@@ -129,7 +135,11 @@ fn generate(args: GenerateArgs, device: DeviceChoice) -> Result<()> {
         seed: args.seed.unwrap_or(defaults.seed),
     };
     settings.validate()?;
-    let g = train::print_sample(&run.model, &run.tokenizer, &settings, args.kv_cache, &device)?;
+    let kv = ember_serve::KvSpec { kind: args.kv_cache, page_size: args.page_size, group: args.kv_group };
+    if kv.page_size == 0 || kv.group == 0 {
+        bail!("--page-size and --kv-group must be at least 1");
+    }
+    let g = train::print_sample(&run.model, &run.tokenizer, &settings, kv, &device)?;
     if args.stats {
         eprintln!(
             "loaded in {load_seconds:.2} s; prompt {} tokens in {:.3} s ({:.1} tokens/s, until the first new token); \

@@ -11,7 +11,7 @@ use burn::tensor::Device;
 use clap::Args;
 use ember_core_model::tokenizer;
 use ember_core_model::{Gpt, bundle};
-use ember_serve::{Generation, KvKind, SampleConfig};
+use ember_serve::{Generation, KvKind, KvSpec, SampleConfig};
 use ember_train::corpus;
 use ember_train::{Trainer, config::KNOWN_DATASETS};
 use tokenizers::Tokenizer;
@@ -110,7 +110,7 @@ pub fn train(args: TrainArgs, device: DeviceChoice) -> Result<()> {
     if !args.no_sample {
         let inner = device.clone();
         let model = trainer.model.valid();
-        print_sample(&model, &tok, &config.sample, KvKind::Contiguous, &inner)?;
+        print_sample(&model, &tok, &config.sample, KvKind::Contiguous.into(), &inner)?;
     }
     Ok(())
 }
@@ -157,7 +157,7 @@ pub fn print_sample(
     model: &Gpt,
     tok: &Tokenizer,
     settings: &SampleConfig,
-    kv: KvKind,
+    kv: KvSpec,
     device: &Device,
 ) -> Result<Generation> {
     let mut out = std::io::stdout();

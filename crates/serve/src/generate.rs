@@ -9,7 +9,7 @@ use ember_core_model::{Gpt, Rng};
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
-use crate::kv::ContiguousCache;
+use crate::kv::{Bits, ContiguousCache, PagePool, PagedCache, QuantizedCache};
 use crate::sampling::{SampleConfig, sample};
 
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +33,28 @@ pub enum KvKind {
     /// One growing buffer per layer.
     #[default]
     Contiguous,
+    /// Fixed pages through a page table.
+    Paged,
+    /// int8 with a scale per group.
+    Int8,
+    /// int4 with a scale per group.
+    Int4,
+}
+
+/// A KV store and its parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvSpec {
+    pub kind: KvKind,
+    /// Tokens per page (paged).
+    pub page_size: usize,
+    /// Values per scale (int8, int4).
+    pub group: usize,
+}
+
+impl From<KvKind> for KvSpec {
+    fn from(kind: KvKind) -> Self {
+        Self { kind, page_size: 16, group: 32 }
+    }
 }
 
 /// Tokens a contiguous store grows by.
@@ -44,16 +66,22 @@ impl std::str::FromStr for KvKind {
         match s {
             "none" => Ok(KvKind::None),
             "contiguous" => Ok(KvKind::Contiguous),
-            other => Err(format!("{other:?} is not a KV store (none, contiguous)")),
+            "paged" => Ok(KvKind::Paged),
+            "int8" => Ok(KvKind::Int8),
+            "int4" => Ok(KvKind::Int4),
+            other => Err(format!("{other:?} is not a KV store (none, contiguous, paged, int8, int4)")),
         }
     }
 }
 
-impl KvKind {
+impl KvSpec {
     pub fn build(self) -> Option<Box<dyn KvCache>> {
-        match self {
+        match self.kind {
             KvKind::None => None,
             KvKind::Contiguous => Some(Box::new(ContiguousCache::new(CHUNK))),
+            KvKind::Paged => Some(Box::new(PagedCache::new(PagePool::new(self.page_size)))),
+            KvKind::Int8 => Some(Box::new(QuantizedCache::new(Bits::Int8, self.group))),
+            KvKind::Int4 => Some(Box::new(QuantizedCache::new(Bits::Int4, self.group))),
         }
     }
 }
@@ -78,8 +106,8 @@ pub struct Decoder<'a> {
 }
 
 impl<'a> Decoder<'a> {
-    pub fn new(model: &'a Gpt, kv: KvKind, device: &Device) -> Self {
-        Self { model, cache: kv.build(), device: device.clone() }
+    pub fn new(model: &'a Gpt, kv: impl Into<KvSpec>, device: &Device) -> Self {
+        Self { model, cache: kv.into().build(), device: device.clone() }
     }
 
     /// Logits after `ids`, of which the first `seen` were given before. Cached: only the new tokens run, unless the
@@ -131,7 +159,7 @@ pub fn generate(
     model: &Gpt,
     tokenizer: &Tokenizer,
     settings: &SampleConfig,
-    kv: KvKind,
+    kv: KvSpec,
     device: &Device,
     mut on_text: impl FnMut(&str),
 ) -> Result<Generation, GenerateError> {

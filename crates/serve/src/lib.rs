@@ -4,5 +4,5 @@ pub mod generate;
 pub mod kv;
 pub mod sampling;
 
-pub use generate::{Decoder, GenerateError, Generation, KvKind, generate};
+pub use generate::{Decoder, GenerateError, Generation, KvKind, KvSpec, generate};
 pub use sampling::SampleConfig;

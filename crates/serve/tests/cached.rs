@@ -1,13 +1,15 @@
 //! Cached decoding equals full recomputation: for 64 steps the next-token logits agree within 1e-5 on the CPU for
-//! GPT, Llama (GQA, RoPE), MLA (absorbed, against cached latents) and sliding-window models.
+//! GPT, Llama (GQA, RoPE), MLA (absorbed, against cached latents) and sliding-window models, with the contiguous and
+//! the paged store; quantized stores stay close; forked sequences share pages.
 
 use std::collections::HashMap;
 
-use burn::tensor::{Device, TensorData};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_core_model::config::{AttentionKind, FfnKind, NormKind, PositionKind};
 use ember_core_model::params::{load_state_dict, state_dict};
 use ember_core_model::{Gpt, ModelConfig, Rng};
-use ember_serve::{Decoder, KvKind};
+use ember_serve::kv::{Bits, PagePool, PagedCache, QuantizedCache};
+use ember_serve::{Decoder, KvKind, KvSpec};
 
 fn configs() -> Vec<(&'static str, ModelConfig)> {
     let gpt = ModelConfig::gpt(50, 2, 4, 32, 96);
@@ -31,7 +33,7 @@ fn configs() -> Vec<(&'static str, ModelConfig)> {
 }
 
 /// Weights of std 0.02 give near-uniform logits; std 0.16 (norm gains left at 1) makes the comparison sharp.
-pub fn sharpened(model: Gpt) -> Gpt {
+fn sharpened(model: Gpt) -> Gpt {
     let scaled: HashMap<String, TensorData> = state_dict(&model)
         .into_iter()
         .map(|(path, data)| {
@@ -43,25 +45,32 @@ pub fn sharpened(model: Gpt) -> Gpt {
     load_state_dict(model, &scaled).unwrap()
 }
 
-pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
-/// Greedy decoding of `steps` tokens after `prompt` with both decoders; returns the largest logit difference.
-pub fn cached_vs_recomputed(model: &Gpt, prompt: &[u32], steps: usize, device: &Device) -> f32 {
-    let mut cached = Decoder::new(model, KvKind::Contiguous, device);
+/// Greedy decoding of `steps` tokens after `prompt` with a store and by recomputation; returns the largest logit
+/// difference and the largest logit.
+fn cached_vs_recomputed(model: &Gpt, kv: KvSpec, prompt: &[u32], steps: usize, device: &Device) -> (f32, f32) {
+    let mut cached = Decoder::new(model, kv, device);
     let mut full = Decoder::new(model, KvKind::None, device);
     let mut ids = prompt.to_vec();
-    let (mut seen, mut worst) = (0, 0.0f32);
+    let (mut seen, mut worst, mut scale) = (0, 0.0f32, 0.0f32);
     for _ in 0..steps {
         let a = cached.next_logits(&ids, seen);
         let b = full.next_logits(&ids, seen);
         worst = worst.max(max_diff(&a, &b));
+        scale = b.iter().fold(scale, |m, x| m.max(x.abs()));
         seen = ids.len();
         let next = b.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).map(|(i, _)| i as u32).unwrap();
         ids.push(next);
     }
-    worst
+    (worst, scale)
+}
+
+fn prompt() -> Vec<u32> {
+    let mut rng = Rng::new(9);
+    (0..7).map(|_| rng.below(50) as u32).collect()
 }
 
 #[test]
@@ -69,10 +78,75 @@ fn cached_decoding_equals_full_recomputation_for_64_steps() {
     let device = Device::flex();
     for (name, config) in configs() {
         let model = sharpened(Gpt::new(&config, &mut Rng::new(3), &device));
-        let mut rng = Rng::new(9);
-        let prompt: Vec<u32> = (0..7).map(|_| rng.below(50) as u32).collect();
-        let worst = cached_vs_recomputed(&model, &prompt, 64, &device);
-        eprintln!("{name}: max |cached − recomputed| = {worst:e}");
-        assert!(worst <= 1e-5, "{name}: max |cached − recomputed| = {worst}");
+        for kv in [KvSpec::from(KvKind::Contiguous), KvSpec { page_size: 5, ..KvKind::Paged.into() }] {
+            let (worst, _) = cached_vs_recomputed(&model, kv, &prompt(), 64, &device);
+            assert!(worst <= 1e-5, "{name}, {:?}: max |cached − recomputed| = {worst}", kv.kind);
+        }
     }
+}
+
+#[test]
+fn int8_and_int4_stores_stay_close_and_int8_closer() {
+    let device = Device::flex();
+    for (name, config) in configs() {
+        let model = sharpened(Gpt::new(&config, &mut Rng::new(3), &device));
+        let error = |kind: KvKind| {
+            let (worst, scale) =
+                cached_vs_recomputed(&model, KvSpec { group: 8, ..kind.into() }, &prompt(), 32, &device);
+            worst / scale
+        };
+        let (int8, int4) = (error(KvKind::Int8), error(KvKind::Int4));
+        assert!(int8 <= 0.01 && int4 <= 0.2 && int8 < int4, "{name}: relative logit error int8 {int8}, int4 {int4}");
+    }
+}
+
+#[test]
+fn quantized_memory_counts_integers_and_scales() {
+    let device = Device::flex();
+    let (_, llama) = configs().swap_remove(1);
+    let model = Gpt::new(&llama, &mut Rng::new(3), &device);
+    let ids = Tensor::<2, Int>::from_data(TensorData::new((0..20i64).collect::<Vec<_>>(), [1, 20]), &device);
+    // 2 layers × 20 tokens × (k, v) × g = 2 heads × d_h = 8 = 640 values per entry kind, one scale per 8.
+    let values = 2 * 20 * 2 * 2 * 8;
+    for (bits, bytes_per_value) in [(Bits::Int8, 1.0), (Bits::Int4, 0.5)] {
+        let mut cache = QuantizedCache::new(bits, 8);
+        model.forward_step(ids.clone(), &mut cache);
+        assert_eq!(cache.bytes(), (values as f64 * bytes_per_value) as usize + values / 8 * 4, "{bits:?}");
+    }
+}
+
+#[test]
+fn forked_sequences_share_prompt_pages_and_copy_on_write() {
+    let device = Device::flex();
+    let (_, llama) = configs().swap_remove(1);
+    let model = sharpened(Gpt::new(&llama, &mut Rng::new(3), &device));
+    let row = |ids: &[i64]| Tensor::<2, Int>::from_data(TensorData::new(ids.to_vec(), [1, ids.len()]), &device);
+    let prompt: Vec<i64> = (0..11).map(|i| (i * 7 % 50) as i64).collect();
+    let pool = PagePool::new(4);
+    let mut a = PagedCache::new(pool.clone());
+    model.forward_step(row(&prompt), &mut a);
+    let mut b = a.fork();
+    // 11 tokens in pages of 4: three pages per layer, all shared after the fork.
+    assert_eq!(a.table(0), b.table(0));
+    assert_eq!(pool.borrow().allocator.counts(), (6, 6));
+    assert_eq!(a.waste(), 2 * (12 - 11));
+    let la = model.forward_step(row(&[5]), &mut a);
+    let lb = model.forward_step(row(&[9]), &mut b);
+    // The third page (tokens 8..12) was written by both: each now has its own copy; pages 0 and 1 stay shared.
+    assert_eq!(a.table(0)[..2], b.table(0)[..2]);
+    assert_ne!(a.table(0)[2], b.table(0)[2]);
+    assert_eq!(pool.borrow().allocator.users(a.table(0)[0]), 2);
+    // Each continuation equals its own uncached recomputation.
+    for (logits, next) in [(la, 5i64), (lb, 9)] {
+        let mut ids = prompt.clone();
+        ids.push(next);
+        let full = model.forward(row(&ids));
+        let v = full.dims()[2];
+        let last = full.slice([0..1, 11..12, 0..v]).reshape([1, v]);
+        let d: f32 = (logits - last).abs().max().into_scalar();
+        assert!(d <= 1e-5, "forked continuation {next}: {d}");
+    }
+    drop(a);
+    drop(b);
+    assert_eq!(pool.borrow().allocator.counts().1, 0, "every page is free once both sequences end");
 }

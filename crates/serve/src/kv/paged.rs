@@ -1,0 +1,202 @@
+//! The paged store: a pool of fixed pages of p tokens per layer and entry; logical position j of a sequence lives in
+//! page ⌊j/p⌋ of its page table at offset j mod p. Pages carry reference counts, so sequences forked from a shared
+//! prompt share its pages until one of them writes into a shared page (copy on write).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use burn::tensor::{Int, Tensor, TensorData};
+use ember_core_model::cache::KvCache;
+
+/// Hands out page numbers and counts their users.
+#[derive(Debug, Default)]
+pub struct PageAllocator {
+    refs: Vec<u32>,
+    free: Vec<usize>,
+}
+
+impl PageAllocator {
+    /// A free page (a new one when none is free), with one user.
+    pub fn allocate(&mut self) -> usize {
+        let page = self.free.pop().unwrap_or_else(|| {
+            self.refs.push(0);
+            self.refs.len() - 1
+        });
+        self.refs[page] = 1;
+        page
+    }
+    pub fn share(&mut self, page: usize) {
+        self.refs[page] += 1;
+    }
+    pub fn release(&mut self, page: usize) {
+        self.refs[page] -= 1;
+        if self.refs[page] == 0 {
+            self.free.push(page);
+        }
+    }
+    pub fn users(&self, page: usize) -> u32 {
+        self.refs[page]
+    }
+    /// Pages ever created, and pages in use.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.refs.len(), self.refs.iter().filter(|&&r| r > 0).count())
+    }
+}
+
+/// Every page's storage: per layer and entry a pool [pages, n, p, w], and the allocator.
+pub struct PagePool {
+    pub page_size: usize,
+    pub allocator: PageAllocator,
+    pools: Vec<Vec<Tensor<4>>>,
+}
+
+impl PagePool {
+    pub fn new(page_size: usize) -> Rc<RefCell<Self>> {
+        Rc::new(RefCell::new(Self {
+            page_size: page_size.max(1),
+            allocator: PageAllocator::default(),
+            pools: Vec::new(),
+        }))
+    }
+
+    /// Makes room for page numbers below `pages` in layer `layer`'s pools shaped like `entries`, doubling as needed.
+    fn reserve(&mut self, layer: usize, entries: &[Tensor<4>], pages: usize) {
+        if self.pools.len() <= layer {
+            self.pools.resize_with(layer + 1, Vec::new);
+        }
+        let p = self.page_size;
+        let pools = &mut self.pools[layer];
+        if pools.is_empty() {
+            pools.extend(entries.iter().map(|x| {
+                let [_, n, _, w] = x.dims();
+                Tensor::zeros([pages.max(4), n, p, w], &x.device())
+            }));
+        }
+        for pool in pools.iter_mut() {
+            let [have, n, _, w] = pool.dims();
+            if pages > have {
+                let grown = Tensor::zeros([pages.max(2 * have), n, p, w], &pool.device());
+                *pool = grown.slice_assign([0..have, 0..n, 0..p, 0..w], pool.clone());
+            }
+        }
+    }
+
+    /// Bytes of every pool (f32).
+    pub fn bytes(&self) -> usize {
+        self.pools.iter().flatten().map(|t| t.dims().iter().product::<usize>() * 4).sum()
+    }
+}
+
+/// One sequence: a page table per layer over a shared [`PagePool`].
+pub struct PagedCache {
+    pool: Rc<RefCell<PagePool>>,
+    tables: Vec<Vec<usize>>,
+    lens: Vec<usize>,
+}
+
+impl PagedCache {
+    pub fn new(pool: Rc<RefCell<PagePool>>) -> Self {
+        Self { pool, tables: Vec::new(), lens: Vec::new() }
+    }
+
+    /// A second sequence that continues from this one's tokens, sharing its pages.
+    pub fn fork(&self) -> Self {
+        let mut pool = self.pool.borrow_mut();
+        for &page in self.tables.iter().flatten() {
+            pool.allocator.share(page);
+        }
+        Self { pool: self.pool.clone(), tables: self.tables.clone(), lens: self.lens.clone() }
+    }
+
+    /// The page table of `layer`: logical page i is physical page `table[i]`.
+    pub fn table(&self, layer: usize) -> &[usize] {
+        &self.tables[layer]
+    }
+
+    /// Slots allocated but not (yet) holding a token, over every layer: fewer than p per layer.
+    pub fn waste(&self) -> usize {
+        let p = self.pool.borrow().page_size;
+        self.tables.iter().zip(&self.lens).map(|(t, &len)| t.len() * p - len).sum()
+    }
+}
+
+impl Drop for PagedCache {
+    fn drop(&mut self) {
+        let mut pool = self.pool.borrow_mut();
+        for &page in self.tables.iter().flatten() {
+            pool.allocator.release(page);
+        }
+    }
+}
+
+impl KvCache for PagedCache {
+    fn len(&self) -> usize {
+        self.lens.iter().copied().min().unwrap_or(0)
+    }
+
+    fn clear(&mut self) {
+        let mut pool = self.pool.borrow_mut();
+        for &page in self.tables.iter().flatten() {
+            pool.allocator.release(page);
+        }
+        self.tables.clear();
+        self.lens.clear();
+    }
+
+    fn append(&mut self, layer: usize, entries: Vec<Tensor<4>>) -> Vec<Tensor<4>> {
+        if self.tables.len() <= layer {
+            self.tables.resize_with(layer + 1, Vec::new);
+            self.lens.resize(layer + 1, 0);
+        }
+        let mut pool = self.pool.borrow_mut();
+        let p = pool.page_size;
+        let [_, _, t, _] = entries[0].dims();
+        let (start, end) = (self.lens[layer], self.lens[layer] + t);
+        let table = &mut self.tables[layer];
+        // Pages for the new positions; a shared page about to be written is copied first (copy on write).
+        let first = start / p;
+        for logical in first..end.div_ceil(p) {
+            if logical == table.len() {
+                table.push(pool.allocator.allocate());
+            } else if pool.allocator.users(table[logical]) > 1 {
+                let (old, new) = (table[logical], pool.allocator.allocate());
+                pool.allocator.release(old);
+                table[logical] = new;
+                let pages = pool.allocator.counts().0;
+                pool.reserve(layer, &entries, pages);
+                for buf in pool.pools[layer].iter_mut() {
+                    let [_, n, _, w] = buf.dims();
+                    let copy = buf.clone().slice([old..old + 1, 0..n, 0..p, 0..w]);
+                    *buf = buf.clone().slice_assign([new..new + 1, 0..n, 0..p, 0..w], copy);
+                }
+            }
+        }
+        let pages = pool.allocator.counts().0;
+        pool.reserve(layer, &entries, pages);
+        let table = table.clone();
+        let mut out = Vec::with_capacity(entries.len());
+        for (buf, x) in pool.pools[layer].iter_mut().zip(entries) {
+            let [_, n, _, w] = x.dims();
+            // Write token j of this step into page table[⌊(start + j)/p⌋] at (start + j) mod p, a page-run at a time.
+            let mut j = 0;
+            while j < t {
+                let pos = start + j;
+                let (page, off) = (table[pos / p], pos % p);
+                let run = (p - off).min(t - j);
+                let part = x.clone().slice([0..1, 0..n, j..j + run, 0..w]).reshape([1, n, run, w]);
+                *buf = buf.clone().slice_assign([page..page + 1, 0..n, off..off + run, 0..w], part);
+                j += run;
+            }
+            // Gather the sequence's pages in logical order: [k, n, p, w] → [1, n, k·p, w], the first `end` slots.
+            let k = table.len();
+            let index = Tensor::<1, Int>::from_data(
+                TensorData::new(table.iter().map(|&i| i as i64).collect::<Vec<_>>(), [k]),
+                &buf.device(),
+            );
+            let pages = buf.clone().select(0, index).swap_dims(0, 1).reshape([1, n, k * p, w]);
+            out.push(pages.slice([0..1, 0..n, 0..end, 0..w]));
+        }
+        self.lens[layer] = end;
+        out
+    }
+}

@@ -1,0 +1,154 @@
+//! Quantized stores: keys and values kept as int8 or int4 with one f32 scale per group of G values,
+//! x̂ = s·clip(round(x/s), −q_max, q_max), s = max|x| / q_max over the group (symmetric). Tokens are quantized as they
+//! are appended and dequantized when attention reads them.
+
+use burn::tensor::{Tensor, TensorData};
+use ember_core_model::cache::KvCache;
+
+/// Bits per cached value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bits {
+    Int8,
+    Int4,
+}
+
+impl Bits {
+    fn q_max(self) -> f32 {
+        match self {
+            Bits::Int8 => 127.0,
+            Bits::Int4 => 7.0,
+        }
+    }
+}
+
+/// Symmetric per-group quantization of `x` (length a multiple of `group`): the integers and one scale per group.
+pub fn quantize(x: &[f32], group: usize, bits: Bits) -> (Vec<i8>, Vec<f32>) {
+    let q_max = bits.q_max();
+    let mut q = Vec::with_capacity(x.len());
+    let mut scales = Vec::with_capacity(x.len() / group);
+    for g in x.chunks(group) {
+        let amax = g.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let s = if amax > 0.0 { amax / q_max } else { 1.0 };
+        scales.push(s);
+        q.extend(g.iter().map(|v| (v / s).round().clamp(-q_max, q_max) as i8));
+    }
+    (q, scales)
+}
+
+/// x̂ = s · q, group by group.
+pub fn dequantize(q: &[i8], scales: &[f32], group: usize) -> Vec<f32> {
+    q.chunks(group).zip(scales).flat_map(|(g, &s)| g.iter().map(move |&v| v as f32 * s)).collect()
+}
+
+/// int8 as bytes, or int4 two to a byte (low nibble first, offset by 8), padded to whole bytes per token row.
+fn pack(q: &[i8], bits: Bits, row: usize) -> Vec<u8> {
+    match bits {
+        Bits::Int8 => q.iter().map(|&v| v as u8).collect(),
+        Bits::Int4 => q
+            .chunks(row)
+            .flat_map(|r| r.chunks(2).map(|p| ((p[0] + 8) as u8) | (((p.get(1).copied().unwrap_or(0) + 8) as u8) << 4)))
+            .collect(),
+    }
+}
+
+fn unpack(bytes: &[u8], bits: Bits, row: usize) -> Vec<i8> {
+    match bits {
+        Bits::Int8 => bytes.iter().map(|&b| b as i8).collect(),
+        Bits::Int4 => bytes
+            .chunks(row.div_ceil(2))
+            .flat_map(|r| r.iter().flat_map(|&b| [(b & 0x0f) as i8 - 8, (b >> 4) as i8 - 8]).take(row))
+            .collect(),
+    }
+}
+
+/// One entry of one layer: token-major [t][n·w] quantized rows, packed, with their scales.
+struct Rows {
+    n: usize,
+    w: usize,
+    packed: Vec<u8>,
+    scales: Vec<f32>,
+    tokens: usize,
+}
+
+/// A store of int8 or int4 values with per-group scales.
+pub struct QuantizedCache {
+    bits: Bits,
+    group: usize,
+    layers: Vec<Vec<Rows>>,
+}
+
+impl QuantizedCache {
+    /// `group` values share a scale; it must divide the head width (it is clamped to it otherwise).
+    pub fn new(bits: Bits, group: usize) -> Self {
+        Self { bits, group: group.max(1), layers: Vec::new() }
+    }
+
+    /// Bytes held: the packed integers and the f32 scales.
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().flatten().map(|r| r.packed.len() + r.scales.len() * 4).sum()
+    }
+
+    fn group_for(&self, w: usize) -> usize {
+        if w % self.group == 0 { self.group } else { w }
+    }
+}
+
+impl KvCache for QuantizedCache {
+    fn len(&self) -> usize {
+        self.layers.iter().flatten().map(|r| r.tokens).min().unwrap_or(0)
+    }
+
+    fn clear(&mut self) {
+        self.layers.clear();
+    }
+
+    fn append(&mut self, layer: usize, entries: Vec<Tensor<4>>) -> Vec<Tensor<4>> {
+        if self.layers.len() <= layer {
+            self.layers.resize_with(layer + 1, Vec::new);
+        }
+        if self.layers[layer].is_empty() {
+            let rows = entries.iter().map(|x| {
+                let [_, n, _, w] = x.dims();
+                Rows { n, w, packed: Vec::new(), scales: Vec::new(), tokens: 0 }
+            });
+            self.layers[layer].extend(rows.collect::<Vec<_>>());
+        }
+        let (bits, groups): (Bits, Vec<usize>) =
+            (self.bits, entries.iter().map(|x| self.group_for(x.dims()[3])).collect());
+        let mut out = Vec::with_capacity(entries.len());
+        for ((rows, x), group) in self.layers[layer].iter_mut().zip(entries).zip(groups) {
+            let device = x.device();
+            let [_, n, t, w] = x.dims();
+            // [1, n, t, w] → token-major [t, n, w].
+            let values = x.reshape([n, t, w]).swap_dims(0, 1).into_data().convert::<f32>();
+            let (q, s) = quantize(values.as_slice::<f32>().expect("f32 keys and values"), group, bits);
+            rows.packed.extend(pack(&q, bits, n * w));
+            rows.scales.extend(s);
+            rows.tokens += t;
+            let all = dequantize(&unpack(&rows.packed, bits, n * w), &rows.scales, group);
+            let tensor = Tensor::<3>::from_data(TensorData::new(all, [rows.tokens, rows.n, rows.w]), &device);
+            out.push(tensor.swap_dims(0, 1).unsqueeze::<4>());
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_error_is_at_most_half_a_step() {
+        let x: Vec<f32> = (0..64).map(|i| ((i * 37 % 17) as f32 - 8.0) * 0.37).collect();
+        for (bits, q_max) in [(Bits::Int8, 127.0f32), (Bits::Int4, 7.0)] {
+            let (q, s) = quantize(&x, 16, bits);
+            assert!(q.iter().all(|&v| (v as f32).abs() <= q_max));
+            assert_eq!(unpack(&pack(&q, bits, 64), bits, 64), q, "{bits:?} packs losslessly");
+            let back = dequantize(&q, &s, 16);
+            for (g, (xs, bs)) in x.chunks(16).zip(back.chunks(16)).enumerate() {
+                let err = xs.iter().zip(bs).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+                assert!(err <= s[g] / 2.0 + 1e-6, "{bits:?} group {g}: {err} > {}", s[g] / 2.0);
+            }
+        }
+    }
+}
