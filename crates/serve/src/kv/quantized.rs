@@ -89,7 +89,7 @@ impl QuantizedCache {
     }
 
     fn group_for(&self, w: usize) -> usize {
-        if w % self.group == 0 { self.group } else { w }
+        if w.is_multiple_of(self.group) { self.group } else { w }
     }
 }
 
