@@ -154,7 +154,112 @@ fn row(ids: &[u32], device: &Device) -> Tensor<2, Int> {
     Tensor::from_data(data, device)
 }
 
-/// Generates `max_new_tokens` after the prompt, calling `on_text` with each newly decoded piece of text.
+/// Why a sequence ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// `max_new_tokens` were generated.
+    Length,
+    /// An end-of-text token, or a stop string.
+    Stop,
+}
+
+/// One generation in progress: its tokens, decoder and KV store, sampler state, and the text emitted so far.
+pub struct Sequence<'a> {
+    decoder: Decoder<'a>,
+    tokenizer: &'a Tokenizer,
+    settings: SampleConfig,
+    ids: Vec<u32>,
+    prompt_len: usize,
+    seen: usize,
+    rng: Rng,
+    ends: Vec<u32>,
+    /// Bytes held back because they could still become a stop string.
+    hold: usize,
+    emitted: usize,
+    text: String,
+    finished: Option<Finish>,
+}
+
+impl<'a> Sequence<'a> {
+    /// Encodes and checks the prompt: not empty, not longer than the context.
+    pub fn new(
+        model: &'a Gpt,
+        tokenizer: &'a Tokenizer,
+        settings: &SampleConfig,
+        kv: KvSpec,
+        device: &Device,
+    ) -> Result<Self, GenerateError> {
+        let ids = tokenizer::encode(tokenizer, &settings.prompt).map_err(GenerateError::Prompt)?;
+        if ids.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        if ids.len() > model.block_size() {
+            return Err(GenerateError::PromptTooLong { tokens: ids.len(), context: model.block_size() });
+        }
+        Ok(Self {
+            decoder: Decoder::new(model, kv, device),
+            tokenizer,
+            settings: settings.clone(),
+            prompt_len: ids.len(),
+            ids,
+            seen: 0,
+            rng: Rng::new(settings.seed),
+            ends: end_tokens(tokenizer),
+            hold: settings.stop.iter().map(|s| s.len().saturating_sub(1)).max().unwrap_or(0),
+            emitted: 0,
+            text: String::new(),
+            finished: if settings.max_new_tokens == 0 { Some(Finish::Length) } else { None },
+        })
+    }
+
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt_len
+    }
+    pub fn new_tokens(&self) -> usize {
+        self.ids.len() - self.prompt_len
+    }
+    pub fn finished(&self) -> Option<Finish> {
+        self.finished
+    }
+    /// The text generated so far (up to a stop string).
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Generates one token; returns the text that became final with it (empty while it is held back).
+    pub fn step(&mut self) -> Result<String, GenerateError> {
+        if self.finished.is_some() {
+            return Ok(String::new());
+        }
+        let logits = self.decoder.next_logits(&self.ids, self.seen);
+        self.seen = self.ids.len();
+        let next = sample(&logits, &self.settings, &self.ids, &mut self.rng);
+        if self.ends.contains(&next) {
+            self.finished = Some(Finish::Stop);
+        } else {
+            self.ids.push(next);
+            // Decode everything generated so far, so multi-token characters stay whole.
+            self.text =
+                tokenizer::decode(self.tokenizer, &self.ids[self.prompt_len..]).map_err(GenerateError::Decode)?;
+            if let Some(at) = self.settings.stop.iter().filter_map(|s| self.text.find(s.as_str())).min() {
+                self.text.truncate(at);
+                self.finished = Some(Finish::Stop);
+            } else if self.new_tokens() >= self.settings.max_new_tokens {
+                self.finished = Some(Finish::Length);
+            }
+        }
+        let mut ready =
+            if self.finished.is_some() { self.text.len() } else { self.text.len().saturating_sub(self.hold) };
+        while !self.text.is_char_boundary(ready) {
+            ready -= 1;
+        }
+        let piece = self.text.get(self.emitted..ready).unwrap_or_default().to_string();
+        self.emitted = self.emitted.max(ready);
+        Ok(piece)
+    }
+}
+
+/// Generates up to `max_new_tokens` after the prompt, calling `on_text` with each newly final piece of text.
 pub fn generate(
     model: &Gpt,
     tokenizer: &Tokenizer,
@@ -163,60 +268,21 @@ pub fn generate(
     device: &Device,
     mut on_text: impl FnMut(&str),
 ) -> Result<Generation, GenerateError> {
-    let mut ids = tokenizer::encode(tokenizer, &settings.prompt).map_err(GenerateError::Prompt)?;
-    if ids.is_empty() {
-        return Err(GenerateError::EmptyPrompt);
-    }
-    let prompt_len = ids.len();
-    if prompt_len > model.block_size() {
-        return Err(GenerateError::PromptTooLong { tokens: prompt_len, context: model.block_size() });
-    }
-    let mut decoder = Decoder::new(model, kv, device);
-    let mut rng = Rng::new(settings.seed);
-    let ends = end_tokens(tokenizer);
-    // Text that could still turn into a stop string is held back until it cannot.
-    let hold = settings.stop.iter().map(|s| s.len().saturating_sub(1)).max().unwrap_or(0);
-    let mut emitted = 0;
-    let mut text = String::new();
+    let mut sequence = Sequence::new(model, tokenizer, settings, kv, device)?;
     let started = std::time::Instant::now();
-    let mut prompt_seconds = 0.0;
-    let mut seen = 0;
-    for step in 0..settings.max_new_tokens {
-        let logits = decoder.next_logits(&ids, seen);
-        seen = ids.len();
-        let next = sample(&logits, settings, &ids, &mut rng);
-        if step == 0 {
-            prompt_seconds = started.elapsed().as_secs_f64();
-        }
-        if ends.contains(&next) {
-            break;
-        }
-        ids.push(next);
-        // Decode everything generated so far, so multi-token characters stay whole.
-        text = tokenizer::decode(tokenizer, &ids[prompt_len..]).map_err(GenerateError::Decode)?;
-        let stop_at = settings.stop.iter().filter_map(|s| text.find(s.as_str())).min();
-        if let Some(at) = stop_at {
-            text.truncate(at);
-        }
-        let mut ready = if stop_at.is_some() { text.len() } else { text.len().saturating_sub(hold) };
-        while !text.is_char_boundary(ready) {
-            ready -= 1;
-        }
-        if ready > emitted {
-            on_text(&text[emitted..ready]);
-            emitted = ready;
-        }
-        if stop_at.is_some() {
-            break;
+    let mut prompt_seconds = None;
+    while sequence.finished().is_none() {
+        let piece = sequence.step()?;
+        prompt_seconds.get_or_insert_with(|| started.elapsed().as_secs_f64());
+        if !piece.is_empty() {
+            on_text(&piece);
         }
     }
-    if text.len() > emitted {
-        on_text(&text[emitted..]);
-    }
+    let prompt_seconds = prompt_seconds.unwrap_or(0.0);
     Ok(Generation {
-        text,
-        prompt_tokens: prompt_len,
-        new_tokens: ids.len() - prompt_len,
+        text: sequence.text().to_string(),
+        prompt_tokens: sequence.prompt_tokens(),
+        new_tokens: sequence.new_tokens(),
         prompt_seconds,
         decode_seconds: started.elapsed().as_secs_f64() - prompt_seconds,
     })

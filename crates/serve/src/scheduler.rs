@@ -1,0 +1,91 @@
+//! Continuous batching: one worker owns the model and steps every active sequence once per round; requests join
+//! between rounds as others finish, and a sequence whose client has gone is dropped at once, freeing its KV store.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+
+use burn::tensor::Device;
+use ember_core_model::Gpt;
+use tokenizers::Tokenizer;
+
+use crate::generate::{Finish, GenerateError, KvSpec, Sequence};
+use crate::sampling::SampleConfig;
+
+/// A request for one completion; its events go back on `events`.
+pub struct Job {
+    pub settings: SampleConfig,
+    pub events: Sender<Event>,
+}
+
+/// What a job's client hears.
+#[derive(Debug)]
+pub enum Event {
+    /// Newly generated text.
+    Text(String),
+    /// The end: why, and the token counts.
+    Done { finish: Finish, prompt_tokens: usize, completion_tokens: usize },
+    /// The request could not run (e.g. its prompt is longer than the context).
+    Error(GenerateError),
+}
+
+struct Active<'a> {
+    sequence: Sequence<'a>,
+    events: Sender<Event>,
+}
+
+/// Serves `jobs` until every sender is dropped and every admitted job has finished, at most `max_batch` at a time.
+pub fn run(model: &Gpt, tokenizer: &Tokenizer, kv: KvSpec, device: &Device, max_batch: usize, jobs: Receiver<Job>) {
+    let mut waiting: VecDeque<Job> = VecDeque::new();
+    let mut active: Vec<Active> = Vec::new();
+    let mut open = true;
+    loop {
+        // Block only when there is nothing to do.
+        if active.is_empty() && waiting.is_empty() {
+            match jobs.recv() {
+                Ok(job) => waiting.push_back(job),
+                Err(_) => return,
+            }
+        }
+        while open {
+            match jobs.try_recv() {
+                Ok(job) => waiting.push_back(job),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => open = false,
+            }
+        }
+        while active.len() < max_batch.max(1) {
+            let Some(job) = waiting.pop_front() else { break };
+            match Sequence::new(model, tokenizer, &job.settings, kv, device) {
+                Ok(sequence) => active.push(Active { sequence, events: job.events }),
+                Err(e) => {
+                    let _ = job.events.send(Event::Error(e));
+                }
+            }
+        }
+        // One step of every active sequence; those finished or abandoned leave.
+        active.retain_mut(|a| {
+            let event = match a.sequence.step() {
+                Ok(piece) if piece.is_empty() => None,
+                Ok(piece) => Some(Event::Text(piece)),
+                Err(e) => {
+                    let _ = a.events.send(Event::Error(e));
+                    return false;
+                }
+            };
+            if event.is_some_and(|e| a.events.send(e).is_err()) {
+                return false;
+            }
+            match a.sequence.finished() {
+                None => true,
+                Some(finish) => {
+                    let (prompt_tokens, completion_tokens) = (a.sequence.prompt_tokens(), a.sequence.new_tokens());
+                    let _ = a.events.send(Event::Done { finish, prompt_tokens, completion_tokens });
+                    false
+                }
+            }
+        });
+        if !open && active.is_empty() && waiting.is_empty() {
+            return;
+        }
+    }
+}
