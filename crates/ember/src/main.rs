@@ -6,6 +6,7 @@ mod config;
 mod devices;
 mod inspect;
 mod progress;
+mod serve;
 mod train;
 
 use std::path::PathBuf;
@@ -38,6 +39,8 @@ enum Command {
     Import(ImportArgs),
     /// Print a model's parameters per part and its KV-cache size.
     Inspect(inspect::InspectArgs),
+    /// Serve a model over HTTP with the OpenAI completions API.
+    Serve(serve::ServeArgs),
     /// Measure performance.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -110,6 +113,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Generate(args) => generate(args, cli.device),
         Command::Import(args) => import(args),
         Command::Inspect(args) => inspect::inspect(args),
+        Command::Serve(args) => serve::serve(args, cli.device),
         Command::Bench(command) => bench::bench(command, cli.device),
         Command::Devices => {
             list_devices();

@@ -36,10 +36,10 @@ pub fn read_request(stream: &TcpStream) -> io::Result<Request> {
         if header.is_empty() {
             break;
         }
-        if let Some((name, value)) = header.split_once(':') {
-            if name.trim().eq_ignore_ascii_case("content-length") {
-                length = value.trim().parse().map_err(|_| bad("bad Content-Length"))?;
-            }
+        if let Some((name, value)) = header.split_once(':')
+            && name.trim().eq_ignore_ascii_case("content-length")
+        {
+            length = value.trim().parse().map_err(|_| bad("bad Content-Length"))?;
         }
     }
     if length > MAX_BODY {

@@ -1,10 +1,13 @@
-//! Generation from a trained model: sampling settings, token sampling, and the decoding loop.
+//! Generation from a trained model: sampling, the decoding loop with its KV stores, the continuous-batching
+//! scheduler and the OpenAI-compatible HTTP server.
 
 pub mod generate;
 pub mod http;
 pub mod kv;
+pub mod openai;
 pub mod sampling;
 pub mod scheduler;
+pub mod server;
 
 pub use generate::{Decoder, Finish, GenerateError, Generation, KvKind, KvSpec, Sequence, generate};
 pub use sampling::SampleConfig;

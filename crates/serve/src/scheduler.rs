@@ -2,6 +2,7 @@
 //! between rounds as others finish, and a sequence whose client has gone is dropped at once, freeing its KV store.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 
 use burn::tensor::Device;
@@ -33,8 +34,17 @@ struct Active<'a> {
     events: Sender<Event>,
 }
 
-/// Serves `jobs` until every sender is dropped and every admitted job has finished, at most `max_batch` at a time.
-pub fn run(model: &Gpt, tokenizer: &Tokenizer, kv: KvSpec, device: &Device, max_batch: usize, jobs: Receiver<Job>) {
+/// Serves `jobs` until every sender is dropped and every admitted job has finished, at most `max_batch` at a time;
+/// `active` counts the sequences holding a KV store.
+pub fn run(
+    model: &Gpt,
+    tokenizer: &Tokenizer,
+    kv: KvSpec,
+    device: &Device,
+    max_batch: usize,
+    jobs: Receiver<Job>,
+    active_count: &AtomicUsize,
+) {
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut active: Vec<Active> = Vec::new();
     let mut open = true;
@@ -84,6 +94,7 @@ pub fn run(model: &Gpt, tokenizer: &Tokenizer, kv: KvSpec, device: &Device, max_
                 }
             }
         });
+        active_count.store(active.len(), Ordering::SeqCst);
         if !open && active.is_empty() && waiting.is_empty() {
             return;
         }

@@ -1,0 +1,77 @@
+//! `ember serve`: load a model, listen, and run the continuous-batching scheduler until Ctrl-C, which stops accepting
+//! and lets every request in flight finish.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::thread;
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Args;
+use ember_core_model::import;
+use ember_serve::{KvKind, KvSpec, scheduler, server};
+
+use crate::devices::{self, DeviceChoice};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// A run directory, Hugging Face directory or GGUF file.
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// 0 picks a free port (printed at start).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// The model's id in the API; the file or directory name when absent.
+    #[arg(long)]
+    name: Option<String>,
+    /// Sequences decoded together; more requests wait their turn.
+    #[arg(long, default_value_t = 16)]
+    max_batch: usize,
+    #[arg(long, default_value = "contiguous")]
+    kv_cache: KvKind,
+    #[arg(long, default_value_t = 16)]
+    page_size: usize,
+    #[arg(long, default_value_t = 32)]
+    kv_group: usize,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+pub fn serve(args: ServeArgs, device: DeviceChoice) -> Result<()> {
+    if args.max_batch == 0 || args.page_size == 0 || args.kv_group == 0 {
+        bail!("--max-batch, --page-size and --kv-group must be at least 1");
+    }
+    let (device, description) = devices::select(device)?;
+    let run = import::load(&args.model, &device)?;
+    let id = args
+        .name
+        .clone()
+        .unwrap_or_else(|| args.model.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned()));
+    let listener = TcpListener::bind((args.host.as_str(), args.port))
+        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+    let address = listener.local_addr()?;
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    println!("serving {id} on http://{address} ({description}); Ctrl-C drains and stops");
+    std::io::Write::flush(&mut std::io::stdout())?;
+    let (jobs, received) = mpsc::channel();
+    let active = Arc::new(AtomicUsize::new(0));
+    let reported = active.clone();
+    let acceptor = thread::spawn(move || server::accept(listener, id, jobs, reported, &STOP));
+    let kv = KvSpec { kind: args.kv_cache, page_size: args.page_size, group: args.kv_group };
+    scheduler::run(&run.model, &run.tokenizer, kv, &device, args.max_batch, received, &active);
+    acceptor.join().map_err(|_| anyhow!("the listener thread panicked"))??;
+    println!("stopped: every request in flight finished");
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! `ember serve` driven over HTTP on a loopback port: health and models, completions (plain and streamed) equal to
+//! `ember generate`, OpenAI-style 4xx errors, 16 concurrent requests, a client leaving mid-stream, Ctrl-C draining,
+//! and the official `openai` Python client.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+
+use common::{ember, small_corpus, tiny_config, train_ok};
+use serde_json::{Value, json};
+
+struct Server {
+    child: Child,
+    address: String,
+    _stdout: BufReader<ChildStdout>,
+}
+
+impl Server {
+    fn start(model: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(["serve", "--device", "cpu", "--model", model.to_str().unwrap(), "--port", "0", "--name", "tiny"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let address = line.split("http://").nth(1).and_then(|s| s.split_whitespace().next()).expect(&line).to_string();
+        Self { child, address, _stdout: stdout }
+    }
+
+    fn request(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
+        raw(&self.address, method, path, body.map(Value::to_string).as_deref())
+    }
+
+    fn complete(&self, body: Value) -> Value {
+        let (status, text) = self.request("POST", "/v1/completions", Some(&body));
+        assert_eq!(status, 200, "{text}");
+        serde_json::from_str(&text).unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn raw(address: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).unwrap();
+    let body = body.unwrap_or_default();
+    write!(stream, "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    (status, body)
+}
+
+/// A tiny model trained for a few steps on Shakespeare (context 32 characters), and prompts cut from its corpus
+/// (so every character is in its vocabulary).
+fn tiny_model(dir: &Path) -> (PathBuf, Vec<String>) {
+    let corpus = small_corpus(dir, 20_000);
+    let run = dir.join("run");
+    let config = tiny_config(dir, &corpus, &run, "");
+    train_ok(&["--device", "cpu", "--config", config.to_str().unwrap(), "--set", "train.max_steps=20"]);
+    let text = std::fs::read_to_string(&corpus).unwrap();
+    let prompts = (0..17).map(|i| text.chars().skip(i * 997).take(if i == 16 { 100 } else { 8 }).collect()).collect();
+    (run, prompts)
+}
+
+fn generate_cli(run: &Path, prompt: &str, tokens: usize) -> String {
+    let n = tokens.to_string();
+    let out = ember(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        run.to_str().unwrap(),
+        "--prompt",
+        prompt,
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        &n,
+    ]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.strip_prefix(prompt).unwrap().trim_end_matches('\n').to_string()
+}
+
+fn wait_for_active(server: &Server, want: u64) {
+    // Polls /health until the scheduler reports `want` active sequences (it gets there within a few steps).
+    for _ in 0..3000 {
+        let (_, body) = server.request("GET", "/health", None);
+        if serde_json::from_str::<Value>(&body).unwrap()["active_sequences"] == want {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("the server never reported {want} active sequences");
+}
+
+#[test]
+fn completions_health_errors_concurrency_and_disconnects() {
+    let dir = tempfile::tempdir().unwrap();
+    let (run, prompts) = tiny_model(dir.path());
+    let p0 = prompts[0].as_str();
+    let server = Server::start(&run);
+
+    let (status, body) = server.request("GET", "/health", None);
+    assert_eq!((status, serde_json::from_str::<Value>(&body).unwrap()["status"].clone()), (200, json!("ok")));
+    let (status, body) = server.request("GET", "/v1/models", None);
+    assert_eq!(status, 200);
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["data"][0]["id"], "tiny");
+
+    // Greedy completion = `ember generate`, with usage and finish reason.
+    let r = server.complete(json!({"model": "tiny", "prompt": p0, "max_tokens": 12, "temperature": 0}));
+    assert_eq!(r["choices"][0]["text"], generate_cli(&run, p0, 12));
+    assert_eq!(
+        (r["choices"][0]["finish_reason"].clone(), r["usage"]["completion_tokens"].clone()),
+        (json!("length"), json!(12))
+    );
+    // Same seed, same text.
+    let sampled = json!({"prompt": p0, "max_tokens": 12, "temperature": 1.0, "top_p": 0.9, "seed": 5});
+    assert_eq!(server.complete(sampled.clone())["choices"][0]["text"], server.complete(sampled)["choices"][0]["text"]);
+
+    // Streaming: the chunks add up to the same text, then a finish chunk and [DONE].
+    let (status, body) = server.request(
+        "POST",
+        "/v1/completions",
+        Some(&json!({"prompt": p0, "max_tokens": 12, "temperature": 0, "stream": true})),
+    );
+    assert_eq!(status, 200);
+    let events: Vec<&str> = body.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(events.last(), Some(&"[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let streamed: String = chunks.iter().map(|c| c["choices"][0]["text"].as_str().unwrap()).collect();
+    assert_eq!(streamed, r["choices"][0]["text"].as_str().unwrap());
+    assert!(chunks.len() > 2, "tokens arrive one by one: {chunks:?}");
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
+
+    // Errors: OpenAI-style bodies with 4xx statuses.
+    let (status, body) = raw(&server.address, "POST", "/v1/completions", Some("{not json"));
+    assert_eq!(
+        (status, serde_json::from_str::<Value>(&body).unwrap()["error"]["type"].clone()),
+        (400, json!("invalid_request_error"))
+    );
+    let (status, body) = server.request("POST", "/v1/completions", Some(&json!({"model": "gpt-4", "prompt": "x"})));
+    assert_eq!(
+        (status, serde_json::from_str::<Value>(&body).unwrap()["error"]["code"].clone()),
+        (404, json!("model_not_found"))
+    );
+    let (status, body) = server.request("POST", "/v1/completions", Some(&json!({"prompt": "x", "temperature": -1})));
+    assert_eq!(
+        (status, serde_json::from_str::<Value>(&body).unwrap()["error"]["param"].clone()),
+        (400, json!("temperature"))
+    );
+    let (status, body) = server.request("POST", "/v1/completions", Some(&json!({"prompt": prompts[16]})));
+    assert_eq!(
+        (status, serde_json::from_str::<Value>(&body).unwrap()["error"]["code"].clone()),
+        (400, json!("context_length_exceeded"))
+    );
+    assert_eq!(server.request("GET", "/v2/nothing", None).0, 404);
+
+    // 16 concurrent requests, batched together, each equal to its own sequential answer.
+    let prompts = &prompts[..16];
+    let sequential: Vec<Value> = prompts
+        .iter()
+        .map(|p| server.complete(json!({"prompt": p, "max_tokens": 8, "temperature": 0}))["choices"][0]["text"].clone())
+        .collect();
+    let address = server.address.clone();
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let (address, body) =
+                (address.clone(), json!({"prompt": p, "max_tokens": 8, "temperature": 0}).to_string());
+            std::thread::spawn(move || raw(&address, "POST", "/v1/completions", Some(&body)))
+        })
+        .collect();
+    for (handle, want) in handles.into_iter().zip(&sequential) {
+        let (status, body) = handle.join().unwrap();
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(&serde_json::from_str::<Value>(&body).unwrap()["choices"][0]["text"], want);
+    }
+
+    // A streaming client that leaves: its sequence is dropped (and its KV store freed) long before 100000 tokens.
+    {
+        let mut stream = TcpStream::connect(&server.address).unwrap();
+        let body = json!({"prompt": p0, "max_tokens": 100000, "stream": true}).to_string();
+        write!(stream, "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let mut first = [0u8; 64];
+        stream.read_exact(&mut first).unwrap();
+        wait_for_active(&server, 1);
+    }
+    wait_for_active(&server, 0);
+    assert_eq!(server.request("GET", "/health", None).0, 200);
+}
+
+#[test]
+fn ctrl_c_lets_requests_in_flight_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let (run, prompts) = tiny_model(dir.path());
+    let mut server = Server::start(&run);
+    let address = server.address.clone();
+    let body = json!({"prompt": prompts[0], "max_tokens": 400, "temperature": 0}).to_string();
+    let in_flight = std::thread::spawn(move || raw(&address, "POST", "/v1/completions", Some(&body)));
+    wait_for_active(&server, 1);
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+    let (status, body) = in_flight.join().unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["usage"]["completion_tokens"], 400);
+    assert!(server.child.wait().unwrap().success(), "the server exits cleanly after draining");
+}
+
+/// The official client, streaming and not: scripts/test.sh provides a Python with `openai` in EMBER_OPENAI_PYTHON.
+#[test]
+fn the_openai_python_client_completes_and_streams() {
+    let Some(python) = std::env::var_os("EMBER_OPENAI_PYTHON") else {
+        assert!(std::env::var_os("CI").is_none(), "CI requires EMBER_OPENAI_PYTHON (scripts/test.sh sets it)");
+        eprintln!("EMBER_OPENAI_PYTHON not set: skipped outside CI");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (run, prompts) = tiny_model(dir.path());
+    let server = Server::start(&run);
+    let script = r#"
+import sys
+from openai import OpenAI
+client = OpenAI(base_url=f"http://{sys.argv[1]}/v1", api_key="unused")
+assert [m.id for m in client.models.list()] == ["tiny"]
+r = client.completions.create(model="tiny", prompt=sys.argv[2], max_tokens=12, temperature=0)
+streamed = "".join(c.choices[0].text for c in client.completions.create(model="tiny", prompt=sys.argv[2], max_tokens=12, temperature=0, stream=True))
+assert streamed == r.choices[0].text, (streamed, r.choices[0].text)
+assert r.usage.completion_tokens == 12 and r.choices[0].finish_reason == "length"
+print(r.choices[0].text)
+"#;
+    let out = Command::new(python).args(["-c", script, &server.address, &prompts[0]]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8(out.stdout).unwrap().trim_end_matches('\n'), generate_cli(&run, &prompts[0], 12));
+}
