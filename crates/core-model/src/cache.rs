@@ -11,6 +11,8 @@ pub trait KvCache {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// Bytes the store holds for this sequence (allocated, including quantization scales).
+    fn bytes(&self) -> usize;
     /// Forgets everything (a new sequence, or a context shift that re-fills it).
     fn clear(&mut self);
     /// Appends this step's entries of `layer` and returns everything that layer holds, [B, n, len + T_new, w] each.

@@ -147,13 +147,14 @@ fn generate(args: GenerateArgs, device: DeviceChoice) -> Result<()> {
     if args.stats {
         eprintln!(
             "loaded in {load_seconds:.2} s; prompt {} tokens in {:.3} s ({:.1} tokens/s, until the first new token); \
-             {} more tokens in {:.2} s ({:.1} tokens/s)",
+             {} more tokens in {:.2} s ({:.1} tokens/s); KV store {:.2} MiB",
             g.prompt_tokens,
             g.prompt_seconds,
             g.prompt_tokens as f64 / g.prompt_seconds,
             g.new_tokens.saturating_sub(1),
             g.decode_seconds,
             g.new_tokens.saturating_sub(1) as f64 / g.decode_seconds,
+            g.kv_bytes as f64 / (1 << 20) as f64,
         );
     }
     Ok(())

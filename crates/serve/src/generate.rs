@@ -96,6 +96,8 @@ pub struct Generation {
     pub prompt_seconds: f64,
     /// Every later token.
     pub decode_seconds: f64,
+    /// The KV store's bytes at the end.
+    pub kv_bytes: usize,
 }
 
 /// The next-token logits of a sequence, computed with a KV store or by recomputation.
@@ -134,6 +136,11 @@ impl<'a> Decoder<'a> {
             }
         };
         logits.into_data().convert::<f32>().try_to_vec::<f32>().expect("f32 logits")
+    }
+
+    /// Bytes of the KV store (0 when recomputing).
+    pub fn kv_bytes(&self) -> usize {
+        self.cache.as_ref().map_or(0, |c| c.bytes())
     }
 }
 
@@ -221,6 +228,9 @@ impl<'a> Sequence<'a> {
     pub fn finished(&self) -> Option<Finish> {
         self.finished
     }
+    pub fn kv_bytes(&self) -> usize {
+        self.decoder.kv_bytes()
+    }
     /// The text generated so far (up to a stop string).
     pub fn text(&self) -> &str {
         &self.text
@@ -285,5 +295,6 @@ pub fn generate(
         new_tokens: sequence.new_tokens(),
         prompt_seconds,
         decode_seconds: started.elapsed().as_secs_f64() - prompt_seconds,
+        kv_bytes: sequence.kv_bytes(),
     })
 }

@@ -5,10 +5,11 @@
 use std::collections::HashMap;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use ember_core_model::cache::KvCache;
 use ember_core_model::config::{AttentionKind, FfnKind, NormKind, PositionKind};
 use ember_core_model::params::{load_state_dict, state_dict};
 use ember_core_model::{Gpt, ModelConfig, Rng};
-use ember_serve::kv::{Bits, PagePool, PagedCache, QuantizedCache};
+use ember_serve::kv::{Bits, ContiguousCache, PagePool, PagedCache, QuantizedCache};
 use ember_serve::{Decoder, KvKind, KvSpec};
 
 fn configs() -> Vec<(&'static str, ModelConfig)> {
@@ -97,6 +98,25 @@ fn int8_and_int4_stores_stay_close_and_int8_closer() {
         };
         let (int8, int4) = (error(KvKind::Int8), error(KvKind::Int4));
         assert!(int8 <= 0.01 && int4 <= 0.2 && int8 < int4, "{name}: relative logit error int8 {int8}, int4 {int4}");
+    }
+}
+
+#[test]
+fn contiguous_bytes_follow_the_seeds_formula() {
+    let device = Device::flex();
+    let ids = Tensor::<2, Int>::from_data(TensorData::new((0..24i64).collect::<Vec<_>>(), [2, 12]), &device);
+    for (name, config) in configs() {
+        let model = Gpt::new(&config, &mut Rng::new(3), &device);
+        let mut cache = ContiguousCache::new(1);
+        model.forward_step(ids.clone(), &mut cache);
+        let (b, l, t) = (2, config.n_layers, 12);
+        // 2·B·L·T·g·d_h·4 bytes, or B·L·T·(d_c + d_R)·4 for MLA.
+        let per_token_layer = match config.attention {
+            AttentionKind::Mha => 2 * config.kv_heads() * config.head_dim(),
+            AttentionKind::Mla => config.mla_latent_dim.unwrap() + config.mla_rope_dim.unwrap(),
+        };
+        assert_eq!(cache.bytes(), b * l * t * per_token_layer * 4, "{name}");
+        assert_eq!(cache.usage(), (cache.bytes(), cache.bytes()));
     }
 }
 

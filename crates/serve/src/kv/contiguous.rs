@@ -42,7 +42,7 @@ impl ContiguousCache {
     }
 
     /// Bytes allocated (capacity) and bytes holding cached tokens, over every layer (f32).
-    pub fn bytes(&self) -> (usize, usize) {
+    pub fn usage(&self) -> (usize, usize) {
         let mut allocated = 0;
         let mut used = 0;
         for buffer in self.layers.iter().flatten() {
@@ -57,6 +57,10 @@ impl ContiguousCache {
 impl KvCache for ContiguousCache {
     fn len(&self) -> usize {
         self.layers.iter().flatten().map(|b| b.len).min().unwrap_or(0)
+    }
+
+    fn bytes(&self) -> usize {
+        self.usage().0
     }
 
     fn clear(&mut self) {

@@ -85,6 +85,11 @@ impl PagePool {
     pub fn bytes(&self) -> usize {
         self.pools.iter().flatten().map(|t| t.dims().iter().product::<usize>() * 4).sum()
     }
+
+    /// Bytes of one page of `layer`, over its entries (f32).
+    fn page_bytes(&self, layer: usize) -> usize {
+        self.pools.get(layer).map_or(0, |pools| pools.iter().map(|t| t.dims()[1..].iter().product::<usize>() * 4).sum())
+    }
 }
 
 /// One sequence: a page table per layer over a shared [`PagePool`].
@@ -132,6 +137,12 @@ impl Drop for PagedCache {
 impl KvCache for PagedCache {
     fn len(&self) -> usize {
         self.lens.iter().copied().min().unwrap_or(0)
+    }
+
+    /// The pages in this sequence's tables (shared pages counted in full).
+    fn bytes(&self) -> usize {
+        let pool = self.pool.borrow();
+        self.tables.iter().enumerate().map(|(layer, table)| table.len() * pool.page_bytes(layer)).sum()
     }
 
     fn clear(&mut self) {

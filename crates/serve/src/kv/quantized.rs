@@ -83,11 +83,6 @@ impl QuantizedCache {
         Self { bits, group: group.max(1), layers: Vec::new() }
     }
 
-    /// Bytes held: the packed integers and the f32 scales.
-    pub fn bytes(&self) -> usize {
-        self.layers.iter().flatten().map(|r| r.packed.len() + r.scales.len() * 4).sum()
-    }
-
     fn group_for(&self, w: usize) -> usize {
         if w.is_multiple_of(self.group) { self.group } else { w }
     }
@@ -96,6 +91,11 @@ impl QuantizedCache {
 impl KvCache for QuantizedCache {
     fn len(&self) -> usize {
         self.layers.iter().flatten().map(|r| r.tokens).min().unwrap_or(0)
+    }
+
+    /// The packed integers and the f32 scales.
+    fn bytes(&self) -> usize {
+        self.layers.iter().flatten().map(|r| r.packed.len() + r.scales.len() * 4).sum()
     }
 
     fn clear(&mut self) {
