@@ -18,6 +18,8 @@ pub enum BenchCommand {
     Train(BenchTrainArgs),
     /// Generation tokens/s, KV-cached against recomputation.
     Decode(crate::bench_decode::BenchDecodeArgs),
+    /// The HTTP server under concurrent streaming clients.
+    Serve(crate::bench_serve::BenchServeArgs),
 }
 
 #[derive(Args)]
@@ -45,6 +47,7 @@ pub fn bench(command: BenchCommand, device: DeviceChoice) -> Result<()> {
     match command {
         BenchCommand::Train(args) => bench_train(args, device),
         BenchCommand::Decode(args) => crate::bench_decode::bench_decode(args, device),
+        BenchCommand::Serve(args) => crate::bench_serve::bench_serve(args, device),
     }
 }
 
