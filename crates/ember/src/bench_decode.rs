@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use ember_core_model::config::PositionKind;
 use ember_core_model::{Gpt, Rng, import};
@@ -32,6 +32,11 @@ pub struct BenchDecodeArgs {
     /// Rounds; cached and uncached alternate and the median is reported.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// With --model (a GGUF): a Python with torch and transformers; times its greedy `generate` on the same weights
+    /// (scripts/reference/hf_generate.py), alternating with Ember's cached decoding, for time to first token and
+    /// decode tokens/s over the longest length.
+    #[arg(long, value_name = "PYTHON", requires = "model")]
+    transformers: Option<String>,
 }
 
 pub fn bench_decode(args: BenchDecodeArgs, device: DeviceChoice) -> Result<()> {
@@ -49,6 +54,11 @@ pub fn bench_decode(args: BenchDecodeArgs, device: DeviceChoice) -> Result<()> {
         (None, Some(path)) => (import::load(path, &device)?.model, path.display().to_string()),
         (None, None) => bail!("give --config FILE or --model PATH"),
     };
+    if let Some(python) = &args.transformers {
+        let path = args.model.as_deref().expect("clap: --transformers requires --model");
+        let n = args.lengths.iter().copied().max().unwrap_or(128);
+        return against_transformers(&model, python, path, args.prompt_tokens, n, args.rounds, &device, &description);
+    }
     if model.block_size() < longest {
         bail!("the model's context is {} tokens; the longest run needs {longest}", model.block_size());
     }
@@ -67,6 +77,69 @@ pub fn bench_decode(args: BenchDecodeArgs, device: DeviceChoice) -> Result<()> {
         let (c, u) = (median(&mut cached), median(&mut uncached));
         println!("| {n} | {c:.1} | {u:.1} | {:.1}x |", c / u);
     }
+    Ok(())
+}
+
+/// Time to first token and decode tokens/s of Ember's cached greedy decoding against transformers' `generate`, on
+/// the prompt ids (i · 7919 + 13) mod V that scripts/reference/hf_generate.py also uses.
+#[allow(clippy::too_many_arguments)]
+fn against_transformers(
+    model: &Gpt,
+    python: &str,
+    path: &std::path::Path,
+    prompt_tokens: usize,
+    n: usize,
+    rounds: usize,
+    device: &burn::tensor::Device,
+    description: &str,
+) -> Result<()> {
+    let vocab = model.config().vocab();
+    let prompt: Vec<u32> = (0..prompt_tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/reference/hf_generate.py");
+    println!(
+        "bench decode: {} on {description}, {prompt_tokens}-token prompt + {n} new tokens, greedy",
+        path.display()
+    );
+    let (mut ember, mut hf) = (Vec::new(), Vec::new());
+    for _ in 0..rounds.max(1) {
+        let started = Instant::now();
+        let mut decoder = Decoder::new(model, KvKind::Contiguous, device);
+        let mut ids = prompt.clone();
+        let mut seen = 0;
+        let mut ttft = 0.0;
+        for step in 0..n {
+            let logits = decoder.next_logits(&ids, seen);
+            seen = ids.len();
+            ids.push(logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i as u32));
+            if step == 0 {
+                ttft = started.elapsed().as_secs_f64();
+            }
+        }
+        let decode = (n - 1) as f64 / (started.elapsed().as_secs_f64() - ttft);
+        println!("ember:        time to first token {ttft:.3} s, decode {decode:.2} tokens/s");
+        ember.push((ttft, decode));
+        let out = std::process::Command::new(python)
+            .arg(&script)
+            .arg(path)
+            .args(["--prompt-tokens", &prompt_tokens.to_string(), "--new-tokens", &n.to_string()])
+            .output()
+            .with_context(|| format!("running {python} {}", script.display()))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let field = |key: &str| stdout.split_whitespace().find_map(|w| w.strip_prefix(key)?.parse::<f64>().ok());
+        let (Some(ttft), Some(decode)) = (field("ttft_s="), field("decode_tokens_per_s=")) else {
+            bail!("transformers failed: {}", String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or_default());
+        };
+        println!("transformers: time to first token {ttft:.3} s, decode {decode:.2} tokens/s");
+        hf.push((ttft, decode));
+    }
+    let med = |xs: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| median(&mut xs.iter().map(f).collect::<Vec<_>>());
+    let (e_ttft, e_dec) = (med(&ember, |x| x.0), med(&ember, |x| x.1));
+    let (h_ttft, h_dec) = (med(&hf, |x| x.0), med(&hf, |x| x.1));
+    println!("| | time to first token | decode tokens/s |");
+    println!("|---|---|---|");
+    println!("| Ember | {e_ttft:.3} s | {e_dec:.2} |");
+    println!("| transformers | {h_ttft:.3} s | {h_dec:.2} |");
+    println!("| speed ratio Ember / transformers | {:.2}× | {:.2}× |", h_ttft / e_ttft, e_dec / h_dec);
     Ok(())
 }
 

@@ -53,6 +53,9 @@ fn smollm2_gguf_says_paris_and_imports_into_a_run_directory() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.starts_with("The capital of France is Paris."), "{text:?}");
+    let uncached =
+        ember(&[&["generate", "--device", "cpu", "--model", &gguf, "--kv-cache", "none"], &greedy[..]].concat());
+    assert_eq!(String::from_utf8(uncached.stdout).unwrap(), text, "cached and uncached greedy text are identical");
     // Hugging Face continues " Paris.\n\nThe answer is: …"; a stop string ends the text before it.
     let stop = ["--max-new-tokens", "16", "--stop", "answer"];
     let out = ember(&[&["generate", "--device", "cpu", "--model", &gguf], &greedy[..4], &stop[..]].concat());

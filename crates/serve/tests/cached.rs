@@ -170,3 +170,40 @@ fn forked_sequences_share_prompt_pages_and_copy_on_write() {
     drop(b);
     assert_eq!(pool.borrow().allocator.counts().1, 0, "every page is free once both sequences end");
 }
+
+#[test]
+fn eight_requests_sharing_a_256_token_prompt_use_a_quarter_of_the_pages() {
+    let device = Device::flex();
+    let config = ModelConfig { block_size: 320, ..configs().swap_remove(1).1 };
+    let model = Gpt::new(&config, &mut Rng::new(3), &device);
+    let row = |ids: &[i64]| Tensor::<2, Int>::from_data(TensorData::new(ids.to_vec(), [1, ids.len()]), &device);
+    let prompt: Vec<i64> = (0..256).map(|i| (i * 13 % 50) as i64).collect();
+    let pages_in_use = |shared: bool| {
+        let pool = PagePool::new(16);
+        let mut first = PagedCache::new(pool.clone());
+        model.forward_step(row(&prompt), &mut first);
+        let mut sequences: Vec<PagedCache> = (1..8)
+            .map(|_| {
+                if shared {
+                    first.fork()
+                } else {
+                    let mut own = PagedCache::new(pool.clone());
+                    model.forward_step(row(&prompt), &mut own);
+                    own
+                }
+            })
+            .collect();
+        sequences.push(first);
+        for (i, sequence) in sequences.iter_mut().enumerate() {
+            for step in 0..16 {
+                model.forward_step(row(&[(i * 5 + step) as i64 % 50]), sequence);
+            }
+        }
+        let in_use = pool.borrow().allocator.counts().1;
+        in_use
+    };
+    let (shared, unshared) = (pages_in_use(true), pages_in_use(false));
+    // Unshared: 8 × 17 pages per layer; shared: the prompt's 16 once, plus each sequence's own page.
+    assert_eq!(unshared, 2 * 8 * 17);
+    assert!(shared * 4 <= unshared, "shared {shared} pages vs unshared {unshared}");
+}
