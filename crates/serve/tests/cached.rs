@@ -199,7 +199,7 @@ fn eight_requests_sharing_a_256_token_prompt_use_a_quarter_of_the_pages() {
                 model.forward_step(row(&[(i * 5 + step) as i64 % 50]), sequence);
             }
         }
-        let in_use = pool.borrow().allocator.counts().1;
+        let (_, in_use) = pool.borrow().allocator.counts();
         in_use
     };
     let (shared, unshared) = (pages_in_use(true), pages_in_use(false));
