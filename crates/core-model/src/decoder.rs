@@ -227,7 +227,13 @@ impl Gpt {
         };
         match &self.lm_head {
             Some(head) => head.forward(x),
-            None => burn::tensor::module::linear(x, self.wte.weight.val().transpose(), None),
+            // (E hᵀ)ᵀ: E is read row-major as stored; the transposed view E ᵀ would be copied on every call.
+            None => {
+                let [b, t, d] = x.dims();
+                let h = x.reshape([b * t, d]).transpose();
+                let v = self.wte.weight.dims()[0];
+                self.wte.weight.val().matmul(h).transpose().reshape([b, t, v])
+            }
         }
     }
 
