@@ -179,14 +179,27 @@ impl Gpt {
     /// o_t = softmax(q_t K_{1:t}ᵀ / √d_k) V_{1:t}. Prefill is the first call with the whole prompt.
     pub fn forward_step(&self, idx: Tensor<2, Int>, cache: &mut dyn KvCache) -> Tensor<2> {
         let [b, t] = idx.dims();
+        let x = self.hidden_cached(idx, cache);
+        let d = x.dims()[2];
+        self.logits(x.slice([0..b, t - 1..t, 0..d])).reshape([b, self.config.vocab()])
+    }
+
+    /// Logits [B, T_new, V] of every new token, through the cache (teacher forcing against a KV store).
+    pub fn forward_step_all(&self, idx: Tensor<2, Int>, cache: &mut dyn KvCache) -> Tensor<3> {
+        let x = self.hidden_cached(idx, cache);
+        self.logits(x)
+    }
+
+    /// The last block's output for new tokens at positions `cache.len()..`, appending to `cache` layer by layer.
+    fn hidden_cached(&self, idx: Tensor<2, Int>, cache: &mut dyn KvCache) -> Tensor<3> {
+        let t = idx.dims()[1];
         let offset = cache.len();
         let rope = self.rope(offset, t, &idx.device());
         let mut x = self.embed(idx, offset);
         for (layer, block) in self.blocks.iter().enumerate() {
             x = block.forward_cached(x, rope.as_ref(), Step { layer, offset }, cache);
         }
-        let d = x.dims()[2];
-        self.logits(x.slice([0..b, t - 1..t, 0..d])).reshape([b, self.config.vocab()])
+        x
     }
 
     /// h₀ = E[x] (+ P[offset..offset + T] learned, or + PE·(E[x]·√d) sinusoidal), normalised for Peri-LN.

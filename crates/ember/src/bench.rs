@@ -20,6 +20,8 @@ pub enum BenchCommand {
     Decode(crate::bench_decode::BenchDecodeArgs),
     /// The HTTP server under concurrent streaming clients.
     Serve(crate::bench_serve::BenchServeArgs),
+    /// KV stores: bytes, and the loss of a text teacher-forced through each.
+    Kv(crate::bench_kv::BenchKvArgs),
 }
 
 #[derive(Args)]
@@ -48,6 +50,7 @@ pub fn bench(command: BenchCommand, device: DeviceChoice) -> Result<()> {
         BenchCommand::Train(args) => bench_train(args, device),
         BenchCommand::Decode(args) => crate::bench_decode::bench_decode(args, device),
         BenchCommand::Serve(args) => crate::bench_serve::bench_serve(args, device),
+        BenchCommand::Kv(args) => crate::bench_kv::bench_kv(args, device),
     }
 }
 

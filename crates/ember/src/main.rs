@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_decode;
+mod bench_kv;
 mod bench_serve;
 mod config;
 mod devices;
