@@ -166,7 +166,7 @@ fn completions_health_errors_concurrency_and_disconnects() {
     );
     assert_eq!(server.request("GET", "/v2/nothing", None).0, 404);
 
-    // 16 concurrent requests, batched together, each equal to its own sequential answer.
+    // 16 concurrent streaming requests, batched together: each stream adds up to its own sequential answer.
     let prompts = &prompts[..16];
     let sequential: Vec<Value> = prompts
         .iter()
@@ -176,15 +176,21 @@ fn completions_health_errors_concurrency_and_disconnects() {
     let handles: Vec<_> = prompts
         .iter()
         .map(|p| {
-            let (address, body) =
-                (address.clone(), json!({"prompt": p, "max_tokens": 8, "temperature": 0}).to_string());
+            let body = json!({"prompt": p, "max_tokens": 8, "temperature": 0, "stream": true}).to_string();
+            let address = address.clone();
             std::thread::spawn(move || raw(&address, "POST", "/v1/completions", Some(&body)))
         })
         .collect();
     for (handle, want) in handles.into_iter().zip(&sequential) {
         let (status, body) = handle.join().unwrap();
         assert_eq!(status, 200, "{body}");
-        assert_eq!(&serde_json::from_str::<Value>(&body).unwrap()["choices"][0]["text"], want);
+        let events: Vec<&str> = body.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+        assert_eq!(events.last(), Some(&"[DONE]"), "{body}");
+        let text: String = events[..events.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(&json!(text), want);
     }
 
     // A streaming client that leaves: its sequence is dropped (and its KV store freed) long before 100000 tokens.
