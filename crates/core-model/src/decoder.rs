@@ -3,7 +3,8 @@
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Embedding, Linear};
-use burn::tensor::{Device, Int, Tensor};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use ember_kernels::AttentionSpec;
 
 use crate::cache::KvCache;
 use crate::config::{AttentionKind, NormPlacement, PositionKind};
@@ -57,6 +58,76 @@ struct Step {
     offset: usize,
 }
 
+impl Attention {
+    /// One new token per row [B, 1, d], row b against its own cache b: keys padded to the longest row and masked by
+    /// length (a sliding window keeps each row's last w keys).
+    fn forward_batch(
+        &self,
+        x: Tensor<3>,
+        rope: Option<&Rope>,
+        layer: usize,
+        caches: &mut [&mut dyn KvCache],
+    ) -> Tensor<3> {
+        match self {
+            Attention::Mha(attn) => {
+                let (q, k, v) = attn.qkv(x, rope);
+                let ([k, v], lengths) = padded(layer, caches, [k, v], attn.window());
+                let spec =
+                    AttentionSpec { causal: false, key_lengths: Some(lengths), ..AttentionSpec::causal(q.dims()[3]) };
+                attn.attend_with(q, k, v, &spec)
+            }
+            Attention::Mla(mla) => {
+                let p = mla.project(x, rope.expect("validated: MLA uses RoPE"));
+                let ([c, k_r], lengths) = padded(layer, caches, [p.c.clone(), p.k_r.clone()], mla.window());
+                let spec = AttentionSpec { causal: false, window: None, key_lengths: Some(lengths), ..mla.spec(&p, 0) };
+                mla.attend_absorbed_with(MlaProjections { c, k_r, ..p }, &spec)
+            }
+        }
+    }
+}
+
+/// Appends row b of each entry [B, n, 1, w] to cache b of `layer` and returns every row's entries (its last `window`
+/// when set) zero-padded to the longest, [B, n, T_max, w], with the row lengths.
+fn padded(
+    layer: usize,
+    caches: &mut [&mut dyn KvCache],
+    entries: [Tensor<4>; 2],
+    window: Option<usize>,
+) -> ([Tensor<4>; 2], Vec<usize>) {
+    let mut rows: Vec<[Tensor<4>; 2]> = Vec::with_capacity(caches.len());
+    let mut lengths = Vec::with_capacity(caches.len());
+    for (b, cache) in caches.iter_mut().enumerate() {
+        let mine = entries.iter().map(|e| {
+            let [_, n, t, w] = e.dims();
+            e.clone().slice([b..b + 1, 0..n, 0..t, 0..w])
+        });
+        let all = two(cache.append(layer, mine.collect())).map(|a| {
+            let [_, n, t, w] = a.dims();
+            match window {
+                Some(win) if t > win => a.slice([0..1, 0..n, t - win..t, 0..w]),
+                _ => a,
+            }
+        });
+        lengths.push(all[0].dims()[2]);
+        rows.push(all);
+    }
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    let pad = |a: Tensor<4>| {
+        let [_, n, t, w] = a.dims();
+        if t == longest {
+            a
+        } else {
+            Tensor::cat(vec![a.clone(), Tensor::zeros([1, n, longest - t, w], &a.device())], 2)
+        }
+    };
+    let (mut first, mut second) = (Vec::new(), Vec::new());
+    for [a, b] in rows {
+        first.push(pad(a));
+        second.push(pad(b));
+    }
+    ([Tensor::cat(first, 0), Tensor::cat(second, 0)], lengths)
+}
+
 fn two(entries: Vec<Tensor<4>>) -> [Tensor<4>; 2] {
     entries.try_into().unwrap_or_else(|e: Vec<_>| panic!("a KV cache returned {} entries for 2", e.len()))
 }
@@ -100,6 +171,18 @@ impl Block {
 
     fn forward_cached(&self, x: Tensor<3>, rope: Option<&Rope>, step: Step, cache: &mut dyn KvCache) -> Tensor<3> {
         let attn = |h| self.attn.forward_cached(h, rope, step, cache);
+        let x = self.sublayer(x, &self.ln_1, self.ln_1_out.as_ref(), attn);
+        self.sublayer(x, &self.ln_2, self.ln_2_out.as_ref(), |h| self.mlp.forward(h))
+    }
+
+    fn forward_batch(
+        &self,
+        x: Tensor<3>,
+        rope: Option<&Rope>,
+        layer: usize,
+        caches: &mut [&mut dyn KvCache],
+    ) -> Tensor<3> {
+        let attn = |h| self.attn.forward_batch(h, rope, layer, caches);
         let x = self.sublayer(x, &self.ln_1, self.ln_1_out.as_ref(), attn);
         self.sublayer(x, &self.ln_2, self.ln_2_out.as_ref(), |h| self.mlp.forward(h))
     }
@@ -188,6 +271,25 @@ impl Gpt {
     pub fn forward_step_all(&self, idx: Tensor<2, Int>, cache: &mut dyn KvCache) -> Tensor<3> {
         let x = self.hidden_cached(idx, cache);
         self.logits(x)
+    }
+
+    /// Logits [B, V] of one new token per sequence, each sequence with its own cache and length (batched decoding):
+    /// row b is embedded and rotated at position `caches[b].len()`, appended to cache b, and attends to its own keys.
+    pub fn forward_batch(&self, tokens: &[u32], caches: &mut [&mut dyn KvCache]) -> Tensor<2> {
+        let device = self.wte.weight.device();
+        let offsets: Vec<usize> = caches.iter().map(|c| c.len()).collect();
+        let rows = tokens.iter().zip(&offsets).map(|(&token, &offset)| {
+            let id = Tensor::<2, Int>::from_data(TensorData::new(vec![token as i64], [1, 1]), &device);
+            self.embed(id, offset)
+        });
+        let mut x = Tensor::cat(rows.collect(), 0);
+        let c = &self.config;
+        let rope = (c.positions == PositionKind::Rope)
+            .then(|| Rope::per_row(c.rope_theta, c.mla_rope_dim.unwrap_or(c.head_dim()), &offsets, &device));
+        for (layer, block) in self.blocks.iter().enumerate() {
+            x = block.forward_batch(x, rope.as_ref(), layer, caches);
+        }
+        self.logits(x).reshape([tokens.len(), c.vocab()])
     }
 
     /// The last block's output for new tokens at positions `cache.len()..`, appending to `cache` layer by layer.

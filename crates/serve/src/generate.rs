@@ -138,6 +138,15 @@ impl<'a> Decoder<'a> {
         logits.into_data().convert::<f32>().try_to_vec::<f32>().expect("f32 logits")
     }
 
+    /// The store, when the next step is exactly one new token that fits the context (so it can join a batch).
+    fn batchable(&mut self, ids: &[u32], seen: usize) -> Option<&mut dyn KvCache> {
+        let block = self.model.block_size();
+        match self.cache.as_mut() {
+            Some(cache) if seen > 0 && ids.len() == seen + 1 && cache.len() < block => Some(cache.as_mut()),
+            _ => None,
+        }
+    }
+
     /// Bytes of the KV store (0 when recomputing).
     pub fn kv_bytes(&self) -> usize {
         self.cache.as_ref().map_or(0, |c| c.bytes())
@@ -242,6 +251,21 @@ impl<'a> Sequence<'a> {
             return Ok(String::new());
         }
         let logits = self.decoder.next_logits(&self.ids, self.seen);
+        self.step_with(logits)
+    }
+
+    /// For batched decoding: the token to run next and the store it goes into, when this sequence is past its
+    /// prompt and its next step is one token.
+    pub fn batchable(&mut self) -> Option<(u32, &mut dyn KvCache)> {
+        if self.finished.is_some() {
+            return None;
+        }
+        let last = *self.ids.last()?;
+        self.decoder.batchable(&self.ids, self.seen).map(|cache| (last, cache))
+    }
+
+    /// Completes a step whose logits were computed elsewhere (a batched forward pass over [`Self::batchable`]).
+    pub fn step_with(&mut self, logits: Vec<f32>) -> Result<String, GenerateError> {
         self.seen = self.ids.len();
         let next = sample(&logits, &self.settings, &self.ids, &mut self.rng);
         if self.ends.contains(&next) {

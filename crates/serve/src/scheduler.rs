@@ -1,5 +1,6 @@
-//! Continuous batching: one worker owns the model and steps every active sequence once per round; requests join
-//! between rounds as others finish, and a sequence whose client has gone is dropped at once, freeing its KV store.
+//! Continuous batching: one worker owns the model and steps every active sequence once per round — every sequence
+//! past its prompt in one batched forward pass over ragged lengths; requests join between rounds as others finish,
+//! and a sequence whose client has gone is dropped at once, freeing its KV store.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -7,6 +8,7 @@ use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 
 use burn::tensor::Device;
 use ember_core_model::Gpt;
+use ember_core_model::cache::KvCache;
 use tokenizers::Tokenizer;
 
 use crate::generate::{Finish, GenerateError, KvSpec, Sequence};
@@ -72,9 +74,34 @@ pub fn run(
                 }
             }
         }
-        // One step of every active sequence; those finished or abandoned leave.
+        // One step of every active sequence: those past their prompt in one batched forward pass, the others (a
+        // prompt, a context shift) alone; then those finished or abandoned leave.
+        let mut outcomes: Vec<Option<Result<String, GenerateError>>> = (0..active.len()).map(|_| None).collect();
+        let mut tokens = Vec::new();
+        let mut members = Vec::new();
+        let mut caches: Vec<&mut dyn KvCache> = Vec::new();
+        for (i, a) in active.iter_mut().enumerate() {
+            if let Some((token, cache)) = a.sequence.batchable() {
+                tokens.push(token);
+                members.push(i);
+                caches.push(cache);
+            }
+        }
+        if members.len() >= 2 {
+            let logits = model.forward_batch(&tokens, &mut caches).into_data().convert::<f32>();
+            let logits = logits.as_slice::<f32>().expect("f32 logits");
+            let v = logits.len() / members.len();
+            drop(caches);
+            for (row, &i) in members.iter().enumerate() {
+                outcomes[i] = Some(active[i].sequence.step_with(logits[row * v..(row + 1) * v].to_vec()));
+            }
+        } else {
+            drop(caches);
+        }
+        let mut outcomes = outcomes.into_iter();
         active.retain_mut(|a| {
-            let event = match a.sequence.step() {
+            let outcome = outcomes.next().flatten().unwrap_or_else(|| a.sequence.step());
+            let event = match outcome {
                 Ok(piece) if piece.is_empty() => None,
                 Ok(piece) => Some(Event::Text(piece)),
                 Err(e) => {

@@ -207,3 +207,42 @@ fn eight_requests_sharing_a_256_token_prompt_use_a_quarter_of_the_pages() {
     assert_eq!(unshared, 2 * 8 * 17);
     assert!(shared * 4 <= unshared, "shared {shared} pages vs unshared {unshared}");
 }
+
+#[test]
+fn batched_decoding_of_ragged_sequences_equals_one_at_a_time() {
+    let device = Device::flex();
+    let row = |ids: &[u32]| {
+        let data = TensorData::new(ids.iter().map(|&i| i as i64).collect::<Vec<_>>(), [1, ids.len()]);
+        Tensor::<2, Int>::from_data(data, &device)
+    };
+    for (name, config) in configs() {
+        let model = sharpened(Gpt::new(&config, &mut Rng::new(3), &device));
+        // Three prompts of different lengths (the window is 12: the longest outgrows it).
+        let prompts: Vec<Vec<u32>> =
+            [3usize, 9, 17].iter().map(|&n| (0..n as u32).map(|i| (i * 7 + n as u32) % 50).collect()).collect();
+        let mut alone: Vec<ContiguousCache> = prompts.iter().map(|_| ContiguousCache::new(8)).collect();
+        let mut batched: Vec<ContiguousCache> = prompts.iter().map(|_| ContiguousCache::new(8)).collect();
+        let mut next: Vec<u32> = Vec::new();
+        for ((p, a), b) in prompts.iter().zip(&mut alone).zip(&mut batched) {
+            let logits = model.forward_step(row(p), a);
+            model.forward_step(row(p), b);
+            next.push(logits.argmax(1).into_scalar::<i64>() as u32);
+        }
+        for step in 0..10 {
+            let mut caches: Vec<&mut dyn KvCache> = batched.iter_mut().map(|c| c as &mut dyn KvCache).collect();
+            let together = model.forward_batch(&next, &mut caches).into_data().try_to_vec::<f32>().unwrap();
+            let v = together.len() / next.len();
+            for (i, cache) in alone.iter_mut().enumerate() {
+                let one = model.forward_step(row(&next[i..i + 1]), cache).into_data().try_to_vec::<f32>().unwrap();
+                let d = max_diff(&one, &together[i * v..(i + 1) * v]);
+                assert!(d <= 1e-5, "{name}, step {step}, row {i}: {d}");
+            }
+            next = (0..next.len())
+                .map(|i| {
+                    let r = &together[i * v..(i + 1) * v];
+                    r.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32
+                })
+                .collect();
+        }
+    }
+}

@@ -56,10 +56,20 @@ impl CausalSelfAttention {
 
     /// y = softmax(q kᵀ / √d_k + mask) v, heads concatenated, then W_O; queries start at `query_offset` of k, v.
     pub fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, query_offset: usize) -> Tensor<3> {
-        let [b, h, t, dh] = q.dims();
+        let dh = q.dims()[3];
         let spec = AttentionSpec { query_offset, ..AttentionSpec::causal(dh).with_window(self.window) };
-        let y = attention(q, k, v, &spec).swap_dims(1, 2).reshape([b, t, h * dh]);
+        self.attend_with(q, k, v, &spec)
+    }
+
+    /// The same with a given mask specification (batched decoding masks padded keys by length).
+    pub fn attend_with(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec) -> Tensor<3> {
+        let [b, h, t, dh] = q.dims();
+        let y = attention(q, k, v, spec).swap_dims(1, 2).reshape([b, t, h * dh]);
         self.resid_drop.forward(self.c_proj.forward(y))
+    }
+
+    pub fn window(&self) -> Option<usize> {
+        self.window
     }
 
     pub fn forward(&self, x: Tensor<3>, rope: Option<&Rope>) -> Tensor<3> {

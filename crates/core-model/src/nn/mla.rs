@@ -82,7 +82,11 @@ impl MlaAttention {
         }
     }
 
-    fn spec(&self, p: &MlaProjections, query_offset: usize) -> AttentionSpec {
+    pub fn window(&self) -> Option<usize> {
+        self.window
+    }
+
+    pub fn spec(&self, p: &MlaProjections, query_offset: usize) -> AttentionSpec {
         let (dh, dr) = (p.q_c.dims()[3], p.q_r.dims()[3]);
         AttentionSpec { query_offset, ..AttentionSpec::causal(dh + dr).with_window(self.window) }
     }
@@ -109,6 +113,11 @@ impl MlaAttention {
     /// space, then U_V per head; one shared "KV head" [c | k_R] serves every query head.
     pub fn attend_absorbed(&self, p: MlaProjections, query_offset: usize) -> Tensor<3> {
         let spec = self.spec(&p, query_offset);
+        self.attend_absorbed_with(p, &spec)
+    }
+
+    /// The absorbed form with a given mask specification (batched decoding masks padded latents by length).
+    pub fn attend_absorbed_with(&self, p: MlaProjections, spec: &AttentionSpec) -> Tensor<3> {
         let [b, h, t, dh] = p.q_c.dims();
         let dc = p.c.dims()[3];
         // U_K as [h, d_h, d_c] and U_V as [h, d_c, d_h].
@@ -116,7 +125,7 @@ impl MlaAttention {
         let u_v = self.u_v.weight.val().reshape([dc, h, dh]).swap_dims(0, 1).unsqueeze::<4>().expand([b, h, dc, dh]);
         let q = Tensor::cat(vec![p.q_c.matmul(u_k), p.q_r], 3);
         let k = Tensor::cat(vec![p.c.clone(), p.k_r], 3);
-        let o_latent = attention(q, k, p.c, &spec);
+        let o_latent = attention(q, k, p.c, spec);
         let o = o_latent.matmul(u_v);
         debug_assert_eq!(o.dims(), [b, h, t, dh]);
         self.output(o)

@@ -14,19 +14,30 @@ pub fn sinusoidal(offset: usize, t: usize, d: usize, device: &Device) -> Tensor<
     Tensor::from_data(TensorData::new(table, [t, d]), device)
 }
 
-/// cos and sin of the rotation angles p·θ_i, θ_i = theta^(−2i/d), for positions `offset..offset + t`, each [t, d] with
-/// the d/2 frequencies repeated in both halves (the rotate-half layout of Llama and Hugging Face).
+/// cos and sin of the rotation angles p·θ_i, θ_i = theta^(−2i/d), with the d/2 frequencies repeated in both halves
+/// (the rotate-half layout of Llama and Hugging Face), shaped to broadcast over x [B, H, T, d]: [1, 1, T, d] for
+/// positions `offset..offset + t` of every row, or [B, 1, 1, d] for one position per row.
 #[derive(Clone, Debug)]
 pub struct Rope {
-    cos: Tensor<2>,
-    sin: Tensor<2>,
+    cos: Tensor<4>,
+    sin: Tensor<4>,
 }
 
 impl Rope {
     pub fn new(theta: f64, d: usize, offset: usize, t: usize, device: &Device) -> Self {
+        let positions: Vec<usize> = (offset..offset + t).collect();
+        Self::table(theta, d, &positions, [1, 1, t, d], device)
+    }
+
+    /// Row b of a batch at position `positions[b]` (one token per row).
+    pub fn per_row(theta: f64, d: usize, positions: &[usize], device: &Device) -> Self {
+        Self::table(theta, d, positions, [positions.len(), 1, 1, d], device)
+    }
+
+    fn table(theta: f64, d: usize, positions: &[usize], shape: [usize; 4], device: &Device) -> Self {
         let half = d / 2;
-        let (mut cos, mut sin) = (Vec::with_capacity(t * d), Vec::with_capacity(t * d));
-        for p in offset..offset + t {
+        let (mut cos, mut sin) = (Vec::with_capacity(positions.len() * d), Vec::with_capacity(positions.len() * d));
+        for &p in positions {
             for c in 0..d {
                 let angle = p as f64 * theta.powf(-2.0 * (c % half) as f64 / d as f64);
                 cos.push(angle.cos() as f32);
@@ -34,8 +45,8 @@ impl Rope {
             }
         }
         Self {
-            cos: Tensor::from_data(TensorData::new(cos, [t, d]), device),
-            sin: Tensor::from_data(TensorData::new(sin, [t, d]), device),
+            cos: Tensor::from_data(TensorData::new(cos, shape), device),
+            sin: Tensor::from_data(TensorData::new(sin, shape), device),
         }
     }
 
@@ -45,7 +56,7 @@ impl Rope {
         let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..d / 2]);
         let x2 = x.clone().slice([0..b, 0..h, 0..t, d / 2..d]);
         let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
-        x * self.cos.clone().unsqueeze() + rotated * self.sin.clone().unsqueeze()
+        x * self.cos.clone() + rotated * self.sin.clone()
     }
 }
 
