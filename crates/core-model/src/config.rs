@@ -175,6 +175,18 @@ impl ModelConfig {
         }
     }
 
+    /// The same model Llama-style: RMSNorm, SwiGLU, RoPE, no biases, and `n_kv_heads` key/value heads.
+    pub fn llama_style(self, n_kv_heads: usize) -> Self {
+        Self {
+            norm: NormKind::RmsNorm,
+            ffn: FfnKind::Swiglu,
+            positions: PositionKind::Rope,
+            n_kv_heads: Some(n_kv_heads),
+            bias: false,
+            ..self
+        }
+    }
+
     pub fn validate(&self) -> Result<(), Invalid> {
         if let Some(v) = self.vocab_size {
             require(v >= 1, "model.vocab_size", v, "at least 1")?;

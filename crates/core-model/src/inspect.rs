@@ -73,15 +73,7 @@ mod tests {
     #[test]
     fn counts_equal_the_parameters_of_built_models() {
         let gpt = ModelConfig::gpt(65, 2, 4, 32, 16);
-        let llama = ModelConfig {
-            norm: NormKind::RmsNorm,
-            ffn: FfnKind::Swiglu,
-            positions: PositionKind::Rope,
-            n_kv_heads: Some(2),
-            bias: false,
-            tie_embeddings: false,
-            ..gpt.clone()
-        };
+        let llama = ModelConfig { tie_embeddings: false, ..gpt.clone().llama_style(2) };
         let mla = ModelConfig {
             attention: AttentionKind::Mla,
             mla_latent_dim: Some(16),

@@ -5,7 +5,7 @@
 mod common;
 
 use burn::tensor::{Device, DeviceKind, Int, Tensor, TensorData};
-use ember_core_model::config::{AttentionKind, FfnKind, NormKind, NormPlacement, PositionKind};
+use ember_core_model::config::{AttentionKind, FfnKind, NormPlacement, PositionKind};
 use ember_core_model::{Gpt, ModelConfig, Rng};
 
 fn wgpu_device() -> Option<Device> {
@@ -21,15 +21,7 @@ fn wgpu_device() -> Option<Device> {
 /// window and Peri-LN, and the 2017 layout (Post-LN, sinusoidal, ReLU).
 fn variants() -> Vec<ModelConfig> {
     let gpt = ModelConfig::gpt(71, 4, 4, 128, 64);
-    let llama = ModelConfig {
-        norm: NormKind::RmsNorm,
-        ffn: FfnKind::Swiglu,
-        positions: PositionKind::Rope,
-        n_kv_heads: Some(2),
-        bias: false,
-        tie_embeddings: false,
-        ..gpt.clone()
-    };
+    let llama = ModelConfig { tie_embeddings: false, ..gpt.clone().llama_style(2) };
     let mla = ModelConfig {
         attention: AttentionKind::Mla,
         mla_latent_dim: Some(32),

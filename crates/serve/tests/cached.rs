@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_core_model::cache::KvCache;
-use ember_core_model::config::{AttentionKind, FfnKind, NormKind, PositionKind};
+use ember_core_model::config::AttentionKind;
 use ember_core_model::params::{load_state_dict, state_dict};
 use ember_core_model::{Gpt, ModelConfig, Rng};
 use ember_serve::kv::{Bits, ContiguousCache, PagePool, PagedCache, QuantizedCache};
@@ -14,14 +14,7 @@ use ember_serve::{Decoder, KvKind, KvSpec};
 
 fn configs() -> Vec<(&'static str, ModelConfig)> {
     let gpt = ModelConfig::gpt(50, 2, 4, 32, 96);
-    let llama = ModelConfig {
-        norm: NormKind::RmsNorm,
-        ffn: FfnKind::Swiglu,
-        positions: PositionKind::Rope,
-        n_kv_heads: Some(2),
-        bias: false,
-        ..gpt.clone()
-    };
+    let llama = gpt.clone().llama_style(2);
     let mla = ModelConfig {
         attention: AttentionKind::Mla,
         mla_latent_dim: Some(16),

@@ -10,7 +10,6 @@ use tokenizers::Tokenizer;
 use super::gguf::{Gguf, Value};
 use super::{ImportError, Tensors, concat_rows, transpose};
 use crate::ModelConfig;
-use crate::config::{FfnKind, NormKind, PositionKind};
 use crate::tokenizer;
 
 /// Config, Ember-named tensors and tokenizer of a llama GGUF file.
@@ -40,18 +39,15 @@ fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
     let tokens = meta(gguf, "tokenizer.ggml.tokens")?.as_array().ok_or("tokenizer.ggml.tokens is not an array")?;
     let h = count(gguf, "llama.attention.head_count")?;
     let d = count(gguf, "llama.embedding_length")?;
+    let g = count(gguf, "llama.attention.head_count_kv").unwrap_or(h);
     let mut config =
-        ModelConfig::gpt(tokens.len(), count(gguf, "llama.block_count")?, h, d, count(gguf, "llama.context_length")?);
+        ModelConfig::gpt(tokens.len(), count(gguf, "llama.block_count")?, h, d, count(gguf, "llama.context_length")?)
+            .llama_style(g);
     config.head_dim = count(gguf, "llama.attention.key_length").ok().filter(|&dh| dh * h != d);
-    config.bias = false;
-    config.norm = NormKind::RmsNorm;
     config.norm_eps =
         meta(gguf, "llama.attention.layer_norm_rms_epsilon")?.as_f64().ok_or("rms epsilon is not a number")?;
-    config.ffn = FfnKind::Swiglu;
     config.d_ff = Some(count(gguf, "llama.feed_forward_length")?);
-    config.positions = PositionKind::Rope;
     config.rope_theta = gguf.get("llama.rope.freq_base").and_then(Value::as_f64).unwrap_or(10_000.0);
-    config.n_kv_heads = Some(count(gguf, "llama.attention.head_count_kv").unwrap_or(h));
     config.tie_embeddings = gguf.info("output.weight").is_none();
     if let Ok(rope_dim) = count(gguf, "llama.rope.dimension_count")
         && rope_dim != config.head_dim()

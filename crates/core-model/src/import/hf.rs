@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::{ImportError, Tensors, concat_rows, transpose};
 use crate::ModelConfig;
-use crate::config::{FfnKind, NormKind, PositionKind};
+use crate::config::FfnKind;
 
 /// The model config and Ember-named tensors of a Hugging Face directory.
 pub fn load(dir: &Path) -> Result<(ModelConfig, Tensors), ImportError> {
@@ -92,23 +92,21 @@ fn llama(json: &Value, mut hf: Tensors) -> Result<(ModelConfig, Tensors), String
     }
     let theta = json["rope_theta"].as_f64().or_else(|| json["rope_parameters"]["rope_theta"].as_f64());
     let qkv_bias = json["attention_bias"].as_bool().unwrap_or(false);
+    let g = json["num_key_value_heads"].as_u64().map_or(h, |g| g as usize);
     let mut config = ModelConfig::gpt(
         usize_of(json, "vocab_size")?,
         usize_of(json, "num_hidden_layers")?,
         h,
         d,
         usize_of(json, "max_position_embeddings")?,
-    );
+    )
+    .llama_style(g);
     config.head_dim = json["head_dim"].as_u64().map(|dh| dh as usize).filter(|&dh| dh * h != d);
     config.bias = json["mlp_bias"].as_bool().unwrap_or(false);
     config.qkv_bias = Some(qkv_bias);
-    config.norm = NormKind::RmsNorm;
     config.norm_eps = f64_of(json, "rms_norm_eps", 1e-6);
-    config.ffn = FfnKind::Swiglu;
     config.d_ff = Some(usize_of(json, "intermediate_size")?);
-    config.positions = PositionKind::Rope;
     config.rope_theta = theta.unwrap_or(10_000.0);
-    config.n_kv_heads = Some(json["num_key_value_heads"].as_u64().map_or(h, |g| g as usize));
     config.tie_embeddings = json["tie_word_embeddings"].as_bool().unwrap_or(false);
     if config.bias {
         return Err("mlp_bias = true is not supported".into());
