@@ -114,7 +114,7 @@ pub fn model_from_tensors(
     path: &Path,
     device: &Device,
 ) -> Result<Gpt, BundleError> {
-    let model = Gpt::new(config, &mut Rng::new(0), device);
+    let model = Gpt::new(config, &mut Rng::placeholder(), device);
     params::load_state_dict(model, tensors).map_err(|cause| BundleError::Mismatch { path: path.to_path_buf(), cause })
 }
 

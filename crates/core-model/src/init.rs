@@ -5,8 +5,11 @@ use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::Rng;
 
-/// A parameter drawn from N(0, std²).
+/// A parameter drawn from N(0, std²) (zeros from a placeholder generator).
 pub fn normal<const D: usize>(rng: &mut Rng, shape: [usize; D], std: f64, device: &Device) -> Param<Tensor<D>> {
+    if rng.is_placeholder() {
+        return constant(shape, 0.0, device);
+    }
     let n = shape.iter().product();
     let values: Vec<f32> = (0..n).map(|_| (rng.normal() * std) as f32).collect();
     Param::from_data(TensorData::new(values, shape), device)
