@@ -165,14 +165,11 @@ impl Block {
     }
 
     fn forward(&self, x: Tensor<3>, rope: Option<&Rope>) -> Tensor<3> {
-        let x = self.sublayer(x, &self.ln_1, self.ln_1_out.as_ref(), |h| self.attn.forward(h, rope));
-        self.sublayer(x, &self.ln_2, self.ln_2_out.as_ref(), |h| self.mlp.forward(h))
+        self.apply(x, |h| self.attn.forward(h, rope))
     }
 
     fn forward_cached(&self, x: Tensor<3>, rope: Option<&Rope>, step: Step, cache: &mut dyn KvCache) -> Tensor<3> {
-        let attn = |h| self.attn.forward_cached(h, rope, step, cache);
-        let x = self.sublayer(x, &self.ln_1, self.ln_1_out.as_ref(), attn);
-        self.sublayer(x, &self.ln_2, self.ln_2_out.as_ref(), |h| self.mlp.forward(h))
+        self.apply(x, |h| self.attn.forward_cached(h, rope, step, cache))
     }
 
     fn forward_batch(
@@ -182,7 +179,11 @@ impl Block {
         layer: usize,
         caches: &mut [&mut dyn KvCache],
     ) -> Tensor<3> {
-        let attn = |h| self.attn.forward_batch(h, rope, layer, caches);
+        self.apply(x, |h| self.attn.forward_batch(h, rope, layer, caches))
+    }
+
+    /// The block with `attn` as its attention sub-layer (full, cached or batched), then the feed-forward sub-layer.
+    fn apply(&self, x: Tensor<3>, attn: impl FnOnce(Tensor<3>) -> Tensor<3>) -> Tensor<3> {
         let x = self.sublayer(x, &self.ln_1, self.ln_1_out.as_ref(), attn);
         self.sublayer(x, &self.ln_2, self.ln_2_out.as_ref(), |h| self.mlp.forward(h))
     }

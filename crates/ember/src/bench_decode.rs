@@ -8,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use ember_core_model::config::PositionKind;
 use ember_core_model::{Gpt, Rng, import};
+use ember_serve::sampling::argmax;
 use ember_serve::{Decoder, KvKind};
 
 use crate::bench::median;
@@ -71,8 +72,9 @@ pub fn bench_decode(args: BenchDecodeArgs, device: DeviceChoice) -> Result<()> {
     for &n in &args.lengths {
         let (mut cached, mut uncached) = (Vec::new(), Vec::new());
         for _ in 0..args.rounds.max(1) {
-            cached.push(tokens_per_s(&model, KvKind::Contiguous, &prompt, n, &device));
-            uncached.push(tokens_per_s(&model, KvKind::None, &prompt, n, &device));
+            // The prompt's own pass is not counted: n timed steps after it.
+            cached.push(greedy_timed(&model, KvKind::Contiguous, &prompt, n + 1, &device).1);
+            uncached.push(greedy_timed(&model, KvKind::None, &prompt, n + 1, &device).1);
         }
         let (c, u) = (median(&mut cached), median(&mut uncached));
         println!("| {n} | {c:.1} | {u:.1} | {:.1}x |", c / u);
@@ -102,20 +104,7 @@ fn against_transformers(
     );
     let (mut ember, mut hf) = (Vec::new(), Vec::new());
     for _ in 0..rounds.max(1) {
-        let started = Instant::now();
-        let mut decoder = Decoder::new(model, KvKind::Contiguous, device);
-        let mut ids = prompt.clone();
-        let mut seen = 0;
-        let mut ttft = 0.0;
-        for step in 0..n {
-            let logits = decoder.next_logits(&ids, seen);
-            seen = ids.len();
-            ids.push(logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i as u32));
-            if step == 0 {
-                ttft = started.elapsed().as_secs_f64();
-            }
-        }
-        let decode = (n - 1) as f64 / (started.elapsed().as_secs_f64() - ttft);
+        let (ttft, decode) = greedy_timed(model, KvKind::Contiguous, &prompt, n, device);
         println!("ember:        time to first token {ttft:.3} s, decode {decode:.2} tokens/s");
         ember.push((ttft, decode));
         let out = std::process::Command::new(python)
@@ -143,19 +132,21 @@ fn against_transformers(
     Ok(())
 }
 
-/// Decode tokens/s of `n` greedy steps after the prompt (the prompt's own pass is not counted).
-fn tokens_per_s(model: &Gpt, kv: KvKind, prompt: &[u32], n: usize, device: &burn::tensor::Device) -> f64 {
+/// `n` greedy steps after the prompt: seconds to the first new token (the prompt's pass and one sample), and
+/// tokens/s of the other n − 1.
+fn greedy_timed(model: &Gpt, kv: KvKind, prompt: &[u32], n: usize, device: &burn::tensor::Device) -> (f64, f64) {
     let mut decoder = Decoder::new(model, kv, device);
     let mut ids = prompt.to_vec();
     let mut seen = 0;
-    let mut started = Instant::now();
-    for step in 0..=n {
-        if step == 1 {
-            started = Instant::now();
-        }
+    let started = Instant::now();
+    let mut ttft = 0.0;
+    for step in 0..n {
         let logits = decoder.next_logits(&ids, seen);
         seen = ids.len();
-        ids.push(logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i as u32));
+        ids.push(argmax(&logits));
+        if step == 0 {
+            ttft = started.elapsed().as_secs_f64();
+        }
     }
-    n as f64 / started.elapsed().as_secs_f64()
+    (ttft, (n - 1) as f64 / (started.elapsed().as_secs_f64() - ttft))
 }

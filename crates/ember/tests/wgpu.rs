@@ -92,7 +92,7 @@ fn cached_decoding_on_wgpu_equals_recomputation_on_the_cpu_within_1e_4() {
             let b = full.next_logits(&ids, seen);
             worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(worst, f32::max);
             seen = ids.len();
-            ids.push(b.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).map(|(i, _)| i as u32).unwrap());
+            ids.push(ember_serve::sampling::argmax(&b));
         }
         assert!(worst <= 1e-4, "max |cached wgpu − recomputed cpu| = {worst} for {config:?}");
     }

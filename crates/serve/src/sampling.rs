@@ -89,6 +89,17 @@ impl SampleConfig {
     }
 }
 
+/// The index of the largest value (the first of equals), as a token id.
+pub fn argmax<T: PartialOrd + Copy>(values: &[T]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in values.iter().enumerate() {
+        if v > values[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
 /// The next token after `history`: logits of tokens in the history are penalised (`repetition_penalty`), then the
 /// argmax when `temperature` is 0, else a draw from softmax(z / temperature) restricted to the `top_k` largest logits
 /// and then to the smallest set whose probability reaches `top_p`.

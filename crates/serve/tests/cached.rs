@@ -10,6 +10,7 @@ use ember_core_model::config::AttentionKind;
 use ember_core_model::params::{load_state_dict, state_dict};
 use ember_core_model::{Gpt, ModelConfig, Rng};
 use ember_serve::kv::{Bits, ContiguousCache, PagePool, PagedCache, QuantizedCache};
+use ember_serve::sampling::argmax;
 use ember_serve::{Decoder, KvKind, KvSpec};
 
 fn configs() -> Vec<(&'static str, ModelConfig)> {
@@ -56,7 +57,7 @@ fn cached_vs_recomputed(model: &Gpt, kv: KvSpec, prompt: &[u32], steps: usize, d
         worst = worst.max(max_diff(&a, &b));
         scale = b.iter().fold(scale, |m, x| m.max(x.abs()));
         seen = ids.len();
-        let next = b.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).map(|(i, _)| i as u32).unwrap();
+        let next = argmax(&b);
         ids.push(next);
     }
     (worst, scale)
@@ -230,12 +231,7 @@ fn batched_decoding_of_ragged_sequences_equals_one_at_a_time() {
                 let d = max_diff(&one, &together[i * v..(i + 1) * v]);
                 assert!(d <= 1e-5, "{name}, step {step}, row {i}: {d}");
             }
-            next = (0..next.len())
-                .map(|i| {
-                    let r = &together[i * v..(i + 1) * v];
-                    r.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32
-                })
-                .collect();
+            next = (0..next.len()).map(|i| argmax(&together[i * v..(i + 1) * v])).collect();
         }
     }
 }

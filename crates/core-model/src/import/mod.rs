@@ -16,23 +16,17 @@ pub use crate::bundle::Tensors;
 
 /// What is wrong with a file being imported.
 #[derive(Debug, thiserror::Error)]
-#[error("{}: {reason}", path.display())]
-pub struct ImportError {
-    pub path: PathBuf,
-    pub reason: String,
+pub enum ImportError {
+    #[error("{}: {reason}", path.display())]
+    File { path: PathBuf, reason: String },
+    /// An Ember run directory that does not load.
+    #[error(transparent)]
+    Run(#[from] BundleError),
 }
 
 impl ImportError {
     pub fn new(path: &Path, reason: impl Into<String>) -> Self {
-        Self { path: path.to_path_buf(), reason: reason.into() }
-    }
-}
-
-impl From<BundleError> for ImportError {
-    fn from(e: BundleError) -> Self {
-        let text = e.to_string();
-        let (path, reason) = text.split_once(": ").unwrap_or(("", &text));
-        Self::new(Path::new(path), reason)
+        Self::File { path: path.to_path_buf(), reason: reason.into() }
     }
 }
 
