@@ -7,6 +7,8 @@ use burn::tensor::activation::softmax;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
+use crate::flash::{flash_attention, on_wgpu, supports_head_dim};
+
 /// What one attention call computes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttentionSpec {
@@ -38,13 +40,17 @@ impl AttentionSpec {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum AttentionImpl {
+    /// Ember's WGSL kernels on wgpu, the reference path elsewhere (the default).
+    Auto = 0,
     /// The T×T score matrix, masked and soft-maxed with ordinary tensor ops.
-    Naive = 0,
+    Naive = 1,
     /// Burn's `attention` module op (fused kernels where the backend has them).
-    Burn = 1,
+    Burn = 2,
+    /// Ember's WGSL FlashAttention kernels (wgpu only; the reference path elsewhere).
+    Flash = 3,
 }
 
-static IMPL: AtomicU8 = AtomicU8::new(AttentionImpl::Naive as u8);
+static IMPL: AtomicU8 = AtomicU8::new(AttentionImpl::Auto as u8);
 
 /// Selects the implementation for every later call (tests and benchmarks compare them).
 pub fn set_attention_impl(imp: AttentionImpl) {
@@ -53,8 +59,10 @@ pub fn set_attention_impl(imp: AttentionImpl) {
 
 fn current() -> AttentionImpl {
     match IMPL.load(Ordering::Relaxed) {
-        1 => AttentionImpl::Burn,
-        _ => AttentionImpl::Naive,
+        1 => AttentionImpl::Naive,
+        2 => AttentionImpl::Burn,
+        3 => AttentionImpl::Flash,
+        _ => AttentionImpl::Auto,
     }
 }
 
@@ -65,7 +73,15 @@ pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec)
 
 /// o = softmax(q kᵀ · scale + mask) v with a given implementation.
 pub fn attention_with(imp: AttentionImpl, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> {
-    let [_, hq, _, _] = q.dims();
+    let [_, hq, _, d] = q.dims();
+    let width = d.max(v.dims()[3]);
+    if matches!(imp, AttentionImpl::Auto | AttentionImpl::Flash) && supports_head_dim(width) && on_wgpu(&q) {
+        // Values narrower than queries (MLA's q, k = [q_C; q_R]) are padded with zero columns, and the output cut
+        // back; queries and keys narrower than values get zero columns too, which leave q kᵀ unchanged.
+        let dv = v.dims()[3];
+        let o = flash_attention(zero_pad(q, width), zero_pad(k, width), zero_pad(v, width), spec);
+        return if dv < width { o.narrow(3, 0, dv) } else { o };
+    }
     let (k, v) = (repeat_kv(k, hq), repeat_kv(v, hq));
     match imp {
         AttentionImpl::Burn if spec.query_offset == 0 && spec.window.is_none() && spec.key_lengths.is_none() => {
@@ -122,6 +138,16 @@ fn mask(b: usize, tq: usize, tk: usize, spec: &AttentionSpec, device: &Device) -
     let j = Tensor::<1, Int>::arange(0..tk as i64, device).reshape([1, 1, tk]);
     let padding = j.greater_equal(lengths).expand([b, tq, tk]);
     Some(masked.map_or(padding.clone(), |m| m.bool_or(padding)))
+}
+
+/// x [B, H, T, D] widened to [B, H, T, width] with zero columns.
+fn zero_pad(x: Tensor<4>, width: usize) -> Tensor<4> {
+    let [b, h, t, d] = x.dims();
+    if d == width {
+        return x;
+    }
+    let zeros = Tensor::zeros([b, h, t, width - d], &x.device());
+    Tensor::cat(vec![x, zeros], 3)
 }
 
 /// K or V of [B, Hkv, T, D] seen as [B, Hq, T, D]: each KV head serves Hq/Hkv consecutive query heads.

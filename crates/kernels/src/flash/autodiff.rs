@@ -1,0 +1,83 @@
+//! The kernels' backward pass as autodiff's: the forward saves (q, k, v, o, lse); the backward computes
+//! D = rowsum(dO ⊙ o) with backend ops, then dq, dk, dv with the FlashAttention-2 kernels.
+
+use burn::backend::autodiff::{
+    Autodiff, NodeId,
+    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
+    grads::Gradients,
+    ops::{Backward, Ops, OpsKind},
+};
+use burn::backend::{AutodiffBackend, TensorMetadata, tensor::FloatTensor};
+
+use super::{FlashOps, FlashParams};
+
+#[derive(Debug)]
+struct FlashBackward;
+
+impl<B: FlashOps> Backward<B, 3> for FlashBackward {
+    type State = (NodeId, NodeId, NodeId, FloatTensor<B>, FloatTensor<B>, FlashParams);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+        let [node_q, node_k, node_v] = ops.parents;
+        let d_o = grads.consume::<B>(&ops.node);
+        let (qs, ks, vs, o, lse, params) = ops.state;
+        let q: FloatTensor<B> = checkpointer.retrieve_node_output(qs);
+        let k: FloatTensor<B> = checkpointer.retrieve_node_output(ks);
+        let v: FloatTensor<B> = checkpointer.retrieve_node_output(vs);
+        // D_i = Σ_e dO_ie o_ie, [B, Hq, Tq].
+        let [b, h, t, _] = <[usize; 4]>::try_from(o.shape().as_slice()).expect("rank 4");
+        let delta = B::float_reshape(B::float_sum_dim(B::float_mul(d_o.clone(), o), 3), [b, h, t].into());
+        let (d_q, d_k, d_v) = B::flash_backward(q, k, v, d_o, lse, delta, params);
+        for (node, grad) in [(node_q, d_q), (node_k, d_k), (node_v, d_v)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+impl<B: FlashOps, C: CheckpointStrategy> FlashOps for Autodiff<B, C> {
+    fn flash_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        params: FlashParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let prepared = FlashBackward.prepare::<C>([q.node(), k.node(), v.node()]).compute_bound().stateful();
+        match prepared {
+            // Paged decoding reads a cache, not the step's keys: nothing to differentiate.
+            OpsKind::Tracked(mut prep) if params.paging.is_none() => {
+                let (qs, ks, vs) = (prep.checkpoint(&q), prep.checkpoint(&k), prep.checkpoint(&v));
+                let (o, lse) =
+                    B::flash_forward(q.into_primitive(), k.into_primitive(), v.into_primitive(), params.clone());
+                let state = (qs, ks, vs, o.clone(), lse.clone(), params);
+                (prep.finish(state, o), Self::from_inner(lse))
+            }
+            _ => {
+                let (o, lse) = B::flash_forward(q.into_primitive(), k.into_primitive(), v.into_primitive(), params);
+                (Self::from_inner(o), Self::from_inner(lse))
+            }
+        }
+    }
+
+    fn flash_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        d_o: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        delta: FloatTensor<Self>,
+        params: FlashParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (d_q, d_k, d_v) = B::flash_backward(
+            q.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            d_o.into_primitive(),
+            lse.into_primitive(),
+            delta.into_primitive(),
+            params,
+        );
+        (Self::from_inner(d_q), Self::from_inner(d_k), Self::from_inner(d_v))
+    }
+}

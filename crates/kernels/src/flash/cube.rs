@@ -1,0 +1,219 @@
+//! Launching the WGSL kernels on CubeCL wgpu tensors.
+
+use burn::backend::wgpu::{
+    CubeBackend, CubeDim, CubeTensor, KernelSource, SourceKernel, SourceTemplate, into_contiguous,
+};
+use burn::cubecl::{CubeCount, prelude::KernelId, server::KernelArguments};
+use burn::tensor::{DType, Shape};
+
+use super::{FlashOps, FlashParams};
+
+/// Query rows (or key rows, backward) per workgroup of the tiled kernels.
+const ROWS: u32 = 64;
+/// Floats of one K/V (or Q/dO) tile: two tiles fill WebGPU's portable 16 KiB of workgroup memory.
+const TILE_ELEMS: u32 = 2048;
+/// Invocations of a flash-decoding workgroup, and keys per split.
+const DECODE_WG: u32 = 64;
+const SPLIT: usize = 256;
+/// At most this many query rows decode with split keys; more use the tiled kernel.
+const DECODE_ROWS: usize = 4;
+
+/// A WGSL file with its `{{ name }}` placeholders filled.
+#[derive(Debug)]
+struct Wgsl {
+    name: &'static str,
+    text: &'static str,
+    values: Vec<(&'static str, String)>,
+}
+
+impl KernelSource for Wgsl {
+    fn source(&self) -> SourceTemplate {
+        let common =
+            SourceTemplate::new(self.text).register("common", include_str!("../../../../shaders/flash_common.wgsl"));
+        self.values.iter().fold(common, |t, (k, v)| t.register(*k, v.as_str()))
+    }
+    fn id(&self) -> KernelId {
+        KernelId::new::<Self>().info((self.name, self.values.clone()))
+    }
+    fn lang(&self) -> &'static str {
+        "wgsl"
+    }
+}
+
+/// The decoding kernel's workgroup copy of a query row: D rounded up to a power of two, at least 32.
+fn dmax(d: usize) -> u32 {
+    (d.next_power_of_two() as u32).max(32)
+}
+
+/// `term` once per vec4 of a head row (`#` its index), joined by `sep`: a product over the row, unrolled.
+fn unroll(term: &str, vec4s: u32, sep: &str) -> String {
+    (0..vec4s).map(|x| term.replace('#', &format!("{x}u"))).collect::<Vec<_>>().join(sep)
+}
+
+/// A tiled kernel for head dimension d: tiles of ⌊2048 / d⌋ rows, and its unrolled row products.
+fn tiled(name: &'static str, text: &'static str, d: usize, products: &[(&'static str, &str, &str)]) -> Wgsl {
+    let vec4s = d as u32 / 4;
+    let tile = TILE_ELEMS / d as u32;
+    let mut values = vec![
+        ("rows", ROWS.to_string()),
+        ("tile", tile.to_string()),
+        ("vec4s", vec4s.to_string()),
+        ("tile_vec4s", (tile * vec4s).to_string()),
+    ];
+    values.extend(products.iter().map(|&(name, term, sep)| (name, unroll(term, vec4s, sep))));
+    Wgsl { name, text, values }
+}
+
+fn launch(like: &CubeTensor, kernel: Wgsl, threads: u32, count: (u32, u32), tensors: &[&CubeTensor], info: &[u32]) {
+    let bytes: Vec<u8> = info.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let info = like.client.create_from_slice(&bytes);
+    let mut buffers: Vec<_> = tensors.iter().map(|t| t.handle.clone().binding()).collect();
+    buffers.push(info.binding());
+    like.client.launch(
+        Box::new(SourceKernel::new(kernel, CubeDim::new_1d(threads))),
+        CubeCount::Static(count.0, count.1, 1),
+        KernelArguments::new().with_buffers(buffers),
+    );
+}
+
+fn empty(like: &CubeTensor, dims: &[usize]) -> CubeTensor {
+    let shape = Shape::from(dims.to_vec());
+    let handle = like.client.empty(shape.num_elements().max(1) * DType::F32.size());
+    CubeTensor::new_contiguous(like.client.clone(), like.device.clone(), shape, handle, DType::F32)
+}
+
+fn f32_contiguous(t: CubeTensor) -> CubeTensor {
+    assert_eq!(t.dtype, DType::F32, "the WGSL attention kernels take f32 tensors");
+    into_contiguous(t)
+}
+
+/// The `info` words every kernel reads (layout in the shaders' headers).
+fn info(params: &FlashParams, q: &Shape, k: &Shape) -> Vec<u32> {
+    let (b, hq, tq, d) = (q[0], q[1], q[2], q[3]);
+    let hkv = k[1];
+    let (tk, page) = match &params.paging {
+        Some(p) => (p.keys, p.page_size),
+        None => (k[2], 0),
+    };
+    let splits = tk.div_ceil(SPLIT).max(1);
+    let mut words = vec![
+        b as u32,
+        hq as u32,
+        hkv as u32,
+        tq as u32,
+        tk as u32,
+        d as u32,
+        params.scale.to_bits(),
+        params.causal as u32,
+        params.query_offset as u32,
+        params.window as u32,
+        SPLIT as u32,
+        splits as u32,
+        page as u32,
+    ];
+    words.extend((0..b).map(|r| params.key_lengths.get(r).map_or(tk, |&l| l.min(tk)) as u32));
+    if let Some(p) = &params.paging {
+        let per_row = tk.div_ceil(p.page_size);
+        for row in &p.table {
+            words.extend((0..per_row).map(|i| row.get(i).copied().unwrap_or(0) as u32));
+        }
+    }
+    words
+}
+
+impl FlashOps for CubeBackend {
+    fn flash_forward(q: CubeTensor, k: CubeTensor, v: CubeTensor, params: FlashParams) -> (CubeTensor, CubeTensor) {
+        let (q, k, v) = (f32_contiguous(q), f32_contiguous(k), f32_contiguous(v));
+        let (qs, ks) = (q.meta.shape().clone(), k.meta.shape().clone());
+        let (b, hq, tq, d) = (qs[0], qs[1], qs[2], qs[3]);
+        assert!(hq % ks[1] == 0, "query heads ({hq}) must be a multiple of KV heads ({})", ks[1]);
+        let o = empty(&q, &[b, hq, tq, d]);
+        let lse = empty(&q, &[b, hq, tq]);
+        if b * hq * tq == 0 {
+            return (o, lse);
+        }
+        let words = info(&params, &qs, &ks);
+        if params.paging.is_some() || tq <= DECODE_ROWS {
+            let rows = b * hq * tq;
+            let splits = words[11] as usize;
+            let (part_m, part_l) = (empty(&q, &[rows, splits]), empty(&q, &[rows, splits]));
+            let part_u = empty(&q, &[rows, splits, d]);
+            let dmax = dmax(d);
+            let split = Wgsl {
+                name: "flash_decode",
+                text: include_str!("../../../../shaders/flash_decode.wgsl"),
+                values: vec![
+                    ("workgroup", DECODE_WG.to_string()),
+                    ("dmax", dmax.to_string()),
+                    ("slots", dmax.div_ceil(DECODE_WG).to_string()),
+                ],
+            };
+            let reduce = Wgsl {
+                name: "flash_decode_reduce",
+                text: include_str!("../../../../shaders/flash_decode_reduce.wgsl"),
+                values: vec![("workgroup", DECODE_WG.to_string())],
+            };
+            launch(
+                &q,
+                split,
+                DECODE_WG,
+                (splits as u32, rows as u32),
+                &[&q, &k, &v, &part_m, &part_l, &part_u],
+                &words,
+            );
+            launch(&q, reduce, DECODE_WG, (rows as u32, 1), &[&part_m, &part_l, &part_u, &o, &lse], &words);
+        } else {
+            let products = [
+                ("score", "dot(qr[#], k_tile[row + #])", " + "),
+                ("accumulate", "u[#] = u[#] * correction + p * v_tile[row + #];", " "),
+            ];
+            let kernel = tiled("flash_forward", include_str!("../../../../shaders/flash_forward.wgsl"), d, &products);
+            let count = ((tq as u32).div_ceil(ROWS), (b * hq) as u32);
+            launch(&q, kernel, ROWS, count, &[&q, &k, &v, &o, &lse], &words);
+        }
+        (o, lse)
+    }
+
+    fn flash_backward(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        d_o: CubeTensor,
+        lse: CubeTensor,
+        delta: CubeTensor,
+        params: FlashParams,
+    ) -> (CubeTensor, CubeTensor, CubeTensor) {
+        let (q, k, v) = (f32_contiguous(q), f32_contiguous(k), f32_contiguous(v));
+        let (d_o, lse, delta) = (f32_contiguous(d_o), f32_contiguous(lse), f32_contiguous(delta));
+        let (qs, ks) = (q.meta.shape().clone(), k.meta.shape().clone());
+        let (b, hq, tq, d) = (qs[0], qs[1], qs[2], qs[3]);
+        let (hkv, tk) = (ks[1], ks[2]);
+        let dq = empty(&q, &[b, hq, tq, d]);
+        let dk = empty(&q, &[b, hkv, tk, d]);
+        let dv = empty(&q, &[b, hkv, tk, d]);
+        let words = info(&params, &qs, &ks);
+        if b * hq * tq > 0 {
+            let products = [
+                ("score", "dot(qr[#], k_tile[row + #])", " + "),
+                ("dp", "dot(dor[#], v_tile[row + #])", " + "),
+                ("accumulate", "acc[#] += ds * k_tile[row + #];", " "),
+            ];
+            let text = include_str!("../../../../shaders/flash_backward_dq.wgsl");
+            let kernel = tiled("flash_backward_dq", text, d, &products);
+            let count = ((tq as u32).div_ceil(ROWS), (b * hq) as u32);
+            launch(&q, kernel, ROWS, count, &[&q, &k, &v, &d_o, &lse, &delta, &dq], &words);
+        }
+        if b * hkv * tk > 0 {
+            let products = [
+                ("score", "dot(kr[#], q_tile[row + #])", " + "),
+                ("dp", "dot(vr[#], do_tile[row + #])", " + "),
+                ("accumulate", "dv_acc[#] += p * do_tile[row + #]; dk_acc[#] += ds * q_tile[row + #];", " "),
+            ];
+            let text = include_str!("../../../../shaders/flash_backward_dkdv.wgsl");
+            let kernel = tiled("flash_backward_dkdv", text, d, &products);
+            let count = ((tk as u32).div_ceil(ROWS), (b * hkv) as u32);
+            launch(&q, kernel, ROWS, count, &[&q, &k, &v, &d_o, &lse, &delta, &dk, &dv], &words);
+        }
+        (dq, dk, dv)
+    }
+}

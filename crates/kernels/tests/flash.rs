@@ -1,0 +1,220 @@
+//! Ember's WGSL attention kernels on wgpu (lavapipe without a GPU) against the reference path on the CPU, f32,
+//! max abs error ≤ 1e-4 for outputs and for the gradients of q, k and v, over a randomized sweep of lengths, head
+//! dimensions, GQA groups, masks, padding, query offsets, decoding and pages. Under CI a missing adapter fails.
+
+use burn::tensor::{Device, Tensor, TensorData};
+use ember_kernels::{AttentionImpl, AttentionSpec, attention_with, paged_attention, wgpu_test_device};
+
+const TOLERANCE: f32 = 1e-4;
+
+/// xorshift64* draws mapped to N(0, 1) by Box–Muller: the same data on both devices, run after run.
+struct Draws(u64);
+
+impl Draws {
+    fn uniform(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        ((self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+    fn normal(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| ((-2.0 * self.uniform().ln()).sqrt() * (std::f64::consts::TAU * self.uniform()).cos()) as f32)
+            .collect()
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.uniform() * n as f64) as usize % n.max(1)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    b: usize,
+    hq: usize,
+    hkv: usize,
+    tq: usize,
+    tk: usize,
+    d: usize,
+    spec: AttentionSpec,
+}
+
+struct Inputs {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    /// Weights of the scalar loss Σ w ⊙ o whose gradients are compared.
+    w: Vec<f32>,
+}
+
+impl Case {
+    fn inputs(&self, draws: &mut Draws) -> Inputs {
+        let (qn, kn) = (self.b * self.hq * self.tq * self.d, self.b * self.hkv * self.tk * self.d);
+        Inputs { q: draws.normal(qn), k: draws.normal(kn), v: draws.normal(kn), w: draws.normal(qn) }
+    }
+    fn tensors(&self, x: &Inputs, device: &Device) -> [Tensor<4>; 4] {
+        let (qs, ks) = ([self.b, self.hq, self.tq, self.d], [self.b, self.hkv, self.tk, self.d]);
+        [(&x.q, qs), (&x.k, ks), (&x.v, ks), (&x.w, qs)]
+            .map(|(data, shape)| Tensor::from_data(TensorData::new(data.clone(), shape), device))
+    }
+}
+
+fn max_diff(what: &str, case: &Case, a: Tensor<4>, b: Tensor<4>) -> f32 {
+    let a = a.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+    let b = b.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+    assert_eq!(a.len(), b.len(), "{what}: sizes differ in {case:?}");
+    let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+    assert!(diff.is_finite() && diff <= TOLERANCE, "{what}: max abs error {diff:e} > {TOLERANCE:e} in {case:?}");
+    diff
+}
+
+/// Output, and the gradients of Σ w ⊙ o, by `imp` on `device`.
+fn run(imp: AttentionImpl, case: &Case, x: &Inputs, device: &Device) -> [Tensor<4>; 4] {
+    let device = device.clone().autodiff();
+    let [q, k, v, w] = case.tensors(x, &device);
+    let (q, k, v) = (q.require_grad(), k.require_grad(), v.require_grad());
+    let o = attention_with(imp, q.clone(), k.clone(), v.clone(), &case.spec);
+    let grads = (o.clone() * w).sum().backward();
+    let grad = |t: &Tensor<4>| t.grad(&grads).expect("a gradient");
+    [o.inner(), grad(&q), grad(&k), grad(&v)]
+}
+
+fn check(case: &Case, draws: &mut Draws, gpu: &Device) -> f32 {
+    let x = case.inputs(draws);
+    let reference = run(AttentionImpl::Naive, case, &x, &Device::flex());
+    let flash = run(AttentionImpl::Flash, case, &x, gpu);
+    let names = ["o", "dq", "dk", "dv"];
+    let mut worst = 0.0f32;
+    for ((name, a), b) in names.iter().zip(flash).zip(reference) {
+        worst = worst.max(max_diff(name, case, a, b));
+    }
+    worst
+}
+
+/// A case of the sweep: ragged lengths up to 300, head dims 32/64/128, GQA groups 1/2/4, causal or not, windows,
+/// padding and query offsets drawn from `draws`.
+fn random_case(draws: &mut Draws, d: usize, group: usize) -> Case {
+    let lengths = [1, 2, 5, 17, 63, 64, 65, 100, 129, 200, 300];
+    let tk = lengths[draws.below(lengths.len())];
+    let causal = draws.below(2) == 0;
+    // Chunked prefill: the queries are the last tq of tk positions.
+    let tq = if causal { 1 + draws.below(tk) } else { lengths[draws.below(lengths.len())] };
+    let b = 1 + draws.below(2);
+    let hkv = 1 + draws.below(2);
+    let window = (causal && draws.below(3) == 0).then(|| 1 + draws.below(tk + 4));
+    let key_lengths = (draws.below(3) == 0).then(|| (0..b).map(|_| draws.below(tk + 1)).collect());
+    let spec = AttentionSpec {
+        scale: 1.0 / (d as f64).sqrt(),
+        causal,
+        query_offset: if causal { tk - tq } else { 0 },
+        window,
+        key_lengths,
+    };
+    Case { b, hq: hkv * group, hkv, tq, tk, d, spec }
+}
+
+#[test]
+fn flash_forward_and_backward_equal_the_reference_over_a_randomized_sweep() {
+    let Some(gpu) = wgpu_test_device() else { return };
+    let mut draws = Draws(0x5eed_f1a5);
+    let mut worst = 0.0f32;
+    for d in [32, 64, 128] {
+        for group in [1, 2, 4] {
+            for _ in 0..4 {
+                let case = random_case(&mut draws, d, group);
+                worst = worst.max(check(&case, &mut draws, &gpu));
+            }
+        }
+    }
+    eprintln!("worst max abs error over the sweep: {worst:e}");
+}
+
+#[test]
+fn edge_cases_equal_the_reference() {
+    let Some(gpu) = wgpu_test_device() else { return };
+    let mut draws = Draws(7);
+    let base = Case { b: 2, hq: 4, hkv: 2, tq: 9, tk: 9, d: 64, spec: AttentionSpec::causal(64) };
+    let cases = [
+        // One query, one key; T = 1 decoding.
+        Case { tq: 1, tk: 1, ..base.clone() },
+        // Every key of the first row padded away: zeros, and no NaN in any gradient.
+        Case {
+            spec: AttentionSpec { causal: false, key_lengths: Some(vec![0, 5]), ..base.spec.clone() },
+            ..base.clone()
+        },
+        // A window of 1: each query sees itself only.
+        Case { spec: base.spec.clone().with_window(Some(1)), ..base.clone() },
+        // The widest heads, MQA, and a non-default scale.
+        Case { hkv: 1, d: 256, spec: AttentionSpec { scale: 0.3, ..AttentionSpec::causal(256) }, ..base.clone() },
+        // Head dims that are not powers of two.
+        Case { d: 80, spec: AttentionSpec::causal(80), ..base.clone() },
+        // Decoding (few query rows, split keys) against a long cache with padding and a window.
+        Case {
+            tq: 3,
+            tk: 700,
+            spec: AttentionSpec {
+                query_offset: 697,
+                key_lengths: Some(vec![700, 650]),
+                ..AttentionSpec::causal(64).with_window(Some(500))
+            },
+            ..base.clone()
+        },
+    ];
+    for case in cases {
+        check(&case, &mut draws, &gpu);
+    }
+}
+
+#[test]
+fn paged_decoding_reads_keys_through_the_page_table() {
+    let Some(gpu) = wgpu_test_device() else { return };
+    let mut draws = Draws(11);
+    let (hkv, hq, p, d) = (2, 4, 16, 64);
+    let lengths = [70usize, 33];
+    let mut unused = (0..20).collect::<Vec<usize>>();
+    // Scatter each sequence's pages over a shared pool in a shuffled order.
+    let mut table = Vec::new();
+    for &len in &lengths {
+        let pages = (0..len.div_ceil(p)).map(|_| unused.remove(draws.below(unused.len()))).collect::<Vec<_>>();
+        table.push(pages);
+    }
+    let pool = |draws: &mut Draws| draws.normal(20 * hkv * p * d);
+    let (k_pool, v_pool) = (pool(&mut draws), pool(&mut draws));
+    let q = draws.normal(2 * hq * d);
+    // The same keys gathered into a contiguous [B, Hkv, T, D] (zeros past each length).
+    let tk = lengths[0];
+    let gather = |pool: &[f32]| {
+        let mut out = vec![0.0; 2 * hkv * tk * d];
+        for (b, pages) in table.iter().enumerate() {
+            for j in 0..lengths[b] {
+                for g in 0..hkv {
+                    let src = ((pages[j / p] * hkv + g) * p + j % p) * d;
+                    let dst = ((b * hkv + g) * tk + j) * d;
+                    out[dst..dst + d].copy_from_slice(&pool[src..src + d]);
+                }
+            }
+        }
+        out
+    };
+    let spec = AttentionSpec { causal: false, key_lengths: Some(lengths.to_vec()), ..AttentionSpec::causal(d) };
+    let tensor = |data: Vec<f32>, shape: [usize; 4], device: &Device| {
+        Tensor::<4>::from_data(TensorData::new(data, shape), device)
+    };
+    let cpu = Device::flex();
+    let reference = attention_with(
+        AttentionImpl::Naive,
+        tensor(q.clone(), [2, hq, 1, d], &cpu),
+        tensor(gather(&k_pool), [2, hkv, tk, d], &cpu),
+        tensor(gather(&v_pool), [2, hkv, tk, d], &cpu),
+        &spec,
+    );
+    let paged = paged_attention(
+        tensor(q, [2, hq, 1, d], &gpu),
+        tensor(k_pool, [20, hkv, p, d], &gpu),
+        tensor(v_pool, [20, hkv, p, d], &gpu),
+        table,
+        tk,
+        &spec,
+    );
+    let case = Case { b: 2, hq, hkv, tq: 1, tk, d, spec };
+    max_diff("paged o", &case, paged, reference);
+}

@@ -1,0 +1,31 @@
+// Flash-decoding, merge step: the splits' partial states of one query row combine as
+// M = max_s m_s, ℓ = Σ_s ℓ_s e^(m_s − M), o = Σ_s u_s e^(m_s − M) / ℓ, lse = M + ln ℓ; no key seen gives o = 0.
+
+@group(0) @binding(0) var<storage, read_write> part_m: array<f32>;    // [rows, splits]
+@group(0) @binding(1) var<storage, read_write> part_l: array<f32>;    // [rows, splits]
+@group(0) @binding(2) var<storage, read_write> part_u: array<f32>;    // [rows, splits, D]
+@group(0) @binding(3) var<storage, read_write> o: array<f32>;         // [rows, D]
+@group(0) @binding(4) var<storage, read_write> lse: array<f32>;       // [rows]
+@group(0) @binding(5) var<storage, read_write> info: array<u32>;
+
+const WG: u32 = {{ workgroup }}u;
+
+@compute @workgroup_size({{ workgroup }}, 1, 1)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let d = info[5];
+    let splits = info[11];
+    let row = wg.x;
+    var big_m = -3.0e38;
+    for (var s = 0u; s < splits; s++) { big_m = max(big_m, part_m[row * splits + s]); }
+    var l = 0.0;
+    for (var s = 0u; s < splits; s++) { l += part_l[row * splits + s] * exp(part_m[row * splits + s] - big_m); }
+    let seen = l > 0.0;
+    for (var e = lid; e < d; e += WG) {
+        var acc = 0.0;
+        for (var s = 0u; s < splits; s++) {
+            acc += part_u[(row * splits + s) * d + e] * exp(part_m[row * splits + s] - big_m);
+        }
+        o[row * d + e] = select(0.0, acc / l, seen);
+    }
+    if (lid == 0u) { lse[row] = select(0.0, big_m + log(l), seen); }
+}
