@@ -22,6 +22,8 @@ pub enum BenchCommand {
     Serve(crate::bench_serve::BenchServeArgs),
     /// KV stores: bytes, and the loss of a text teacher-forced through each.
     Kv(crate::bench_kv::BenchKvArgs),
+    /// Attention kernels: Ember's, the naive path and Burn's built-in, forward and backward.
+    Attention(crate::bench_attention::BenchAttentionArgs),
 }
 
 #[derive(Args)]
@@ -51,6 +53,7 @@ pub fn bench(command: BenchCommand, device: DeviceChoice) -> Result<()> {
         BenchCommand::Decode(args) => crate::bench_decode::bench_decode(args, device),
         BenchCommand::Serve(args) => crate::bench_serve::bench_serve(args, device),
         BenchCommand::Kv(args) => crate::bench_kv::bench_kv(args, device),
+        BenchCommand::Attention(args) => crate::bench_attention::bench_attention(args, device),
     }
 }
 

@@ -1,6 +1,7 @@
 //! `ember`: train a GPT from a TOML config, sample from a run directory, benchmark, and list devices.
 
 mod bench;
+mod bench_attention;
 mod bench_decode;
 mod bench_kv;
 mod bench_serve;

@@ -4,7 +4,9 @@
 pub mod adapters;
 pub mod attention;
 pub mod flash;
+pub mod memory;
 
 pub use adapters::{Adapter, wgpu_adapters, wgpu_test_device};
 pub use attention::{AttentionImpl, AttentionSpec, attention, attention_with, set_attention_impl};
 pub use flash::{flash_attention, paged_attention};
+pub use memory::{DeviceMemory, device_memory};
