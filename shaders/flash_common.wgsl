@@ -1,4 +1,4 @@
-// Shared by the attention kernels (pasted where a kernel says `{{ common }}`): the call's sizes from `info`, and
+// Shared by the attention kernels (pasted in at the `common` placeholder): the call's sizes from `info`, and
 // which keys a query row sees. info = [B, Hq, Hkv, Tq, Tk, D, bits(scale), causal, query_offset, window (0: none),
 // split, splits, page size (0: contiguous), key_length[B], page table [B, ⌈Tk / P⌉] when paged].
 

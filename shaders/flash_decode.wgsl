@@ -3,17 +3,19 @@
 // (m, ℓ = Σ e^(s_j − m), u = Σ e^(s_j − m) v_j) and flash_decode_reduce.wgsl merges the splits.
 // Within a workgroup, invocation t scores key t of each tile of WG keys; then every invocation updates the
 // value dimensions t, t + WG, … of u, so loads of K rows and of V columns are both spread over the workgroup.
-// The paged variant reads token j of a sequence from page table[⌊j / P⌋] at slot j mod P of the page pools.
+// Keys and values come from the source pasted in below (kv_source): contiguous or paged f32 (flash_kv_f32.wgsl), or
+// int8 codes with per-group scales, dequantized as they are read (flash_kv_int8.wgsl).
 
 @group(0) @binding(0) var<storage, read_write> q: array<f32>;         // [B, Hq, Tq, D]
-@group(0) @binding(1) var<storage, read_write> k: array<f32>;         // [B, Hkv, Tk, D] or pages [N, Hkv, P, D]
-@group(0) @binding(2) var<storage, read_write> v: array<f32>;         // like k
-@group(0) @binding(3) var<storage, read_write> part_m: array<f32>;    // [B·Hq·Tq, splits]
-@group(0) @binding(4) var<storage, read_write> part_l: array<f32>;    // [B·Hq·Tq, splits]
-@group(0) @binding(5) var<storage, read_write> part_u: array<f32>;    // [B·Hq·Tq, splits, D]
-@group(0) @binding(6) var<storage, read_write> info: array<u32>;
+@group(0) @binding(1) var<storage, read_write> part_m: array<f32>;    // [B·Hq·Tq, splits]
+@group(0) @binding(2) var<storage, read_write> part_l: array<f32>;    // [B·Hq·Tq, splits]
+@group(0) @binding(3) var<storage, read_write> part_u: array<f32>;    // [B·Hq·Tq, splits, D]
+@group(0) @binding(4) var<storage, read_write> info: array<u32>;
 
 {{ common }}
+
+// Where keys and values are read from: bindings 5…, key_row(b, g, j), key_at(row, e), value_at(row, e).
+{{ kv_source }}
 
 const WG: u32 = {{ workgroup }}u;
 const DMAX: u32 = {{ dmax }}u;
@@ -22,15 +24,6 @@ const SLOTS: u32 = {{ slots }}u;
 var<workgroup> q_row: array<f32, DMAX>;
 var<workgroup> scores: array<f32, {{ workgroup }}>;
 var<workgroup> split_keys: vec2<u32>;
-
-// Offset of key j's row of KV head g in sequence b.
-fn key_row(b: u32, g: u32, j: u32) -> u32 {
-    let hkv = info[2]; let tk = info[4]; let d = info[5]; let page = info[12];
-    if (page == 0u) { return ((b * hkv + g) * tk + j) * d; }
-    let pages_per_row = (tk + page - 1u) / page;
-    let physical = info[13u + info[0] + b * pages_per_row + j / page];
-    return ((physical * hkv + g) * page + j % page) * d;
-}
 
 @compute @workgroup_size({{ workgroup }}, 1, 1)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
@@ -60,7 +53,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
         if (lid < n) {
             let base = key_row(b, g, t0 + lid);
             s = 0.0;
-            for (var e = 0u; e < d; e++) { s += q_row[e] * k[base + e]; }
+            for (var e = 0u; e < d; e++) { s += q_row[e] * key_at(base, e); }
         }
         scores[lid] = s;
         workgroupBarrier();
@@ -76,7 +69,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
             let base = key_row(b, g, t0 + t);
             for (var slot = 0u; slot < SLOTS; slot++) {
                 let e = lid + slot * WG;
-                if (e < d) { u[slot] += p * v[base + e]; }
+                if (e < d) { u[slot] += p * value_at(base, e); }
             }
         }
         m = m_new;

@@ -4,8 +4,9 @@
 // One invocation per query row, ROWS rows of one (batch, head) per workgroup; K and V tiles in workgroup memory.
 // Key tiles no row of the block can see (above the causal diagonal, before the window, past the key length) are
 // never loaded. A row that sees no key gives o = 0.
-// Head rows are vec4s and the products over a row are unrolled at build time (`{{ ... }}` below): llvmpipe stops any
-// invocation after 65,535 loop iterations, so a kernel that must run on it keeps its loops per key, not per element.
+// Head rows are vec4s and the products over a row are unrolled at build time (the score and accumulate placeholders):
+// llvmpipe stops any invocation after 65,535 loop iterations, so a kernel that must run on it loops per key, not per
+// element.
 // Bindings are all read_write: cubecl sub-allocates tensors from shared buffers, which may alias.
 
 @group(0) @binding(0) var<storage, read_write> q: array<f32>;     // [B, Hq, Tq, D]

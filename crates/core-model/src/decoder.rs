@@ -39,8 +39,8 @@ impl Attention {
         match self {
             Attention::Mha(attn) => {
                 let (q, k, v) = attn.qkv(x, rope);
-                let [k, v] = two(cache.append(layer, vec![k, v]));
-                attn.attend(q, k, v, offset)
+                let spec = attn.spec(q.dims()[3], offset);
+                attn.project(cache.attend(layer, q, k, v, &spec))
             }
             Attention::Mla(mla) => {
                 let p = mla.project(x, rope.expect("validated: MLA uses RoPE"));

@@ -8,5 +8,5 @@ pub mod memory;
 
 pub use adapters::{Adapter, wgpu_adapters, wgpu_test_device};
 pub use attention::{AttentionImpl, AttentionSpec, attention, attention_with, set_attention_impl};
-pub use flash::{flash_attention, paged_attention};
+pub use flash::{Int8Kv, decodes_in_place, flash_attention, int8_attention, paged_attention};
 pub use memory::{DeviceMemory, device_memory};

@@ -56,15 +56,24 @@ impl CausalSelfAttention {
 
     /// y = softmax(q kᵀ / √d_k + mask) v, heads concatenated, then W_O; queries start at `query_offset` of k, v.
     pub fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, query_offset: usize) -> Tensor<3> {
-        let dh = q.dims()[3];
-        let spec = AttentionSpec { query_offset, ..AttentionSpec::causal(dh).with_window(self.window) };
+        let spec = self.spec(q.dims()[3], query_offset);
         self.attend_with(q, k, v, &spec)
     }
 
     /// The same with a given mask specification (batched decoding masks padded keys by length).
     pub fn attend_with(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec) -> Tensor<3> {
-        let [b, h, t, dh] = q.dims();
-        let y = attention(q, k, v, spec).swap_dims(1, 2).reshape([b, t, h * dh]);
+        self.project(attention(q, k, v, spec))
+    }
+
+    /// Causal attention (in this layer's window) for heads of width `head_dim`, queries from `query_offset`.
+    pub fn spec(&self, head_dim: usize, query_offset: usize) -> AttentionSpec {
+        AttentionSpec { query_offset, ..AttentionSpec::causal(head_dim).with_window(self.window) }
+    }
+
+    /// Heads [B, h, T, d_h] concatenated to [B, T, h·d_h], then W_O.
+    pub fn project(&self, y: Tensor<4>) -> Tensor<3> {
+        let [b, h, t, dh] = y.dims();
+        let y = y.swap_dims(1, 2).reshape([b, t, h * dh]);
         self.resid_drop.forward(self.c_proj.forward(y))
     }
 

@@ -7,9 +7,12 @@ use burn::backend::autodiff::{
     grads::Gradients,
     ops::{Backward, Ops, OpsKind},
 };
-use burn::backend::{AutodiffBackend, TensorMetadata, tensor::FloatTensor};
+use burn::backend::{
+    AutodiffBackend, TensorMetadata,
+    tensor::{FloatTensor, IntTensor},
+};
 
-use super::{FlashOps, FlashParams};
+use super::{FlashOps, FlashParams, KvLayout};
 
 #[derive(Debug)]
 struct FlashBackward;
@@ -46,7 +49,7 @@ impl<B: FlashOps, C: CheckpointStrategy> FlashOps for Autodiff<B, C> {
         let prepared = FlashBackward.prepare::<C>([q.node(), k.node(), v.node()]).compute_bound().stateful();
         match prepared {
             // Paged decoding reads a cache, not the step's keys: nothing to differentiate.
-            OpsKind::Tracked(mut prep) if params.paging.is_none() => {
+            OpsKind::Tracked(mut prep) if params.layout == KvLayout::Contiguous => {
                 let (qs, ks, vs) = (prep.checkpoint(&q), prep.checkpoint(&k), prep.checkpoint(&v));
                 let (o, lse) =
                     B::flash_forward(q.into_primitive(), k.into_primitive(), v.into_primitive(), params.clone());
@@ -79,5 +82,17 @@ impl<B: FlashOps, C: CheckpointStrategy> FlashOps for Autodiff<B, C> {
             params,
         );
         (Self::from_inner(d_q), Self::from_inner(d_k), Self::from_inner(d_v))
+    }
+
+    fn flash_decode_int8(
+        q: FloatTensor<Self>,
+        k_codes: IntTensor<Self>,
+        k_scales: FloatTensor<Self>,
+        v_codes: IntTensor<Self>,
+        v_scales: FloatTensor<Self>,
+        params: FlashParams,
+    ) -> FloatTensor<Self> {
+        let (q, k_scales, v_scales) = (q.into_primitive(), k_scales.into_primitive(), v_scales.into_primitive());
+        Self::from_inner(B::flash_decode_int8(q, k_codes, k_scales, v_codes, v_scales, params))
     }
 }

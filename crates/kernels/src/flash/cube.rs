@@ -6,7 +6,7 @@ use burn::backend::wgpu::{
 use burn::cubecl::{CubeCount, prelude::KernelId, server::KernelArguments};
 use burn::tensor::{DType, Shape};
 
-use super::{FlashOps, FlashParams};
+use super::{DECODE_ROWS, FlashOps, FlashParams, KvLayout};
 
 /// Query rows (or key rows, backward) per workgroup of the tiled kernels.
 const ROWS: u32 = 64;
@@ -15,8 +15,6 @@ const TILE_ELEMS: u32 = 2048;
 /// Invocations of a flash-decoding workgroup, and keys per split.
 const DECODE_WG: u32 = 64;
 const SPLIT: usize = 256;
-/// At most this many query rows decode with split keys; more use the tiled kernel.
-const DECODE_ROWS: usize = 4;
 
 /// A WGSL file with its `{{ name }}` placeholders filled.
 #[derive(Debug)]
@@ -64,11 +62,25 @@ fn tiled(name: &'static str, text: &'static str, d: usize, products: &[(&'static
     Wgsl { name, text, values }
 }
 
+/// Launches `kernel` with the tensors bound in order and the info words bound last.
 fn launch(like: &CubeTensor, kernel: Wgsl, threads: u32, count: (u32, u32), tensors: &[&CubeTensor], info: &[u32]) {
+    launch_with_info_at(like, kernel, threads, count, tensors, tensors.len(), info);
+}
+
+/// The same with the info words bound at binding `at` and the tensors around it, in order.
+fn launch_with_info_at(
+    like: &CubeTensor,
+    kernel: Wgsl,
+    threads: u32,
+    count: (u32, u32),
+    tensors: &[&CubeTensor],
+    at: usize,
+    info: &[u32],
+) {
     let bytes: Vec<u8> = info.iter().flat_map(|w| w.to_le_bytes()).collect();
     let info = like.client.create_from_slice(&bytes);
     let mut buffers: Vec<_> = tensors.iter().map(|t| t.handle.clone().binding()).collect();
-    buffers.push(info.binding());
+    buffers.insert(at, info.binding());
     like.client.launch(
         Box::new(SourceKernel::new(kernel, CubeDim::new_1d(threads))),
         CubeCount::Static(count.0, count.1, 1),
@@ -87,13 +99,12 @@ fn f32_contiguous(t: CubeTensor) -> CubeTensor {
     into_contiguous(t)
 }
 
-/// The `info` words every kernel reads (layout in the shaders' headers).
-fn info(params: &FlashParams, q: &Shape, k: &Shape) -> Vec<u32> {
+/// The `info` words every kernel reads (layout in `flash_common.wgsl`), for queries q and Hkv KV heads.
+fn info(params: &FlashParams, q: &Shape, hkv: usize, tk: usize) -> Vec<u32> {
     let (b, hq, tq, d) = (q[0], q[1], q[2], q[3]);
-    let hkv = k[1];
-    let (tk, page) = match &params.paging {
-        Some(p) => (p.keys, p.page_size),
-        None => (k[2], 0),
+    let page = match &params.layout {
+        KvLayout::Paged(p) => p.page_size,
+        _ => 0,
     };
     let splits = tk.div_ceil(SPLIT).max(1);
     let mut words = vec![
@@ -112,13 +123,41 @@ fn info(params: &FlashParams, q: &Shape, k: &Shape) -> Vec<u32> {
         page as u32,
     ];
     words.extend((0..b).map(|r| params.key_lengths.get(r).map_or(tk, |&l| l.min(tk)) as u32));
-    if let Some(p) = &params.paging {
+    if let KvLayout::Paged(p) = &params.layout {
         let per_row = tk.div_ceil(p.page_size);
         for row in &p.table {
             words.extend((0..per_row).map(|i| row.get(i).copied().unwrap_or(0) as u32));
         }
     }
     words
+}
+
+const DECODE_F32: &str = include_str!("../../../../shaders/flash_kv_f32.wgsl");
+const DECODE_INT8: &str = include_str!("../../../../shaders/flash_kv_int8.wgsl");
+
+/// Flash-decoding: the split kernel reading keys and values through `kv_source` (WGSL binding `kv` from 5 on), then
+/// the merge into o and lse.
+fn decode(q: &CubeTensor, kv_source: String, kv: &[&CubeTensor], words: &[u32], o: &CubeTensor, lse: &CubeTensor) {
+    let (rows, d, splits) = ((words[0] * words[1] * words[3]) as usize, words[5] as usize, words[11] as usize);
+    let (part_m, part_l) = (empty(q, &[rows, splits]), empty(q, &[rows, splits]));
+    let part_u = empty(q, &[rows, splits, d]);
+    let dmax = dmax(d);
+    let values = vec![
+        ("kv_source", kv_source),
+        ("workgroup", DECODE_WG.to_string()),
+        ("dmax", dmax.to_string()),
+        ("slots", dmax.div_ceil(DECODE_WG).to_string()),
+    ];
+    let split = Wgsl { name: "flash_decode", text: include_str!("../../../../shaders/flash_decode.wgsl"), values };
+    let reduce = Wgsl {
+        name: "flash_decode_reduce",
+        text: include_str!("../../../../shaders/flash_decode_reduce.wgsl"),
+        values: vec![("workgroup", DECODE_WG.to_string())],
+    };
+    let mut tensors = vec![q, &part_m, &part_l, &part_u];
+    tensors.extend(kv);
+    launch_with_info_at(q, split, DECODE_WG, (splits as u32, rows as u32), &tensors, 4, words);
+    launch(q, reduce, DECODE_WG, (rows as u32, 1), &[&part_m, &part_l, &part_u, o, lse], words);
 }
 
 impl FlashOps for CubeBackend {
@@ -132,36 +171,11 @@ impl FlashOps for CubeBackend {
         if b * hq * tq == 0 {
             return (o, lse);
         }
-        let words = info(&params, &qs, &ks);
-        if params.paging.is_some() || tq <= DECODE_ROWS {
-            let rows = b * hq * tq;
-            let splits = words[11] as usize;
-            let (part_m, part_l) = (empty(&q, &[rows, splits]), empty(&q, &[rows, splits]));
-            let part_u = empty(&q, &[rows, splits, d]);
-            let dmax = dmax(d);
-            let split = Wgsl {
-                name: "flash_decode",
-                text: include_str!("../../../../shaders/flash_decode.wgsl"),
-                values: vec![
-                    ("workgroup", DECODE_WG.to_string()),
-                    ("dmax", dmax.to_string()),
-                    ("slots", dmax.div_ceil(DECODE_WG).to_string()),
-                ],
-            };
-            let reduce = Wgsl {
-                name: "flash_decode_reduce",
-                text: include_str!("../../../../shaders/flash_decode_reduce.wgsl"),
-                values: vec![("workgroup", DECODE_WG.to_string())],
-            };
-            launch(
-                &q,
-                split,
-                DECODE_WG,
-                (splits as u32, rows as u32),
-                &[&q, &k, &v, &part_m, &part_l, &part_u],
-                &words,
-            );
-            launch(&q, reduce, DECODE_WG, (rows as u32, 1), &[&part_m, &part_l, &part_u, &o, &lse], &words);
+        if let KvLayout::Paged(p) = &params.layout {
+            let words = info(&params, &qs, ks[1], p.keys);
+            decode(&q, DECODE_F32.into(), &[&k, &v], &words, &o, &lse);
+        } else if tq <= DECODE_ROWS {
+            decode(&q, DECODE_F32.into(), &[&k, &v], &info(&params, &qs, ks[1], ks[2]), &o, &lse);
         } else {
             let products = [
                 ("score", "dot(qr[#], k_tile[row + #])", " + "),
@@ -169,9 +183,36 @@ impl FlashOps for CubeBackend {
             ];
             let kernel = tiled("flash_forward", include_str!("../../../../shaders/flash_forward.wgsl"), d, &products);
             let count = ((tq as u32).div_ceil(ROWS), (b * hq) as u32);
-            launch(&q, kernel, ROWS, count, &[&q, &k, &v, &o, &lse], &words);
+            launch(&q, kernel, ROWS, count, &[&q, &k, &v, &o, &lse], &info(&params, &qs, ks[1], ks[2]));
         }
         (o, lse)
+    }
+
+    fn flash_decode_int8(
+        q: CubeTensor,
+        k_codes: CubeTensor,
+        k_scales: CubeTensor,
+        v_codes: CubeTensor,
+        v_scales: CubeTensor,
+        params: FlashParams,
+    ) -> CubeTensor {
+        let KvLayout::Int8 { group, keys } = params.layout else { panic!("int8 decoding takes an int8 layout") };
+        let q = f32_contiguous(q);
+        let (k_scales, v_scales) = (f32_contiguous(k_scales), f32_contiguous(v_scales));
+        let (k_codes, v_codes) = (into_contiguous(k_codes), into_contiguous(v_codes));
+        assert_eq!(k_codes.dtype.size(), 4, "int8 codes come packed in 32-bit words");
+        let qs = q.meta.shape().clone();
+        let (b, hq, tq, d) = (qs[0], qs[1], qs[2], qs[3]);
+        let hkv = k_codes.meta.shape()[2] * 4 / d;
+        let o = empty(&q, &[b, hq, tq, d]);
+        let lse = empty(&q, &[b, hq, tq]);
+        if b * hq * tq > 0 {
+            let words = info(&params, &qs, hkv, keys);
+            // The source is pasted into the kernel after its placeholders are filled: fill its own first.
+            let source = DECODE_INT8.replace("{{ group }}", &group.to_string());
+            decode(&q, source, &[&k_codes, &k_scales, &v_codes, &v_scales], &words, &o, &lse);
+        }
+        o
     }
 
     fn flash_backward(
@@ -191,7 +232,7 @@ impl FlashOps for CubeBackend {
         let dq = empty(&q, &[b, hq, tq, d]);
         let dk = empty(&q, &[b, hkv, tk, d]);
         let dv = empty(&q, &[b, hkv, tk, d]);
-        let words = info(&params, &qs, &ks);
+        let words = info(&params, &qs, hkv, tk);
         if b * hq * tq > 0 {
             let products = [
                 ("score", "dot(qr[#], k_tile[row + #])", " + "),

@@ -1,13 +1,16 @@
 //! Ember's WGSL FlashAttention on wgpu tensors: a tiled forward that saves the row log-sum-exp, a FlashAttention-2
-//! backward registered with autodiff, flash-decoding for a few query rows against a long cache, and a paged variant
-//! that reads keys and values through a page table. Shaders are in `shaders/`; [`crate::attention`] routes here.
+//! backward registered with autodiff, flash-decoding for a few query rows against a long cache, and decoding variants
+//! that read keys and values through a page table or as int8 codes dequantized in the kernel. Shaders are in `shaders/`; [`crate::attention`] routes here.
 
 mod autodiff;
 mod cube;
 
 use burn::backend::fusion::custom::TensorSpec;
-use burn::backend::{Backend, Dispatch, backend_extension, tensor::FloatTensor};
-use burn::tensor::{DType, Shape, Tensor};
+use burn::backend::{
+    Backend, Dispatch, backend_extension,
+    tensor::{FloatTensor, IntTensor},
+};
+use burn::tensor::{DType, Int, Shape, Tensor};
 
 use crate::attention::AttentionSpec;
 
@@ -26,8 +29,19 @@ pub struct FlashParams {
     pub window: usize,
     /// Valid keys per batch row (empty: all of them).
     pub key_lengths: Vec<usize>,
-    /// Reading keys and values from page pools [pages, Hkv, P, D] instead of [B, Hkv, Tk, D].
-    pub paging: Option<Paging>,
+    /// Where keys and values are read from.
+    pub layout: KvLayout,
+}
+
+/// How keys and values are stored.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KvLayout {
+    /// [B, Hkv, Tk, D] f32.
+    Contiguous,
+    /// f32 page pools [pages, Hkv, P, D] read through a page table.
+    Paged(Paging),
+    /// int8 codes, token-major [B, Tk, Hkv·D], four to a 32-bit word, with one f32 scale per `group` values.
+    Int8 { group: usize, keys: usize },
 }
 
 /// A page table: token j of batch row b is at slot j mod `page_size` of page `table[b][⌊j / page_size⌋]`.
@@ -47,7 +61,7 @@ impl FlashParams {
             query_offset: spec.query_offset,
             window: spec.window.unwrap_or(0),
             key_lengths: spec.key_lengths.clone().unwrap_or_default(),
-            paging: None,
+            layout: KvLayout::Contiguous,
         }
     }
 }
@@ -68,6 +82,17 @@ fn backward_meta(
     _params: &FlashParams,
 ) -> (TensorSpec, TensorSpec, TensorSpec) {
     (q.clone(), k.clone(), v.clone())
+}
+
+fn int8_meta(
+    q: &TensorSpec,
+    _k_codes: &TensorSpec,
+    _k_scales: &TensorSpec,
+    _v_codes: &TensorSpec,
+    _v_scales: &TensorSpec,
+    _params: &FlashParams,
+) -> TensorSpec {
+    q.clone()
 }
 
 /// Attention as backend operations; the wgpu implementation launches the WGSL kernels.
@@ -94,6 +119,27 @@ pub trait FlashOps: Backend {
         delta: FloatTensor<Self>,
         params: FlashParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
+    /// o for a few query rows against int8 keys and values (see [`Int8Kv`]); inference only.
+    #[fusion(meta = int8_meta)]
+    fn flash_decode_int8(
+        q: FloatTensor<Self>,
+        k_codes: IntTensor<Self>,
+        k_scales: FloatTensor<Self>,
+        v_codes: IntTensor<Self>,
+        v_scales: FloatTensor<Self>,
+        params: FlashParams,
+    ) -> FloatTensor<Self>;
+}
+
+/// Query rows up to which attention decodes with split keys (and stores may read their own layouts in place).
+pub const DECODE_ROWS: usize = 4;
+
+/// True when a KV store may hand q and its own layout to [`paged_attention`] or [`int8_attention`]: q is on wgpu,
+/// its head width is supported and it has at most [`DECODE_ROWS`] query rows.
+pub fn decodes_in_place(q: &Tensor<4>) -> bool {
+    let [_, _, t, d] = q.dims();
+    t <= DECODE_ROWS && supports_head_dim(d) && on_wgpu(q)
 }
 
 /// True when `tensor` lives on a wgpu device (with or without autodiff), where the WGSL kernels run.
@@ -117,8 +163,33 @@ pub fn paged_attention(
     spec: &AttentionSpec,
 ) -> Tensor<4> {
     let page_size = k_pages.dims()[2];
-    let params = FlashParams { paging: Some(Paging { page_size, keys, table }), ..FlashParams::new(spec) };
+    let params = FlashParams { layout: KvLayout::Paged(Paging { page_size, keys, table }), ..FlashParams::new(spec) };
     run(q, k_pages, v_pages, params)
+}
+
+/// Keys and values quantized to int8, as serve's quantized store keeps them: per batch row and token the Hkv·D codes
+/// packed four to an i32 word (little-endian bytes), [B, Tk, Hkv·D/4], and one scale per `group` values,
+/// [B, Tk, Hkv·D/group]. Decoding attention dequantizes them as it reads them: x̂ = s · q.
+pub struct Int8Kv {
+    pub k_codes: Tensor<3, Int>,
+    pub k_scales: Tensor<3>,
+    pub v_codes: Tensor<3, Int>,
+    pub v_scales: Tensor<3>,
+    pub group: usize,
+}
+
+/// Decoding attention (up to a few query rows) against an int8 cache, dequantized in the kernel.
+pub fn int8_attention(q: Tensor<4>, kv: Int8Kv, spec: &AttentionSpec) -> Tensor<4> {
+    let keys = kv.k_codes.dims()[1];
+    let params = FlashParams { layout: KvLayout::Int8 { group: kv.group, keys }, ..FlashParams::new(spec) };
+    Tensor::from_dispatch(<Dispatch as FlashOps>::flash_decode_int8(
+        q.into_dispatch(),
+        kv.k_codes.into_dispatch(),
+        kv.k_scales.into_dispatch(),
+        kv.v_codes.into_dispatch(),
+        kv.v_scales.into_dispatch(),
+        params,
+    ))
 }
 
 fn run(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, params: FlashParams) -> Tensor<4> {

@@ -7,4 +7,4 @@ pub mod quantized;
 
 pub use contiguous::ContiguousCache;
 pub use paged::{PagePool, PagedCache};
-pub use quantized::{Bits, QuantizedCache};
+pub use quantized::{Bits, QuantizedCache, dequantize, quantize};

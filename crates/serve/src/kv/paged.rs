@@ -6,7 +6,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use burn::tensor::{Int, Tensor, TensorData};
-use ember_core_model::cache::KvCache;
+use ember_core_model::cache::{KvCache, attend_appended};
+use ember_kernels::{AttentionSpec, decodes_in_place, paged_attention};
 
 /// Hands out page numbers and counts their users.
 #[derive(Debug, Default)]
@@ -155,6 +156,39 @@ impl KvCache for PagedCache {
     }
 
     fn append(&mut self, layer: usize, entries: Vec<Tensor<4>>) -> Vec<Tensor<4>> {
+        let end = self.write(layer, &entries);
+        let pool = self.pool.borrow();
+        let (p, table) = (pool.page_size, &self.tables[layer]);
+        // Gather the sequence's pages in logical order: [k, n, p, w] → [1, n, k·p, w], the first `end` slots.
+        let gather = |buf: &Tensor<4>| {
+            let [_, n, _, w] = buf.dims();
+            let k = table.len();
+            let index = Tensor::<1, Int>::from_data(
+                TensorData::new(table.iter().map(|&i| i as i64).collect::<Vec<_>>(), [k]),
+                &buf.device(),
+            );
+            let pages = buf.clone().select(0, index).swap_dims(0, 1).reshape([1, n, k * p, w]);
+            pages.slice([0..1, 0..n, 0..end, 0..w])
+        };
+        pool.pools[layer].iter().map(gather).collect()
+    }
+
+    /// Decoding on wgpu reads keys and values through the page table with the paged kernel, gathering nothing.
+    fn attend(&mut self, layer: usize, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> {
+        if !decodes_in_place(&q) {
+            return attend_appended(self, layer, q, k, v, spec);
+        }
+        let end = self.write(layer, &[k, v]);
+        let pool = self.pool.borrow();
+        let [k_pages, v_pages] = [0, 1].map(|e| pool.pools[layer][e].clone());
+        paged_attention(q, k_pages, v_pages, vec![self.tables[layer].clone()], end, spec)
+    }
+}
+
+impl PagedCache {
+    /// Writes this step's entries of `layer` into its pages (allocating, or copying shared ones first) and returns the
+    /// layer's new length.
+    fn write(&mut self, layer: usize, entries: &[Tensor<4>]) -> usize {
         if self.tables.len() <= layer {
             self.tables.resize_with(layer + 1, Vec::new);
             self.lens.resize(layer + 1, 0);
@@ -174,7 +208,7 @@ impl KvCache for PagedCache {
                 pool.allocator.release(old);
                 table[logical] = new;
                 let pages = pool.allocator.counts().0;
-                pool.reserve(layer, &entries, pages);
+                pool.reserve(layer, entries, pages);
                 for buf in pool.pools[layer].iter_mut() {
                     let [_, n, _, w] = buf.dims();
                     let copy = buf.clone().slice([old..old + 1, 0..n, 0..p, 0..w]);
@@ -183,9 +217,7 @@ impl KvCache for PagedCache {
             }
         }
         let pages = pool.allocator.counts().0;
-        pool.reserve(layer, &entries, pages);
-        let table = table.clone();
-        let mut out = Vec::with_capacity(entries.len());
+        pool.reserve(layer, entries, pages);
         for (buf, x) in pool.pools[layer].iter_mut().zip(entries) {
             let [_, n, _, w] = x.dims();
             // Write token j of this step into page table[⌊(start + j)/p⌋] at (start + j) mod p, a page-run at a time.
@@ -198,16 +230,8 @@ impl KvCache for PagedCache {
                 *buf = buf.clone().slice_assign([page..page + 1, 0..n, off..off + run, 0..w], part);
                 j += run;
             }
-            // Gather the sequence's pages in logical order: [k, n, p, w] → [1, n, k·p, w], the first `end` slots.
-            let k = table.len();
-            let index = Tensor::<1, Int>::from_data(
-                TensorData::new(table.iter().map(|&i| i as i64).collect::<Vec<_>>(), [k]),
-                &buf.device(),
-            );
-            let pages = buf.clone().select(0, index).swap_dims(0, 1).reshape([1, n, k * p, w]);
-            out.push(pages.slice([0..1, 0..n, 0..end, 0..w]));
         }
         self.lens[layer] = end;
-        out
+        end
     }
 }

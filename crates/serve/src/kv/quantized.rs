@@ -2,8 +2,9 @@
 //! x̂ = s·clip(round(x/s), −q_max, q_max), s = max|x| / q_max over the group (symmetric). Tokens are quantized as they
 //! are appended and dequantized when attention reads them.
 
-use burn::tensor::{Tensor, TensorData};
-use ember_core_model::cache::KvCache;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use ember_core_model::cache::{KvCache, attend_appended};
+use ember_kernels::{AttentionSpec, Int8Kv, decodes_in_place, int8_attention};
 
 /// Bits per cached value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +69,29 @@ struct Rows {
     packed: Vec<u8>,
     scales: Vec<f32>,
     tokens: usize,
+    /// int8 codes as 32-bit words [t, n·w/4] and scales [t, n·w/G] on the device, for the int8 decoding kernel.
+    uploaded: Option<(Tensor<2, Int>, Tensor<2>)>,
+}
+
+impl Rows {
+    /// The int8 codes and scales on `device`, uploading the tokens stored since the last call.
+    fn on_device(&mut self, device: &Device) -> (Tensor<2, Int>, Tensor<2>) {
+        let (row, per_token) = (self.n * self.w, self.scales.len() / self.tokens.max(1));
+        let have = self.uploaded.as_ref().map_or(0, |(codes, _)| codes.dims()[0]);
+        let new = self.tokens - have;
+        let words: Vec<i32> =
+            self.packed[have * row..].chunks(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let codes = Tensor::<2, Int>::from_data(TensorData::new(words, [new, row / 4]), device);
+        let scales =
+            Tensor::<2>::from_data(TensorData::new(self.scales[have * per_token..].to_vec(), [new, per_token]), device);
+        let (codes, scales) = match self.uploaded.take() {
+            Some((c, s)) if new > 0 => (Tensor::cat(vec![c, codes], 0), Tensor::cat(vec![s, scales], 0)),
+            Some(both) => both,
+            None => (codes, scales),
+        };
+        self.uploaded = Some((codes.clone(), scales.clone()));
+        (codes, scales)
+    }
 }
 
 /// A store of int8 or int4 values with per-group scales.
@@ -103,33 +127,63 @@ impl KvCache for QuantizedCache {
     }
 
     fn append(&mut self, layer: usize, entries: Vec<Tensor<4>>) -> Vec<Tensor<4>> {
+        let device = entries[0].device();
+        let bits = self.bits;
+        self.store(layer, &entries)
+            .iter()
+            .map(|(rows, group)| {
+                let all = dequantize(&unpack(&rows.packed, bits, rows.n * rows.w), &rows.scales, *group);
+                let tensor = Tensor::<3>::from_data(TensorData::new(all, [rows.tokens, rows.n, rows.w]), &device);
+                tensor.swap_dims(0, 1).unsqueeze::<4>()
+            })
+            .collect()
+    }
+
+    /// int8 decoding on wgpu reads the codes with the int8 kernel, dequantizing in it instead of here.
+    fn attend(&mut self, layer: usize, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> {
+        if self.bits != Bits::Int8 || !decodes_in_place(&q) {
+            return attend_appended(self, layer, q, k, v, spec);
+        }
+        let device = q.device();
+        self.store(layer, &[k, v]);
+        let group = self.group_for(self.layers[layer][0].w);
+        let [(k_codes, k_scales), (v_codes, v_scales)] = [0, 1].map(|e| self.layers[layer][e].on_device(&device));
+        let kv = Int8Kv {
+            k_codes: k_codes.unsqueeze(),
+            k_scales: k_scales.unsqueeze(),
+            v_codes: v_codes.unsqueeze(),
+            v_scales: v_scales.unsqueeze(),
+            group,
+        };
+        int8_attention(q, kv, spec)
+    }
+}
+
+impl QuantizedCache {
+    /// Quantizes this step's entries of `layer` onto its rows; returns each entry's rows with its group size.
+    fn store(&mut self, layer: usize, entries: &[Tensor<4>]) -> Vec<(&Rows, usize)> {
         if self.layers.len() <= layer {
             self.layers.resize_with(layer + 1, Vec::new);
         }
         if self.layers[layer].is_empty() {
             let rows = entries.iter().map(|x| {
                 let [_, n, _, w] = x.dims();
-                Rows { n, w, packed: Vec::new(), scales: Vec::new(), tokens: 0 }
+                Rows { n, w, packed: Vec::new(), scales: Vec::new(), tokens: 0, uploaded: None }
             });
             self.layers[layer].extend(rows.collect::<Vec<_>>());
         }
         let (bits, groups): (Bits, Vec<usize>) =
             (self.bits, entries.iter().map(|x| self.group_for(x.dims()[3])).collect());
-        let mut out = Vec::with_capacity(entries.len());
-        for ((rows, x), group) in self.layers[layer].iter_mut().zip(entries).zip(groups) {
-            let device = x.device();
+        for ((rows, x), &group) in self.layers[layer].iter_mut().zip(entries).zip(&groups) {
             let [_, n, t, w] = x.dims();
             // [1, n, t, w] → token-major [t, n, w].
-            let values = x.reshape([n, t, w]).swap_dims(0, 1).into_data().convert::<f32>();
+            let values = x.clone().reshape([n, t, w]).swap_dims(0, 1).into_data().convert::<f32>();
             let (q, s) = quantize(values.as_slice::<f32>().expect("f32 keys and values"), group, bits);
             rows.packed.extend(pack(&q, bits, n * w));
             rows.scales.extend(s);
             rows.tokens += t;
-            let all = dequantize(&unpack(&rows.packed, bits, n * w), &rows.scales, group);
-            let tensor = Tensor::<3>::from_data(TensorData::new(all, [rows.tokens, rows.n, rows.w]), &device);
-            out.push(tensor.swap_dims(0, 1).unsqueeze::<4>());
         }
-        out
+        self.layers[layer].iter().zip(groups).collect()
     }
 }
 
