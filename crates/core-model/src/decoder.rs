@@ -10,10 +10,11 @@ use crate::cache::KvCache;
 use crate::config::{AttentionKind, NormPlacement, PositionKind};
 use crate::nn::attention::CausalSelfAttention;
 use crate::nn::ffn::Ffn;
-use crate::nn::linear;
 use crate::nn::mla::{MlaAttention, MlaProjections};
 use crate::nn::norm::Norm;
 use crate::nn::position::{Rope, sinusoidal};
+use crate::nn::residual::sublayer;
+use crate::nn::{linear, tied_logits};
 use crate::{ModelConfig, Rng, init};
 
 /// Self-attention of one block: MHA / GQA / MQA, or multi-head latent attention.
@@ -184,23 +185,8 @@ impl Block {
 
     /// The block with `attn` as its attention sub-layer (full, cached or batched), then the feed-forward sub-layer.
     fn apply(&self, x: Tensor<3>, attn: impl FnOnce(Tensor<3>) -> Tensor<3>) -> Tensor<3> {
-        let x = self.sublayer(x, &self.ln_1, self.ln_1_out.as_ref(), attn);
-        self.sublayer(x, &self.ln_2, self.ln_2_out.as_ref(), |h| self.mlp.forward(h))
-    }
-
-    /// Post: LN(x + F(x)); Pre: x + F(LN(x)); Peri: x + LN_out(F(LN_in(x))).
-    fn sublayer(
-        &self,
-        x: Tensor<3>,
-        ln: &Norm,
-        ln_out: Option<&Norm>,
-        f: impl FnOnce(Tensor<3>) -> Tensor<3>,
-    ) -> Tensor<3> {
-        match (self.placement, ln_out) {
-            (NormPlacement::Post, _) => ln.forward(x.clone() + f(x)),
-            (NormPlacement::Peri, Some(out)) => x.clone() + out.forward(f(ln.forward(x))),
-            _ => x.clone() + f(ln.forward(x)),
-        }
+        let x = sublayer(self.placement, x, &self.ln_1, self.ln_1_out.as_ref(), attn);
+        sublayer(self.placement, x, &self.ln_2, self.ln_2_out.as_ref(), |h| self.mlp.forward(h))
     }
 }
 
@@ -343,13 +329,7 @@ impl Gpt {
         };
         match &self.lm_head {
             Some(head) => head.forward(x),
-            // (E hᵀ)ᵀ: E is read row-major as stored; the transposed view E ᵀ would be copied on every call.
-            None => {
-                let [b, t, d] = x.dims();
-                let h = x.reshape([b * t, d]).transpose();
-                let v = self.wte.weight.dims()[0];
-                self.wte.weight.val().matmul(h).transpose().reshape([b, t, v])
-            }
+            None => tied_logits(&self.wte, x),
         }
     }
 

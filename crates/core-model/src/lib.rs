@@ -11,6 +11,7 @@ pub mod inspect;
 pub mod nn;
 pub mod params;
 pub mod rng;
+pub mod seq2seq;
 pub mod tokenizer;
 
 pub use config::{Invalid, ModelConfig};

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
+use ember_kernels::{AttentionImpl, set_attention_impl};
 use ember_train::{Trainer, corpus};
 
 use crate::config::RunConfig;
@@ -45,6 +46,9 @@ pub struct BenchTrainArgs {
     /// A Python with torch: runs scripts/reference/gpt_train.py on the same config, same machine, in turns.
     #[arg(long, value_name = "PYTHON")]
     pytorch: Option<String>,
+    /// Attention implementation: auto (Ember's kernels on wgpu), flash, burn (Burn's built-in) or naive.
+    #[arg(long, default_value = "auto")]
+    attention: AttentionImpl,
 }
 
 pub fn bench(command: BenchCommand, device: DeviceChoice) -> Result<()> {
@@ -67,11 +71,13 @@ fn bench_train(args: BenchTrainArgs, device: DeviceChoice) -> Result<()> {
     let resolved = scratch.path().join("config.toml");
     std::fs::write(&resolved, RunConfig { model: model_config.clone(), ..config.clone() }.to_toml())?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    set_attention_impl(args.attention);
     println!(
-        "bench train: {} on {description}, {} warm-up + {} timed steps per round, {threads} threads",
+        "bench train: {} on {description}, {} warm-up + {} timed steps per round, {threads} threads, attention {:?}",
         args.config.display(),
         args.warmup,
-        args.steps
+        args.steps,
+        args.attention
     );
 
     let (mut ember, mut torch) = (Vec::new(), Vec::new());

@@ -7,6 +7,7 @@ mod bench_kv;
 mod bench_serve;
 mod config;
 mod devices;
+mod eval;
 mod inspect;
 mod progress;
 mod serve;
@@ -47,6 +48,9 @@ enum Command {
     /// Measure performance.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Score outputs (BLEU).
+    #[command(subcommand)]
+    Eval(eval::EvalCommand),
     /// List the devices Ember can run on.
     Devices,
 }
@@ -118,6 +122,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Inspect(args) => inspect::inspect(args),
         Command::Serve(args) => serve::serve(args, cli.device),
         Command::Bench(command) => bench::bench(command, cli.device),
+        Command::Eval(command) => eval::eval(command),
         Command::Devices => {
             list_devices();
             Ok(())

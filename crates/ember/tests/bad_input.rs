@@ -105,3 +105,19 @@ fn fresh_run_refuses_to_overwrite_a_checkpoint_and_prompt_outside_vocabulary_is_
     ]);
     assert_clean_error(&out, "prompt");
 }
+
+#[test]
+fn bleu_of_files_that_are_not_line_aligned_or_not_utf8() {
+    let dir = tempfile::tempdir().unwrap();
+    let (hyp, reference, binary) = (dir.path().join("hyp"), dir.path().join("ref"), dir.path().join("bin"));
+    std::fs::write(&hyp, "a b c d e\nf g h i\n").unwrap();
+    std::fs::write(&reference, "a b c\n").unwrap();
+    std::fs::write(&binary, [0xff, 0xfe, b'\n']).unwrap();
+    let bleu = |h: &std::path::Path, r: &std::path::Path| {
+        ember(&["eval", "bleu", "--hyp", h.to_str().unwrap(), "--ref", r.to_str().unwrap()])
+    };
+    assert_clean_error(&bleu(&hyp, &reference), "line-aligned");
+    assert_clean_error(&bleu(&binary, &reference), "not UTF-8");
+    let same = bleu(&hyp, &hyp);
+    assert!(String::from_utf8_lossy(&same.stdout).starts_with("BLEU = 100.00"), "{same:?}");
+}

@@ -50,6 +50,20 @@ pub enum AttentionImpl {
     Flash = 3,
 }
 
+impl std::str::FromStr for AttentionImpl {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "naive" => Ok(Self::Naive),
+            "burn" => Ok(Self::Burn),
+            "flash" => Ok(Self::Flash),
+            _ => Err(format!("unknown attention {s:?}: expected auto, naive, burn or flash")),
+        }
+    }
+}
+
 static IMPL: AtomicU8 = AtomicU8::new(AttentionImpl::Auto as u8);
 
 /// Selects the implementation for every later call (tests and benchmarks compare them).

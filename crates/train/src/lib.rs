@@ -1,6 +1,7 @@
 //! Training: corpora and batching, the causal-LM loss, AdamW with parameter groups and global-norm clipping,
 //! learning-rate schedules, checkpoints, and the loop that ties them together.
 
+pub mod bleu;
 pub mod checkpoint;
 pub mod config;
 pub mod corpus;

@@ -1,13 +1,15 @@
 //! The layers a Transformer block is made of.
 
 pub mod attention;
+pub mod cross_attention;
 pub mod ffn;
 pub mod mla;
 pub mod norm;
 pub mod position;
+pub mod residual;
 
-use burn::nn::Linear;
-use burn::tensor::Device;
+use burn::nn::{Embedding, Linear};
+use burn::tensor::{Device, Tensor};
 
 use crate::{Rng, init};
 
@@ -17,4 +19,12 @@ pub fn linear(rng: &mut Rng, d_in: usize, d_out: usize, std: f64, bias: bool, de
         weight: init::normal(rng, [d_in, d_out], std, device),
         bias: bias.then(|| init::constant([d_out], 0.0, device)),
     }
+}
+
+/// Logits x Eᵀ [B, T, V] of hidden states x [B, T, d] through an output projection tied to the embedding E [V, d],
+/// computed as (E xᵀ)ᵀ: E is read row-major as stored; the transposed view Eᵀ would be copied on every call.
+pub fn tied_logits(embedding: &Embedding, x: Tensor<3>) -> Tensor<3> {
+    let [b, t, d] = x.dims();
+    let v = embedding.weight.dims()[0];
+    embedding.weight.val().matmul(x.reshape([b * t, d]).transpose()).transpose().reshape([b, t, v])
 }

@@ -1,0 +1,69 @@
+//! Encoder–decoder attention: queries from the decoder, keys and values from the final encoder output (the memory),
+//! computed once per sentence and reused at every decoding step.
+
+use burn::module::Module;
+use burn::nn::{Dropout, DropoutConfig, Linear};
+use burn::tensor::Tensor;
+use ember_kernels::{AttentionSpec, attention};
+
+use crate::nn::linear;
+use crate::{ModelConfig, Rng};
+
+#[derive(Module, Debug)]
+pub struct CrossAttention {
+    /// W_Q: d → h·d_h.
+    pub q_proj: Linear,
+    /// [W_K | W_V]: d → 2g·d_h.
+    pub kv_proj: Linear,
+    /// W_O: h·d_h → d.
+    pub c_proj: Linear,
+    resid_drop: Dropout,
+    n_heads: usize,
+    n_kv_heads: usize,
+}
+
+/// The memory's keys and values for one layer, [B, g, S, d_h] each, and the valid source length of each row.
+#[derive(Clone, Debug)]
+pub struct Memory {
+    pub k: Tensor<4>,
+    pub v: Tensor<4>,
+    pub lengths: Vec<usize>,
+}
+
+impl CrossAttention {
+    pub fn new(config: &ModelConfig, rng: &mut Rng, device: &burn::tensor::Device) -> Self {
+        let (d, h, g, dh) = (config.d_model, config.n_heads, config.kv_heads(), config.head_dim());
+        Self {
+            q_proj: linear(rng, d, h * dh, 0.02, config.qkv_bias(), device),
+            kv_proj: linear(rng, d, 2 * g * dh, 0.02, config.qkv_bias(), device),
+            c_proj: linear(rng, h * dh, d, 0.02, config.bias, device),
+            resid_drop: DropoutConfig::new(config.dropout).init(),
+            n_heads: h,
+            n_kv_heads: g,
+        }
+    }
+
+    /// k = memory W_K, v = memory W_V for encoder output [B, S, d] whose rows hold `lengths` real tokens.
+    pub fn memory(&self, encoded: Tensor<3>, lengths: Vec<usize>) -> Memory {
+        let [b, s, _] = encoded.dims();
+        let g = self.n_kv_heads;
+        let dh = self.kv_proj.weight.dims()[1] / (2 * g);
+        let kv = self.kv_proj.forward(encoded);
+        let heads = |z: Tensor<3>| z.reshape([b, s, g, dh]).swap_dims(1, 2);
+        let k = heads(kv.clone().slice([0..b, 0..s, 0..g * dh]));
+        let v = heads(kv.slice([0..b, 0..s, g * dh..2 * g * dh]));
+        Memory { k, v, lengths }
+    }
+
+    /// softmax(q kᵀ / √d_k + padding mask) v with q = x W_Q, heads concatenated, then W_O.
+    pub fn forward(&self, x: Tensor<3>, memory: &Memory) -> Tensor<3> {
+        let [b, t, _] = x.dims();
+        let h = self.n_heads;
+        let dh = self.q_proj.weight.dims()[1] / h;
+        let q = self.q_proj.forward(x).reshape([b, t, h, dh]).swap_dims(1, 2);
+        let spec =
+            AttentionSpec { causal: false, key_lengths: Some(memory.lengths.clone()), ..AttentionSpec::causal(dh) };
+        let y = attention(q, memory.k.clone(), memory.v.clone(), &spec).swap_dims(1, 2).reshape([b, t, h * dh]);
+        self.resid_drop.forward(self.c_proj.forward(y))
+    }
+}

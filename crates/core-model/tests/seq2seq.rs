@@ -1,0 +1,78 @@
+//! The encoder–decoder model against PyTorch's torch.nn.Transformer (Post-LN, ReLU, shared tied embeddings scaled by
+//! √d, sinusoidal positions; fixture from `scripts/reference/seq2seq_fixture.py`): logits of a padded batch equal
+//! within 1e-4 with the same weights.
+
+use std::path::Path;
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use ember_core_model::bundle::load_tensors;
+use ember_core_model::config::{FfnKind, NormPlacement, PositionKind};
+use ember_core_model::params::load_state_dict;
+use ember_core_model::seq2seq::{Seq2Seq, Seq2SeqConfig};
+use ember_core_model::{ModelConfig, Rng};
+use serde_json::Value;
+
+fn fixture() -> (Value, std::path::PathBuf) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seq2seq");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("logits.json")).unwrap()).unwrap();
+    (json, dir.join("model.safetensors"))
+}
+
+/// The 2017 layout at the fixture's size: Post-LN, ReLU FFN, sinusoidal positions, one tied embedding.
+fn paper_config(vocab: usize, d: usize, heads: usize, d_ff: usize, layers: usize) -> Seq2SeqConfig {
+    let model = ModelConfig {
+        norm_placement: NormPlacement::Post,
+        ffn: FfnKind::Relu,
+        d_ff: Some(d_ff),
+        positions: PositionKind::Sinusoidal,
+        dropout: 0.0,
+        ..ModelConfig::gpt(vocab, layers, heads, d, 64)
+    };
+    Seq2SeqConfig {
+        model,
+        encoder_layers: layers,
+        decoder_layers: layers,
+        src_vocab: vocab,
+        tgt_vocab: vocab,
+        share_embeddings: true,
+    }
+}
+
+fn ids(v: &Value) -> (Vec<i64>, [usize; 2]) {
+    let rows: Vec<Vec<i64>> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect())
+        .collect();
+    let shape = [rows.len(), rows[0].len()];
+    (rows.concat(), shape)
+}
+
+#[test]
+fn logits_equal_torch_nn_transformer_within_1e_4() {
+    let (json, weights) = fixture();
+    let n = |k: &str| json[k].as_u64().unwrap() as usize;
+    let config = paper_config(n("vocab"), n("d_model"), n("n_heads"), n("d_ff"), n("layers"));
+    let device = Device::flex();
+    let (tensors, _) = load_tensors(&weights).unwrap();
+    let model = load_state_dict(Seq2Seq::new(&config, &mut Rng::new(0), &device), &tensors).unwrap();
+    let ((src, src_shape), (tgt, tgt_shape)) = (ids(&json["src"]), ids(&json["tgt"]));
+    let lengths: Vec<usize> =
+        json["src_lengths"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+    let src = Tensor::<2, Int>::from_data(TensorData::new(src, src_shape), &device);
+    let tgt = Tensor::<2, Int>::from_data(TensorData::new(tgt, tgt_shape), &device);
+    let logits = model.forward(src, &lengths, tgt).into_data().try_to_vec::<f32>().unwrap();
+    let expected: Vec<f32> = json["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| {
+            s.as_array().unwrap().iter().flat_map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32))
+        })
+        .collect();
+    assert_eq!(logits.len(), expected.len());
+    let diff = logits.iter().zip(&expected).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+    let scale = expected.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    assert!(diff <= 1e-4, "max |ember − torch| = {diff} (logits up to {scale})");
+}
