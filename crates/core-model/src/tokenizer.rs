@@ -54,6 +54,15 @@ pub fn train_char(text: &str) -> Result<Tokenizer, TokenizerError> {
 
 /// Byte-level BPE (GPT-2's byte alphabet, no prefix space) trained on `text` to `vocab_size` tokens.
 pub fn train_bpe(text: &str, vocab_size: usize) -> Result<Tokenizer, TokenizerError> {
+    train_bpe_lines(text.lines(), vocab_size, &[])
+}
+
+/// Byte-level BPE trained on `lines` to `vocab_size` tokens, the `specials` first (ids 0, 1, …).
+pub fn train_bpe_lines<'a>(
+    lines: impl Iterator<Item = &'a str> + Send,
+    vocab_size: usize,
+    specials: &[&str],
+) -> Result<Tokenizer, TokenizerError> {
     let mut tokenizer = Tokenizer::new(BPE::default());
     tokenizer.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
     tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
@@ -61,10 +70,11 @@ pub fn train_bpe(text: &str, vocab_size: usize) -> Result<Tokenizer, TokenizerEr
         .vocab_size(vocab_size)
         .min_frequency(2)
         .show_progress(false)
+        .special_tokens(specials.iter().map(|s| AddedToken::from(s.to_string(), true)).collect())
         .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
         .build()
         .into();
-    tokenizer.train(&mut trainer, text.lines()).map_err(build)?;
+    tokenizer.train(&mut trainer, lines).map_err(build)?;
     Ok(tokenizer)
 }
 

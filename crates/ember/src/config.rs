@@ -23,16 +23,8 @@ pub struct RunConfig {
 impl RunConfig {
     /// Reads, overrides and validates a config file; every error names the file and the key.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
-        let file = path.display();
-        let text = fs::read_to_string(path).with_context(|| format!("config {file}"))?;
-        let mut table: toml::Table =
-            toml::from_str(&text).map_err(|e| anyhow!("{file}:{}: {}", position(&text, e.span()), e.message()))?;
-        for assignment in overrides {
-            set(&mut table, assignment)?;
-        }
-        let config = RunConfig::deserialize(toml::Value::Table(table))
-            .map_err(|e| anyhow!("{file}: {}", one_line(&e.to_string())))?;
-        config.validate().map_err(|e| anyhow!("{file}: {e}"))?;
+        let config: Self = load_table(path, overrides)?;
+        config.validate().map_err(|e| anyhow!("{}: {e}", path.display()))?;
         Ok(config)
     }
 
@@ -46,6 +38,26 @@ impl RunConfig {
     pub fn to_toml(&self) -> String {
         toml::to_string(self).expect("a run config serialises to TOML")
     }
+}
+
+/// Reads a TOML config file, applies `--set` overrides and deserialises it; errors name the file, line and key.
+pub fn load_table<T: serde::de::DeserializeOwned>(path: &Path, overrides: &[String]) -> Result<T> {
+    let file = path.display();
+    let text = fs::read_to_string(path).with_context(|| format!("config {file}"))?;
+    let mut table: toml::Table =
+        toml::from_str(&text).map_err(|e| anyhow!("{file}:{}: {}", position(&text, e.span()), e.message()))?;
+    for assignment in overrides {
+        set(&mut table, assignment)?;
+    }
+    T::deserialize(toml::Value::Table(table)).map_err(|e| anyhow!("{file}: {}", one_line(&e.to_string())))
+}
+
+/// Whether a config file describes a translation run (it has a `[seq2seq]` table).
+pub fn is_translation(path: &Path) -> bool {
+    fs::read_to_string(path)
+        .ok()
+        .and_then(|t| toml::from_str::<toml::Table>(&t).ok())
+        .is_some_and(|t| t.contains_key("seq2seq"))
 }
 
 /// "line:column" of a byte span's start.

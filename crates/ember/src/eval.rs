@@ -1,10 +1,30 @@
-//! `ember eval bleu`: corpus BLEU of a hypothesis file against a reference file, as sacreBLEU scores it by default.
+//! `ember eval bleu`: corpus BLEU of a hypothesis file against a reference file, as sacreBLEU scores it by default;
+//! `ember eval --model RUN_DIR --data test.tsv`: the BLEU of a translation model on a test set.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use ember_train::bleu::corpus_bleu;
+
+use crate::devices::DeviceChoice;
+
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct EvalArgs {
+    #[command(subcommand)]
+    command: Option<EvalCommand>,
+    /// A translation run directory to score on --data.
+    #[arg(long, requires = "data")]
+    model: Option<PathBuf>,
+    /// A TSV test set (`source<TAB>reference`).
+    #[arg(long, requires = "model")]
+    data: Option<PathBuf>,
+    #[arg(long, default_value_t = 4)]
+    beam: usize,
+    #[arg(long, default_value_t = 0.6)]
+    lenpen: f64,
+}
 
 #[derive(Subcommand)]
 pub enum EvalCommand {
@@ -22,9 +42,15 @@ pub struct BleuArgs {
     reference: PathBuf,
 }
 
-pub fn eval(command: EvalCommand) -> Result<()> {
-    match command {
-        EvalCommand::Bleu(args) => {
+pub fn eval(args: EvalArgs, device: DeviceChoice) -> Result<()> {
+    match (args.command, args.model, args.data) {
+        (None, Some(model), Some(data)) => {
+            crate::translate::evaluate(&model, &data, args.beam.max(1), args.lenpen, device)
+        }
+        (None, _, _) => {
+            bail!("give `ember eval bleu --hyp FILE --ref FILE` or `ember eval --model RUN_DIR --data FILE`")
+        }
+        (Some(EvalCommand::Bleu(args)), _, _) => {
             let (hyps, refs) = (lines(&args.hyp)?, lines(&args.reference)?);
             if hyps.len() != refs.len() {
                 bail!(

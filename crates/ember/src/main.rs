@@ -12,6 +12,7 @@ mod inspect;
 mod progress;
 mod serve;
 mod train;
+mod translate;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,9 +49,12 @@ enum Command {
     /// Measure performance.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
-    /// Score outputs (BLEU).
-    #[command(subcommand)]
-    Eval(eval::EvalCommand),
+    /// Score outputs: BLEU of files, or of a translation model on a test set.
+    Eval(eval::EvalArgs),
+    /// Translate sentences (one a line) with a translation run directory.
+    Translate(translate::TranslateArgs),
+    /// Average the last checkpoints of a translation run into a new run directory.
+    Average(translate::AverageArgs),
     /// List the devices Ember can run on.
     Devices,
 }
@@ -122,7 +126,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Inspect(args) => inspect::inspect(args),
         Command::Serve(args) => serve::serve(args, cli.device),
         Command::Bench(command) => bench::bench(command, cli.device),
-        Command::Eval(command) => eval::eval(command),
+        Command::Eval(args) => eval::eval(args, cli.device),
+        Command::Translate(args) => translate::translate(args, cli.device),
+        Command::Average(args) => translate::average(args),
         Command::Devices => {
             list_devices();
             Ok(())

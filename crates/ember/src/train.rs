@@ -44,6 +44,9 @@ pub fn train(args: TrainArgs, device: DeviceChoice) -> Result<()> {
             }
             (run_dir.join(bundle::CONFIG), Some(run_dir.clone()))
         }
+        (Some(path), None) if crate::config::is_translation(path) => {
+            return crate::translate::train(path, &args.overrides, device);
+        }
         (Some(path), None) => (path.clone(), None),
         (None, None) => bail!("give --config FILE or --resume RUN_DIR"),
     };

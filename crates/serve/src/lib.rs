@@ -1,6 +1,7 @@
 //! Generation from a trained model: sampling, the decoding loop with its KV stores, the continuous-batching
 //! scheduler and the OpenAI-compatible HTTP server.
 
+pub mod beam;
 pub mod generate;
 pub mod http;
 pub mod kv;

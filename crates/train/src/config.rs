@@ -125,19 +125,19 @@ pub struct TrainConfig {
     pub out_dir: PathBuf,
 }
 
-fn default_seed() -> u64 {
+pub(crate) fn default_seed() -> u64 {
     1337
 }
 fn one() -> usize {
     1
 }
-fn yes() -> bool {
+pub(crate) fn yes() -> bool {
     true
 }
 fn default_schedule() -> ScheduleKind {
     ScheduleKind::Cosine
 }
-fn default_beta1() -> f64 {
+pub(crate) fn default_beta1() -> f64 {
     0.9
 }
 fn default_beta2() -> f64 {

@@ -7,9 +7,11 @@ pub mod config;
 pub mod corpus;
 pub mod loss;
 pub mod optim;
+pub mod parallel;
 pub mod plot;
 pub mod schedule;
 pub mod trainer;
+pub mod translation;
 
 pub use config::{DataConfig, TrainConfig};
 pub use trainer::{EvalReport, Observer, StepReport, TrainError, Trainer};

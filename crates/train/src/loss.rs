@@ -1,4 +1,4 @@
-//! The causal language-modelling loss.
+//! The causal language-modelling loss, and label-smoothed cross-entropy for translation.
 
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor};
@@ -12,6 +12,18 @@ pub fn lm_loss(logits: Tensor<3>, targets: Tensor<2, Int>, mask: Option<Tensor<2
         None => -log_p.mean(),
         Some(mask) => -(log_p * mask.clone()).sum() / mask.sum(),
     }
+}
+
+/// Label-smoothed cross-entropy over the positions where `mask` is 1: with q = (1 − ε)·one_hot(y) + ε/V,
+/// L = −(1/|M|) Σ_{(b,t) ∈ M} Σ_v q_v log p_v = (1 − ε)·NLL + ε·mean_v(−log p_v) (Szegedy et al. 2016; the 2017
+/// Transformer uses ε = 0.1). Padding positions (mask 0) contribute nothing.
+pub fn smoothed_loss(logits: Tensor<3>, targets: Tensor<2, Int>, mask: Tensor<2>, epsilon: f64) -> Tensor<1> {
+    let [b, t, _] = logits.dims();
+    let log_p = log_softmax(logits, 2);
+    let nll = -log_p.clone().gather(2, targets.unsqueeze_dim::<3>(2)).reshape([b, t]);
+    let uniform = -log_p.mean_dim(2).reshape([b, t]);
+    let per_token = nll * (1.0 - epsilon) + uniform * epsilon;
+    (per_token * mask.clone()).sum() / mask.sum()
 }
 
 #[cfg(test)]
@@ -36,5 +48,19 @@ mod tests {
         assert!(masked < 1e-6, "{masked}");
         let full = lm_loss(logits, y, None).into_scalar::<f32>();
         assert!((full - 5.0 * 5f32.ln() / 6.0).abs() < 1e-5, "{full}");
+    }
+
+    #[test]
+    fn smoothing_mixes_nll_with_the_mean_over_the_vocabulary_and_ignores_padding() {
+        let dev = Device::flex();
+        // One position: log p = log softmax([2, 0, 0]); target 0; the second position is padding.
+        let logits = Tensor::<3>::from_data(TensorData::new(vec![2f32, 0., 0., 9., 9., 9.], [1, 2, 3]), &dev);
+        let y = Tensor::<2, Int>::from_data(TensorData::new(vec![0i64, 2], [1, 2]), &dev);
+        let mask = Tensor::<2>::from_data(TensorData::new(vec![1f32, 0.], [1, 2]), &dev);
+        let z = (2f64.exp() + 2.0).ln();
+        let log_p = [2.0 - z, -z, -z];
+        let expected = 0.9 * -log_p[0] + 0.1 * -(log_p.iter().sum::<f64>() / 3.0);
+        let loss = smoothed_loss(logits, y, mask, 0.1).into_scalar::<f32>() as f64;
+        assert!((loss - expected).abs() < 1e-6, "{loss} vs {expected}");
     }
 }

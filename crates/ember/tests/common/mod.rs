@@ -105,3 +105,13 @@ pub fn smollm2() -> PathBuf {
     assert!(path.is_file(), "{} is missing: run scripts/prepare-data.sh smollm2", path.display());
     path
 }
+
+/// The reference English–Spanish Bible pairs (`train.tsv`, `valid.tsv`, `test.tsv`): ../shared/data when present,
+/// else the copy scripts/prepare-data.sh bible-en-es wrote.
+pub fn bible() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    [root.join("../shared/data/bible-en-es"), root.join("data/bible-en-es")]
+        .into_iter()
+        .find(|p| p.join("train.tsv").exists())
+        .expect("no bible-en-es data: run scripts/prepare-data.sh bible-en-es")
+}

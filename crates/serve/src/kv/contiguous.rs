@@ -1,7 +1,7 @@
 //! The contiguous store: per layer and entry one buffer [B, n, capacity, w] that grows a chunk of tokens at a time;
 //! each step writes its new tokens in place and attention reads the filled prefix, so nothing is copied per step.
 
-use burn::tensor::Tensor;
+use burn::tensor::{Int, Tensor, TensorData};
 use ember_core_model::cache::KvCache;
 
 /// One growing buffer: `data[.., .., 0..len, ..]` is filled.
@@ -39,6 +39,17 @@ pub struct ContiguousCache {
 impl ContiguousCache {
     pub fn new(chunk: usize) -> Self {
         Self { chunk: chunk.max(1), layers: Vec::new() }
+    }
+
+    /// Row r of every buffer becomes old row `rows[r]` (beam search keeping the survivors' histories).
+    pub fn reorder(&mut self, rows: &[usize], device: &burn::tensor::Device) {
+        let index = Tensor::<1, Int>::from_data(
+            TensorData::new(rows.iter().map(|&r| r as i64).collect::<Vec<_>>(), [rows.len()]),
+            device,
+        );
+        for buffer in self.layers.iter_mut().flatten() {
+            buffer.data = buffer.data.clone().select(0, index.clone());
+        }
     }
 
     /// Bytes allocated (capacity) and bytes holding cached tokens, over every layer (f32).

@@ -1,0 +1,212 @@
+//! Translation commands: training from a `[seq2seq]` config, `ember translate` (streams, keeps input order),
+//! `ember average` (checkpoint averaging) and `ember eval --model --data` (BLEU on a TSV test set).
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use clap::Args;
+use ember_core_model::seq2seq::Seq2Seq;
+use ember_serve::beam::{BeamConfig, translate_batch};
+use ember_train::bleu::corpus_bleu;
+use ember_train::parallel::{BOS, EOS, PAD, encode, read_tsv};
+use ember_train::translation::{self, Progress, TranslationConfig, TranslationTrainer};
+use indicatif::{ProgressBar, ProgressStyle};
+use tokenizers::Tokenizer;
+
+use crate::config::load_table;
+use crate::devices::{self, DeviceChoice};
+
+/// Sentences translated together.
+const CHUNK: usize = 32;
+
+#[derive(Args)]
+pub struct TranslateArgs {
+    /// A translation run directory (`ember train` with a `[seq2seq]` config, or `ember average`).
+    #[arg(long)]
+    model: PathBuf,
+    /// Source sentences, one a line (default: standard input).
+    #[arg(long)]
+    input: Option<PathBuf>,
+    #[arg(long, default_value_t = 4)]
+    beam: usize,
+    /// Length penalty exponent α of ((5 + |y|) / 6)^α.
+    #[arg(long, default_value_t = 0.6)]
+    lenpen: f64,
+}
+
+#[derive(Args)]
+pub struct AverageArgs {
+    /// A translation run directory with checkpoints.
+    #[arg(long)]
+    model: PathBuf,
+    /// How many of the last checkpoints to average.
+    #[arg(long, default_value_t = 5)]
+    last: usize,
+    /// The run directory to write (default: MODEL/averaged).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// Beam settings for a translator.
+fn beam(beam: usize, lenpen: f64) -> BeamConfig {
+    BeamConfig { beam, alpha: lenpen, bos: BOS, eos: EOS, extra_len: 50 }
+}
+
+/// Translations of `lines` in order: an empty line gives an empty line; a source longer than the model's positions
+/// is cut to fit (reported on stderr with its line number, counted from `first_line`).
+fn translate_lines(
+    model: &Seq2Seq,
+    tok: &Tokenizer,
+    lines: &[String],
+    config: BeamConfig,
+    first_line: usize,
+    device: &Device,
+) -> Result<Vec<String>> {
+    let limit = model.config().model.block_size - 1;
+    let mut sources = Vec::with_capacity(lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        let mut ids = encode(tok, line.trim())?;
+        if ids.len() > limit {
+            eprintln!("warning: line {}: {} tokens, cut to the model's {limit}", first_line + i, ids.len());
+            ids.truncate(limit);
+        }
+        sources.push(ids);
+    }
+    let mut out = vec![String::new(); lines.len()];
+    let rows: Vec<usize> = (0..lines.len()).filter(|&i| !sources[i].is_empty()).collect();
+    if rows.is_empty() {
+        return Ok(out);
+    }
+    let s = rows.iter().map(|&i| sources[i].len() + 1).max().unwrap_or(1);
+    let mut src = vec![PAD as i64; rows.len() * s];
+    let mut lengths = Vec::with_capacity(rows.len());
+    for (r, &i) in rows.iter().enumerate() {
+        for (j, &id) in sources[i].iter().chain([&EOS]).enumerate() {
+            src[r * s + j] = id as i64;
+        }
+        lengths.push(sources[i].len() + 1);
+    }
+    let src = Tensor::<2, Int>::from_data(TensorData::new(src, [rows.len(), s]), device);
+    for (&i, ids) in rows.iter().zip(translate_batch(model, src, &lengths, config, device)) {
+        out[i] = tok.decode(&ids, true).map_err(|e| anyhow::anyhow!("decoding a translation: {e}"))?.trim().to_string();
+    }
+    Ok(out)
+}
+
+pub fn translate(args: TranslateArgs, choice: DeviceChoice) -> Result<()> {
+    if args.beam == 0 {
+        bail!("--beam must be at least 1");
+    }
+    let (device, _) = devices::select(choice)?;
+    let t = translation::load(&args.model, None, &device)?;
+    let reader: Box<dyn BufRead> = match &args.input {
+        Some(path) => Box::new(std::io::BufReader::new(
+            std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?,
+        )),
+        None => Box::new(std::io::stdin().lock()),
+    };
+    let config = beam(args.beam, args.lenpen);
+    // Typed input is answered line by line; files and pipes are translated CHUNK sentences at a time.
+    let size = if args.input.is_none() && std::io::stdin().is_terminal() { 1 } else { CHUNK };
+    let mut stdout = std::io::stdout().lock();
+    let (mut chunk, mut first) = (Vec::with_capacity(size), 1);
+    let mut lines = reader.lines().enumerate();
+    loop {
+        let next = lines.next();
+        if let Some((i, line)) = &next {
+            let line = line.as_ref().map_err(|e| anyhow::anyhow!("input line {}: {e}", i + 1))?;
+            chunk.push(line.clone());
+        }
+        if chunk.len() == size || (next.is_none() && !chunk.is_empty()) {
+            for out in translate_lines(&t.model, &t.tokenizer, &chunk, config, first, &device)? {
+                writeln!(stdout, "{out}")?;
+            }
+            stdout.flush()?;
+            first += chunk.len();
+            chunk.clear();
+        }
+        if next.is_none() {
+            return Ok(());
+        }
+    }
+}
+
+pub fn average(args: AverageArgs) -> Result<()> {
+    let out = args.out.unwrap_or_else(|| args.model.join("averaged"));
+    let steps = translation::average(&args.model, args.last, &out)?;
+    println!("averaged checkpoints of steps {steps:?} into {}", out.display());
+    Ok(())
+}
+
+/// Corpus BLEU of a translator on a TSV test set.
+pub fn evaluate(model: &Path, data: &Path, beam_size: usize, lenpen: f64, choice: DeviceChoice) -> Result<()> {
+    let (device, _) = devices::select(choice)?;
+    let t = translation::load(model, None, &device)?;
+    let pairs = read_tsv(data)?;
+    let hyps = translate_all(&t.model, &t.tokenizer, &pairs, beam(beam_size, lenpen), &device)?;
+    let bleu = corpus_bleu(hyps.iter().map(String::as_str), pairs.iter().map(|(_, r)| r.as_str()));
+    println!("{} ({} sentences, beam {beam_size}, lenpen {lenpen})", bleu, pairs.len());
+    Ok(())
+}
+
+fn translate_all(
+    model: &Seq2Seq,
+    tok: &Tokenizer,
+    pairs: &[(String, String)],
+    config: BeamConfig,
+    device: &Device,
+) -> Result<Vec<String>> {
+    let mut hyps = Vec::with_capacity(pairs.len());
+    for (c, chunk) in pairs.chunks(CHUNK).enumerate() {
+        let sources: Vec<String> = chunk.iter().map(|(s, _)| s.clone()).collect();
+        hyps.extend(translate_lines(model, tok, &sources, config, c * CHUNK + 1, device)?);
+    }
+    Ok(hyps)
+}
+
+/// `ember train` on a translation config: trains, then scores the test set (when configured) with beam 4.
+pub fn train(config_path: &Path, overrides: &[String], choice: DeviceChoice) -> Result<()> {
+    let config: TranslationConfig = load_table(config_path, overrides)?;
+    config.validate().map_err(|e| anyhow::anyhow!("{}: {e}", config_path.display()))?;
+    if config.train.out_dir.join(ember_core_model::bundle::MODEL).exists() {
+        bail!("{} already holds a model; choose another train.out_dir", config.train.out_dir.display());
+    }
+    let (device, description) = devices::select(choice)?;
+    println!("training translation model from {} on {description}", config_path.display());
+    let mut trainer = TranslationTrainer::new(config.clone(), &device)?;
+    println!(
+        "{} training pairs ({} longer than {} tokens left out), {} validation pairs, vocabulary {}",
+        trainer.train.len(),
+        trainer.dropped,
+        config.data.max_len,
+        trainer.valid.len(),
+        trainer.tokenizer.get_vocab_size(true)
+    );
+    let bar = ProgressBar::new(config.train.max_steps);
+    bar.set_style(ProgressStyle::with_template("{bar:30} step {pos}/{len} {msg} ETA {eta}").expect("a template"));
+    let tok = trainer.tokenizer.clone();
+    let inner = device.clone();
+    let mut bleu = |model: &Seq2Seq, pairs: &[(String, String)]| {
+        let hyps = translate_all(model, &tok, pairs, beam(1, 0.6), &inner).unwrap_or_default();
+        corpus_bleu(hyps.iter().map(String::as_str), pairs.iter().map(|(_, r)| r.as_str())).score
+    };
+    let mut progress = |p: Progress| match p {
+        Progress::Step { step, loss, lr, tokens_per_s } => {
+            bar.set_position(step);
+            bar.set_message(format!("loss {loss:.4} lr {lr:.2e} {tokens_per_s:.0} tok/s"));
+        }
+        Progress::Eval { step, val_loss, bleu } => {
+            bar.suspend(|| println!("step {step}: val loss {val_loss:.4}, val BLEU (greedy) {bleu:.2}"));
+        }
+        Progress::Checkpoint { .. } => {}
+    };
+    trainer.run(&mut bleu, &mut progress)?;
+    bar.finish();
+    println!("run directory: {}", config.train.out_dir.display());
+    if let Some(test) = &config.data.test {
+        evaluate(&config.train.out_dir, test, 4, 0.6, choice)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,127 @@
+//! The translation commands end to end on real data (the first 600 English–Spanish verse pairs, a tiny model):
+//! `ember train` on a `[seq2seq]` config writes checkpoints and BLEU metrics, `ember translate` keeps input order and
+//! maps an empty line to an empty line, cuts an over-long line with a warning, and gives the same greedy output on
+//! wgpu as on the CPU; `ember average` and `ember eval --model --data` work on the run; bad input is reported.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+fn head(src: &Path, dst: &Path, lines: usize) {
+    let text = std::fs::read_to_string(src).unwrap();
+    std::fs::write(dst, text.lines().take(lines).map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+}
+
+fn tiny_translation_config(dir: &Path, out: &Path) -> std::path::PathBuf {
+    let data = bible();
+    head(&data.join("train.tsv"), &dir.join("train.tsv"), 600);
+    head(&data.join("valid.tsv"), &dir.join("valid.tsv"), 12);
+    let text = format!(
+        r#"[model]
+n_layers = 2
+n_heads = 2
+d_model = 32
+block_size = 96
+dropout = 0.0
+norm_placement = "post"
+ffn = "relu"
+d_ff = 64
+positions = "sinusoidal"
+
+[seq2seq]
+encoder_layers = 2
+decoder_layers = 2
+
+[data]
+train = "{dir}/train.tsv"
+valid = "{dir}/valid.tsv"
+test = "{dir}/valid.tsv"
+vocab_size = 400
+max_len = 96
+
+[train]
+max_tokens = 1024
+max_steps = 12
+lr = 2.0
+warmup_steps = 4
+eval_interval = 6
+bleu_sentences = 4
+checkpoint_interval = 3
+keep_checkpoints = 3
+out_dir = "{out}"
+"#,
+        dir = dir.display(),
+        out = out.display()
+    );
+    let path = dir.join("tiny-translation.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn train_translate_average_and_evaluate() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let config = tiny_translation_config(dir.path(), &run);
+    let out = ember(&["--device", "cpu", "train", "--config", config.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("val BLEU") && stdout.contains("BLEU = "), "{stdout}");
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert!(metrics.contains("val_bleu") && metrics.contains("val_loss"), "{metrics}");
+    let kept: Vec<_> = std::fs::read_dir(run.join("checkpoints")).unwrap().collect();
+    assert_eq!(kept.len(), 3, "the last 3 checkpoints are kept");
+
+    // Input order, empty lines, and an over-long line cut with a warning.
+    let long = "and the word ".repeat(60);
+    let input = dir.path().join("input.txt");
+    std::fs::write(
+        &input,
+        format!("In the beginning God created the heaven and the earth.\n\n{long}\nAnd God saw the light.\n"),
+    )
+    .unwrap();
+    let translate = |device: &str, beam: &str| {
+        let args =
+            ["--device", device, "translate", "--model", run.to_str().unwrap(), "--input", input.to_str().unwrap()];
+        let out = ember(&[&args[..], &["--beam", beam]].concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
+    };
+    let (greedy_cpu, warnings) = translate("cpu", "1");
+    let lines: Vec<&str> = greedy_cpu.lines().collect();
+    assert_eq!(lines.len(), 4, "{greedy_cpu}");
+    assert_eq!(lines[1], "", "an empty line translates to an empty line");
+    assert!(!lines[0].is_empty() && !lines[3].is_empty(), "{greedy_cpu}");
+    assert!(warnings.contains("line 3") && warnings.contains("cut"), "{warnings}");
+    let (beam_cpu, _) = translate("cpu", "4");
+    assert_eq!(beam_cpu.lines().count(), 4);
+    if ember_kernels::wgpu_test_device().is_some() {
+        let (greedy_gpu, _) = translate("wgpu", "1");
+        assert_eq!(greedy_gpu, greedy_cpu, "greedy translations on wgpu and on the CPU");
+    }
+
+    let averaged = dir.path().join("averaged");
+    let out = ember(&["average", "--model", run.to_str().unwrap(), "--last", "3", "--out", averaged.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let data = dir.path().join("valid.tsv");
+    let out =
+        ember(&["--device", "cpu", "eval", "--model", averaged.to_str().unwrap(), "--data", data.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("BLEU = "), "{out:?}");
+
+    assert_clean_error(&ember(&["average", "--model", run.to_str().unwrap(), "--last", "9"]), "holds 3 checkpoints");
+}
+
+#[test]
+fn a_tsv_line_without_a_tab_is_reported_with_its_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let config = tiny_translation_config(dir.path(), &run);
+    let train = dir.path().join("train.tsv");
+    let mut text = std::fs::read_to_string(&train).unwrap();
+    text.push_str("a line with no tab\n");
+    std::fs::write(&train, text).unwrap();
+    let out = ember(&["--device", "cpu", "train", "--config", config.to_str().unwrap()]);
+    assert_clean_error(&out, "train.tsv:601: no tab between source and target");
+}
