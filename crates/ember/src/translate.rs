@@ -5,12 +5,12 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::Device;
 use clap::Args;
 use ember_core_model::seq2seq::Seq2Seq;
 use ember_serve::beam::{BeamConfig, translate_batch};
 use ember_train::bleu::corpus_bleu;
-use ember_train::parallel::{BOS, EOS, PAD, encode, read_tsv};
+use ember_train::parallel::{BOS, EOS, encode, read_tsv, source_batch};
 use ember_train::translation::{self, Progress, TranslationConfig, TranslationTrainer};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokenizers::Tokenizer;
@@ -79,16 +79,7 @@ fn translate_lines(
     if rows.is_empty() {
         return Ok(out);
     }
-    let s = rows.iter().map(|&i| sources[i].len() + 1).max().unwrap_or(1);
-    let mut src = vec![PAD as i64; rows.len() * s];
-    let mut lengths = Vec::with_capacity(rows.len());
-    for (r, &i) in rows.iter().enumerate() {
-        for (j, &id) in sources[i].iter().chain([&EOS]).enumerate() {
-            src[r * s + j] = id as i64;
-        }
-        lengths.push(sources[i].len() + 1);
-    }
-    let src = Tensor::<2, Int>::from_data(TensorData::new(src, [rows.len(), s]), device);
+    let (src, lengths) = source_batch(&rows.iter().map(|&i| sources[i].as_slice()).collect::<Vec<_>>(), device);
     for (&i, ids) in rows.iter().zip(translate_batch(model, src, &lengths, config, device)) {
         out[i] = tok.decode(&ids, true).map_err(|e| anyhow::anyhow!("decoding a translation: {e}"))?.trim().to_string();
     }

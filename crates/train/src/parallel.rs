@@ -128,20 +128,29 @@ pub struct PairBatch {
     pub tokens: usize,
 }
 
+/// Source sentences as the encoder takes them: each x </s>, padded into [B, S], with the lengths of x </s>.
+pub fn source_batch(sources: &[&[u32]], device: &Device) -> (Tensor<2, Int>, Vec<usize>) {
+    let b = sources.len();
+    let s = sources.iter().map(|x| x.len() + 1).max().unwrap_or(1);
+    let mut src = vec![PAD as i64; b * s];
+    for (r, x) in sources.iter().enumerate() {
+        for (j, &id) in x.iter().chain([&EOS]).enumerate() {
+            src[r * s + j] = id as i64;
+        }
+    }
+    let lengths = sources.iter().map(|x| x.len() + 1).collect();
+    (Tensor::from_data(TensorData::new(src, [b, s]), device), lengths)
+}
+
 impl PairBatch {
     pub fn new(pairs: &[Pair], rows: &[usize], device: &Device) -> Self {
         let b = rows.len();
-        let s = rows.iter().map(|&i| pairs[i].0.len() + 1).max().unwrap_or(1);
+        let sources: Vec<&[u32]> = rows.iter().map(|&i| pairs[i].0.as_slice()).collect();
+        let (src, src_lengths) = source_batch(&sources, device);
         let t = rows.iter().map(|&i| pairs[i].1.len() + 1).max().unwrap_or(1);
-        let (mut src, mut tgt_in, mut tgt_out, mut mask) =
-            (vec![PAD as i64; b * s], vec![PAD as i64; b * t], vec![PAD as i64; b * t], vec![0f32; b * t]);
-        let mut src_lengths = Vec::with_capacity(b);
+        let (mut tgt_in, mut tgt_out, mut mask) = (vec![PAD as i64; b * t], vec![PAD as i64; b * t], vec![0f32; b * t]);
         for (r, &i) in rows.iter().enumerate() {
-            let (x, y) = (&pairs[i].0, &pairs[i].1);
-            for (j, &id) in x.iter().chain([&EOS]).enumerate() {
-                src[r * s + j] = id as i64;
-            }
-            src_lengths.push(x.len() + 1);
+            let y = &pairs[i].1;
             for (j, &id) in [&BOS].into_iter().chain(y).enumerate() {
                 tgt_in[r * t + j] = id as i64;
             }
@@ -153,7 +162,7 @@ impl PairBatch {
         let ids = |v: Vec<i64>, cols: usize| Tensor::<2, Int>::from_data(TensorData::new(v, [b, cols]), device);
         let tokens = mask.iter().filter(|&&m| m > 0.0).count();
         Self {
-            src: ids(src, s),
+            src,
             src_lengths,
             tgt_in: ids(tgt_in, t),
             tgt_out: ids(tgt_out, t),
