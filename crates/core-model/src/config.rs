@@ -92,8 +92,12 @@ pub struct ModelConfig {
     pub head_dim: Option<usize>,
     /// Context length (rows of the learned position table).
     pub block_size: usize,
+    /// Dropout on residual branches and embeddings.
     #[serde(default)]
     pub dropout: f64,
+    /// Dropout on attention probabilities (fairseq's `--attention-dropout`; 0 by default).
+    #[serde(default)]
+    pub attention_dropout: f64,
     /// Biases in the linear layers and LayerNorms.
     #[serde(default = "yes")]
     pub bias: bool,
@@ -157,6 +161,7 @@ impl ModelConfig {
             head_dim: None,
             block_size,
             dropout: 0.0,
+            attention_dropout: 0.0,
             bias: true,
             norm: NormKind::default(),
             norm_placement: NormPlacement::default(),
@@ -205,6 +210,12 @@ impl ModelConfig {
         }
         require(self.block_size >= 1, "model.block_size", self.block_size, "at least 1")?;
         require((0.0..1.0).contains(&self.dropout), "model.dropout", self.dropout, "in [0, 1)")?;
+        require(
+            (0.0..1.0).contains(&self.attention_dropout),
+            "model.attention_dropout",
+            self.attention_dropout,
+            "in [0, 1)",
+        )?;
         require(self.norm_eps > 0.0 && self.norm_eps < 1.0, "model.norm_eps", self.norm_eps, "in (0, 1)")?;
         if let Some(f) = self.d_ff {
             require(f >= 1, "model.d_ff", f, "at least 1")?;

@@ -70,7 +70,7 @@ impl EncoderLayer {
             let spec = AttentionSpec {
                 causal: false,
                 key_lengths: Some(lengths.to_vec()),
-                ..AttentionSpec::causal(q.dims()[3])
+                ..self.self_attn.spec(q.dims()[3], 0)
             };
             self.self_attn.attend_with(q, k, v, &spec)
         });

@@ -76,3 +76,20 @@ fn logits_equal_torch_nn_transformer_within_1e_4() {
     let scale = expected.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     assert!(diff <= 1e-4, "max |ember − torch| = {diff} (logits up to {scale})");
 }
+
+#[test]
+fn attention_dropout_acts_while_training_only() {
+    let mut config = paper_config(40, 16, 2, 32, 1);
+    config.model.attention_dropout = 0.5;
+    let run = |device: &Device| {
+        let model = Seq2Seq::new(&config, &mut Rng::new(0), device);
+        let src = Tensor::<2, Int>::from_data(TensorData::new(vec![5i64, 6, 7, 8, 9, 2], [1, 6]), device);
+        let tgt = Tensor::<2, Int>::from_data(TensorData::new(vec![1i64, 10, 11, 12], [1, 4]), device);
+        let logits = |model: &Seq2Seq| model.forward(src.clone(), &[6], tgt.clone()).into_data();
+        (logits(&model), logits(&model))
+    };
+    let (a, b) = run(&Device::flex());
+    assert_eq!(a, b, "no dropout at inference");
+    let (a, b) = run(&Device::flex().autodiff());
+    assert_ne!(a, b, "attention probabilities are dropped while training");
+}

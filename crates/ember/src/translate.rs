@@ -10,10 +10,9 @@ use clap::Args;
 use ember_core_model::seq2seq::Seq2Seq;
 use ember_serve::beam::{BeamConfig, translate_batch};
 use ember_train::bleu::corpus_bleu;
-use ember_train::parallel::{BOS, EOS, encode, read_tsv, source_batch};
+use ember_train::parallel::{BOS, EOS, Vocabularies, encode, read_tsv, source_batch};
 use ember_train::translation::{self, Progress, TranslationConfig, TranslationTrainer};
 use indicatif::{ProgressBar, ProgressStyle};
-use tokenizers::Tokenizer;
 
 use crate::config::load_table;
 use crate::devices::{self, DeviceChoice};
@@ -58,7 +57,7 @@ fn beam(beam: usize, lenpen: f64) -> BeamConfig {
 /// is cut to fit (reported on stderr with its line number, counted from `first_line`).
 fn translate_lines(
     model: &Seq2Seq,
-    tok: &Tokenizer,
+    vocab: &Vocabularies,
     lines: &[String],
     config: BeamConfig,
     first_line: usize,
@@ -67,7 +66,7 @@ fn translate_lines(
     let limit = model.config().model.block_size - 1;
     let mut sources = Vec::with_capacity(lines.len());
     for (i, line) in lines.iter().enumerate() {
-        let mut ids = encode(tok, line.trim())?;
+        let mut ids = encode(&vocab.source, line.trim())?;
         if ids.len() > limit {
             eprintln!("warning: line {}: {} tokens, cut to the model's {limit}", first_line + i, ids.len());
             ids.truncate(limit);
@@ -81,7 +80,12 @@ fn translate_lines(
     }
     let (src, lengths) = source_batch(&rows.iter().map(|&i| sources[i].as_slice()).collect::<Vec<_>>(), device);
     for (&i, ids) in rows.iter().zip(translate_batch(model, src, &lengths, config, device)) {
-        out[i] = tok.decode(&ids, true).map_err(|e| anyhow::anyhow!("decoding a translation: {e}"))?.trim().to_string();
+        out[i] = vocab
+            .target
+            .decode(&ids, true)
+            .map_err(|e| anyhow::anyhow!("decoding a translation: {e}"))?
+            .trim()
+            .to_string();
     }
     Ok(out)
 }
@@ -111,7 +115,7 @@ pub fn translate(args: TranslateArgs, choice: DeviceChoice) -> Result<()> {
             chunk.push(line.clone());
         }
         if chunk.len() == size || (next.is_none() && !chunk.is_empty()) {
-            for out in translate_lines(&t.model, &t.tokenizer, &chunk, config, first, &device)? {
+            for out in translate_lines(&t.model, &t.vocab, &chunk, config, first, &device)? {
                 writeln!(stdout, "{out}")?;
             }
             stdout.flush()?;
@@ -136,7 +140,7 @@ pub fn evaluate(model: &Path, data: &Path, beam_size: usize, lenpen: f64, choice
     let (device, _) = devices::select(choice)?;
     let t = translation::load(model, None, &device)?;
     let pairs = read_tsv(data)?;
-    let hyps = translate_all(&t.model, &t.tokenizer, &pairs, beam(beam_size, lenpen), &device)?;
+    let hyps = translate_all(&t.model, &t.vocab, &pairs, beam(beam_size, lenpen), &device)?;
     let bleu = corpus_bleu(hyps.iter().map(String::as_str), pairs.iter().map(|(_, r)| r.as_str()));
     println!("{} ({} sentences, beam {beam_size}, lenpen {lenpen})", bleu, pairs.len());
     Ok(())
@@ -144,7 +148,7 @@ pub fn evaluate(model: &Path, data: &Path, beam_size: usize, lenpen: f64, choice
 
 fn translate_all(
     model: &Seq2Seq,
-    tok: &Tokenizer,
+    vocab: &Vocabularies,
     pairs: &[(String, String)],
     config: BeamConfig,
     device: &Device,
@@ -152,7 +156,7 @@ fn translate_all(
     let mut hyps = Vec::with_capacity(pairs.len());
     for (c, chunk) in pairs.chunks(CHUNK).enumerate() {
         let sources: Vec<String> = chunk.iter().map(|(s, _)| s.clone()).collect();
-        hyps.extend(translate_lines(model, tok, &sources, config, c * CHUNK + 1, device)?);
+        hyps.extend(translate_lines(model, vocab, &sources, config, c * CHUNK + 1, device)?);
     }
     Ok(hyps)
 }
@@ -167,20 +171,23 @@ pub fn train(config_path: &Path, overrides: &[String], choice: DeviceChoice) -> 
     let (device, description) = devices::select(choice)?;
     println!("training translation model from {} on {description}", config_path.display());
     let mut trainer = TranslationTrainer::new(config.clone(), &device)?;
+    let vocabularies = match trainer.vocab.sizes() {
+        (joint, _) if trainer.vocab.joint => format!("joint vocabulary {joint}"),
+        (source, target) => format!("vocabularies {source} (source) and {target} (target)"),
+    };
     println!(
-        "{} training pairs ({} longer than {} tokens left out), {} validation pairs, vocabulary {}",
+        "{} training pairs ({} longer than {} tokens left out), {} validation pairs, {vocabularies}",
         trainer.train.len(),
         trainer.dropped,
         config.data.max_len,
         trainer.valid.len(),
-        trainer.tokenizer.get_vocab_size(true)
     );
     let bar = ProgressBar::new(config.train.max_steps);
     bar.set_style(ProgressStyle::with_template("{bar:30} step {pos}/{len} {msg} ETA {eta}").expect("a template"));
-    let tok = trainer.tokenizer.clone();
+    let vocab = trainer.vocab.clone();
     let inner = device.clone();
     let mut bleu = |model: &Seq2Seq, pairs: &[(String, String)]| {
-        let hyps = translate_all(model, &tok, pairs, beam(1, 0.6), &inner).unwrap_or_default();
+        let hyps = translate_all(model, &vocab, pairs, beam(1, 0.6), &inner).unwrap_or_default();
         corpus_bleu(hyps.iter().map(String::as_str), pairs.iter().map(|(_, r)| r.as_str())).score
     };
     let mut progress = |p: Progress| match p {

@@ -125,3 +125,38 @@ fn a_tsv_line_without_a_tab_is_reported_with_its_number() {
     let out = ember(&["--device", "cpu", "train", "--config", config.to_str().unwrap()]);
     assert_clean_error(&out, "train.tsv:601: no tab between source and target");
 }
+
+#[test]
+fn separate_vocabularies_give_each_side_its_own_bpe_and_embedding() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let config = tiny_translation_config(dir.path(), &run);
+    let config = config.to_str().unwrap();
+    let separate = ["--set", "data.joint_vocab=false", "--set", "train.max_steps=6"];
+
+    // One embedding cannot serve two vocabularies.
+    let out = ember(&[&["--device", "cpu", "train", "--config", config], &separate[..]].concat());
+    assert_clean_error(&out, "seq2seq.share_embeddings");
+
+    let unshared = ["--set", "seq2seq.share_embeddings=false"];
+    let out = ember(&[&["--device", "cpu", "train", "--config", config], &separate[..], &unshared[..]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("(source) and"), "{out:?}");
+    let source = std::fs::read_to_string(run.join("source_tokenizer.json")).unwrap();
+    let target = std::fs::read_to_string(run.join("tokenizer.json")).unwrap();
+    assert_ne!(source, target, "English and Spanish BPEs differ");
+    let weights = std::fs::read(run.join("model.safetensors")).unwrap();
+    let header_len = u64::from_le_bytes(weights[..8].try_into().unwrap()) as usize;
+    let header = String::from_utf8_lossy(&weights[8..8 + header_len]);
+    assert!(header.contains("\"src_emb.weight\"") && header.contains("\"tgt_emb.weight\""), "{header}");
+
+    // Averaging keeps both vocabularies, and the averaged run translates and scores.
+    let averaged = dir.path().join("averaged");
+    let out = ember(&["average", "--model", run.to_str().unwrap(), "--last", "2", "--out", averaged.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(averaged.join("source_tokenizer.json").exists());
+    let data = dir.path().join("valid.tsv");
+    let out =
+        ember(&["--device", "cpu", "eval", "--model", averaged.to_str().unwrap(), "--data", data.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("BLEU = "), "{out:?}");
+}

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use burn::tensor::activation::softmax;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use burn::tensor::{Bool, Device, Distribution, Int, Tensor, TensorData};
 
 use crate::flash::{flash_attention, on_wgpu, supports_head_dim};
 
@@ -22,12 +22,22 @@ pub struct AttentionSpec {
     pub window: Option<usize>,
     /// Valid keys per batch row (padding masks); rows with none give zeros.
     pub key_lengths: Option<Vec<usize>>,
+    /// Dropout on the probabilities p while training (on autodiff devices), as in Vaswani et al. (2017) and
+    /// nanoGPT; it runs the reference path.
+    pub dropout: f64,
 }
 
 impl AttentionSpec {
     /// Causal self-attention over heads of width `head_dim`, scale 1/√head_dim.
     pub fn causal(head_dim: usize) -> Self {
-        Self { scale: 1.0 / (head_dim as f64).sqrt(), causal: true, query_offset: 0, window: None, key_lengths: None }
+        Self {
+            scale: 1.0 / (head_dim as f64).sqrt(),
+            causal: true,
+            query_offset: 0,
+            window: None,
+            key_lengths: None,
+            dropout: 0.0,
+        }
     }
 
     /// The same attention restricted to a sliding window of `window` keys (none: unrestricted).
@@ -89,7 +99,9 @@ pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec)
 pub fn attention_with(imp: AttentionImpl, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> {
     let [_, hq, _, d] = q.dims();
     let width = d.max(v.dims()[3]);
-    if matches!(imp, AttentionImpl::Auto | AttentionImpl::Flash) && supports_head_dim(width) && on_wgpu(&q) {
+    let dropping = spec.dropout > 0.0 && q.device().is_autodiff();
+    if matches!(imp, AttentionImpl::Auto | AttentionImpl::Flash) && !dropping && supports_head_dim(width) && on_wgpu(&q)
+    {
         // Values narrower than queries (MLA's q, k = [q_C; q_R]) are padded with zero columns, and the output cut
         // back; queries and keys narrower than values get zero columns too, which leave q kᵀ unchanged.
         let dv = v.dims()[3];
@@ -98,7 +110,9 @@ pub fn attention_with(imp: AttentionImpl, q: Tensor<4>, k: Tensor<4>, v: Tensor<
     }
     let (k, v) = (repeat_kv(k, hq), repeat_kv(v, hq));
     match imp {
-        AttentionImpl::Burn if spec.query_offset == 0 && spec.window.is_none() && spec.key_lengths.is_none() => {
+        AttentionImpl::Burn
+            if !dropping && spec.query_offset == 0 && spec.window.is_none() && spec.key_lengths.is_none() =>
+        {
             burn::tensor::module::attention(
                 q,
                 k,
@@ -113,25 +127,37 @@ pub fn attention_with(imp: AttentionImpl, q: Tensor<4>, k: Tensor<4>, v: Tensor<
 }
 
 /// The reference: s = q kᵀ · scale, masked (causal: j > query_offset + i; window: j ≤ query_offset + i − w;
-/// padding: j ≥ key_length), p = softmax(s), o = p v; a row with every key masked gives zeros.
+/// padding: j ≥ key_length), p = softmax(s), o = dropout(p) v; a row with every key masked gives zeros.
 fn naive(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> {
+    let p = probabilities(q, k, spec);
+    if spec.dropout > 0.0 && p.device().is_autodiff() {
+        // Inverted dropout: kept probabilities scaled by 1/(1 − p_drop), so E[o] is unchanged.
+        let keep = 1.0 - spec.dropout;
+        let kept = p.random_like(Distribution::Bernoulli(keep));
+        return (p * kept / keep).matmul(v);
+    }
+    p.matmul(v)
+}
+
+/// p = softmax(q kᵀ · scale + mask) [B, H, Tq, Tk].
+fn probabilities(q: Tensor<4>, k: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> {
     let [b, h, tq, _] = q.dims();
     let tk = k.dims()[2];
     let device = q.device();
     let s = q.matmul(k.swap_dims(2, 3)) * spec.scale;
     let Some(mask) = mask(b, tq, tk, spec, &device) else {
-        return softmax(s, 3).matmul(v);
+        return softmax(s, 3);
     };
     let s = s.mask_fill(mask.unsqueeze_dim::<4>(1).expand([b, h, tq, tk]), f32::NEG_INFINITY);
     if spec.key_lengths.is_none() {
-        return softmax(s, 3).matmul(v);
+        return softmax(s, 3);
     }
     // Padding can mask a whole row: p = e^(s − m) / max(ℓ, tiny) with m = 0 where the row max is −∞.
     let m = s.clone().max_dim(3);
     let m = m.clone().mask_fill(m.equal_elem(f32::NEG_INFINITY), 0.0);
     let e = (s - m).exp();
     let l = e.clone().sum_dim(3).clamp_min(f32::MIN_POSITIVE);
-    (e / l).matmul(v)
+    e / l
 }
 
 /// True where query i may not see key j, as [B, Tq, Tk]; None when nothing is masked.
@@ -176,7 +202,6 @@ fn repeat_kv(x: Tensor<4>, hq: usize) -> Tensor<4> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::{Device, Distribution};
 
     fn max_diff(a: Tensor<4>, b: Tensor<4>) -> f32 {
         let a = a.into_data().try_to_vec::<f32>().unwrap();
@@ -274,5 +299,24 @@ mod tests {
             &spec,
         );
         assert!(max_diff(o.slice([1..2, 0..2, 0..5, 0..4]), three) < 1e-6);
+    }
+
+    #[test]
+    fn attention_dropout_acts_while_training_only_and_keeps_the_expectation() {
+        // 2,048 rows of 32 keys: the mean of o has a standard deviation near 0.01.
+        let [q, k, _] = qkv(16, 4, 32, 8);
+        let v = Tensor::<4>::ones([16, 4, 32, 8], &Device::flex());
+        let spec = AttentionSpec { causal: false, dropout: 0.5, ..AttentionSpec::causal(8) };
+        // Inference: no dropout, and each row of p sums to 1, so o = 1 everywhere.
+        let o = naive(q.clone(), k.clone(), v.clone(), &spec);
+        assert!(max_diff(o, v.clone()) < 1e-5);
+        // Training: o = Σ_j m_j p_j / (1 − p_drop) with Bernoulli masks m: rows differ from 1, their mean does not.
+        let device = Device::flex().autodiff();
+        let on = |x: Tensor<4>| Tensor::<4>::from_data(x.into_data(), &device);
+        let o = naive(on(q), on(k), on(v.clone()), &spec).into_data().try_to_vec::<f32>().unwrap();
+        let mean = o.iter().sum::<f32>() / o.len() as f32;
+        let moved = o.iter().filter(|&&x| (x - 1.0).abs() > 1e-3).count();
+        assert!((mean - 1.0).abs() < 0.05, "mean {mean}");
+        assert!(moved > o.len() / 2, "{moved} of {} rows changed", o.len());
     }
 }

@@ -108,6 +108,7 @@ fn random_case(draws: &mut Draws, d: usize, group: usize) -> Case {
         query_offset: if causal { tk - tq } else { 0 },
         window,
         key_lengths,
+        dropout: 0.0,
     };
     Case { b, hq: hkv * group, hkv, tq, tk, d, spec }
 }

@@ -1,5 +1,5 @@
 //! Parallel text for translation: sentence pairs from a TSV file (`source<TAB>target`) or two line-aligned files,
-//! a joint byte-level BPE over both sides, and batches formed by token count from length-sorted buckets.
+//! byte-level BPE vocabularies (one joint over both sides, or one per side), and batches formed by token count from length-sorted buckets.
 
 use std::path::Path;
 
@@ -57,10 +57,32 @@ pub fn read_aligned(source: &Path, target: &Path) -> Result<Vec<(String, String)
     Ok(s.into_iter().zip(t).map(|(a, b)| (a.trim().to_string(), b.trim().to_string())).collect())
 }
 
-/// A joint byte-level BPE of `vocab_size` tokens over both sides of `pairs`, <pad>, <s>, </s> first.
-pub fn joint_bpe(pairs: &[(String, String)], vocab_size: usize) -> Result<Tokenizer, ParallelError> {
-    let lines = pairs.iter().flat_map(|(s, t)| [s.as_str(), t.as_str()]);
-    Ok(tokenizer::train_bpe_lines(lines, vocab_size, &SPECIALS)?)
+/// The tokenizers of source and target sentences: the same joint BPE, or one BPE per side.
+#[derive(Clone)]
+pub struct Vocabularies {
+    pub source: Tokenizer,
+    pub target: Tokenizer,
+    pub joint: bool,
+}
+
+impl Vocabularies {
+    /// Byte-level BPEs of `vocab_size` tokens each, <pad>, <s>, </s> first: one over both sides of `pairs` when
+    /// `joint` (fairseq's joined dictionary), else one over the sources and one over the targets.
+    pub fn train(pairs: &[(String, String)], vocab_size: usize, joint: bool) -> Result<Self, ParallelError> {
+        let bpe = |lines: Vec<&str>| tokenizer::train_bpe_lines(lines.into_iter(), vocab_size, &SPECIALS);
+        if joint {
+            let both = bpe(pairs.iter().flat_map(|(s, t)| [s.as_str(), t.as_str()]).collect())?;
+            return Ok(Self { source: both.clone(), target: both, joint });
+        }
+        let source = bpe(pairs.iter().map(|(s, _)| s.as_str()).collect())?;
+        let target = bpe(pairs.iter().map(|(_, t)| t.as_str()).collect())?;
+        Ok(Self { source, target, joint })
+    }
+
+    /// Source and target vocabulary sizes.
+    pub fn sizes(&self) -> (usize, usize) {
+        (self.source.get_vocab_size(true), self.target.get_vocab_size(true))
+    }
 }
 
 /// Token ids of a source sentence and of its target (no specials).
@@ -74,13 +96,13 @@ pub fn encode(tok: &Tokenizer, text: &str) -> Result<Vec<u32>, ParallelError> {
 
 /// Encoded pairs, with those longer than `max_len` tokens on either side (after adding </s>) dropped and counted.
 pub fn encode_pairs(
-    tok: &Tokenizer,
+    vocab: &Vocabularies,
     pairs: &[(String, String)],
     max_len: usize,
 ) -> Result<(Vec<Pair>, usize), ParallelError> {
     let mut kept = Vec::with_capacity(pairs.len());
     for (s, t) in pairs {
-        let (s, t) = (encode(tok, s)?, encode(tok, t)?);
+        let (s, t) = (encode(&vocab.source, s)?, encode(&vocab.target, t)?);
         // </s> takes one more position on each side.
         if s.len() < max_len && t.len() < max_len {
             kept.push((s, t));

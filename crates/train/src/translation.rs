@@ -1,6 +1,7 @@
-//! Training the encoder–decoder translator: a joint BPE over the parallel training data, token-count batches,
+//! Training the encoder–decoder translator: BPE vocabularies of the parallel training data, token-count batches,
 //! label-smoothed cross-entropy, Adam with the inverse-square-root warmup schedule, validation loss and BLEU, and
-//! checkpoints kept for averaging. The run directory holds `config.toml`, `tokenizer.json`, `model.safetensors`,
+//! checkpoints kept for averaging. The run directory holds `config.toml`, `tokenizer.json` (the joint or target
+//! vocabulary), `source_tokenizer.json` (separate vocabularies only), `model.safetensors`,
 //! `checkpoints/step-N.safetensors` and `metrics.jsonl`.
 
 use std::collections::{HashMap, HashSet};
@@ -21,7 +22,12 @@ use tokenizers::Tokenizer;
 
 use crate::loss::smoothed_loss;
 use crate::optim::{AdamW, AdamWConfig, clip_scale, global_grad_norm};
-use crate::parallel::{Pair, PairBatch, ParallelError, encode_pairs, joint_bpe, read_aligned, read_tsv, token_batches};
+use crate::parallel::{
+    Pair, PairBatch, ParallelError, Vocabularies, encode_pairs, read_aligned, read_tsv, token_batches,
+};
+
+/// The source vocabulary of a run with separate vocabularies (`tokenizer.json` holds the target's).
+pub const SOURCE_TOKENIZER: &str = "source_tokenizer.json";
 use crate::schedule::noam;
 
 /// `[seq2seq]`: the stacks and whether source, target and output share one embedding.
@@ -34,7 +40,7 @@ pub struct Seq2SeqSection {
     pub share_embeddings: bool,
 }
 
-/// `[data]`: parallel TSV files (`source<TAB>target`) or pairs of line-aligned files, the joint BPE size and the
+/// `[data]`: parallel TSV files (`source<TAB>target`) or pairs of line-aligned files, the BPE vocabularies and the
 /// longest pair kept.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -48,7 +54,11 @@ pub struct ParallelDataConfig {
     pub valid_target: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test: Option<PathBuf>,
+    /// Tokens of the joint vocabulary, or of each side's.
     pub vocab_size: usize,
+    /// One BPE over both sides (fairseq's joined dictionary); false: one BPE of `vocab_size` per side.
+    #[serde(default = "crate::config::yes")]
+    pub joint_vocab: bool,
     /// Pairs with more tokens than this on either side (</s> included) are left out of training.
     pub max_len: usize,
 }
@@ -125,6 +135,12 @@ impl TranslationConfig {
         require(d.vocab_size >= 300, "data.vocab_size", d.vocab_size, "at least 300 (256 bytes, specials, merges)")?;
         require(d.max_len >= 2, "data.max_len", d.max_len, "at least 2")?;
         require(
+            d.joint_vocab || !s.share_embeddings,
+            "seq2seq.share_embeddings",
+            s.share_embeddings,
+            "false when data.joint_vocab = false (separate vocabularies have separate embeddings)",
+        )?;
+        require(
             d.max_len <= self.model.block_size,
             "data.max_len",
             d.max_len,
@@ -143,14 +159,15 @@ impl TranslationConfig {
         require(t.keep_checkpoints >= 1, "train.keep_checkpoints", t.keep_checkpoints, "at least 1")
     }
 
-    /// The model's full configuration once the vocabulary is known.
-    pub fn seq2seq_config(&self, vocab: usize) -> Seq2SeqConfig {
+    /// The model's full configuration once the vocabularies are known.
+    pub fn seq2seq_config(&self, vocab: &Vocabularies) -> Seq2SeqConfig {
+        let (src_vocab, tgt_vocab) = vocab.sizes();
         Seq2SeqConfig {
-            model: ModelConfig { vocab_size: Some(vocab), ..self.model.clone() },
+            model: ModelConfig { vocab_size: Some(tgt_vocab), ..self.model.clone() },
             encoder_layers: self.seq2seq.encoder_layers,
             decoder_layers: self.seq2seq.decoder_layers,
-            src_vocab: vocab,
-            tgt_vocab: vocab,
+            src_vocab,
+            tgt_vocab,
             share_embeddings: self.seq2seq.share_embeddings,
         }
     }
@@ -192,7 +209,7 @@ pub type BleuOf<'a> = dyn FnMut(&Seq2Seq, &[(String, String)]) -> f64 + 'a;
 pub struct TranslationTrainer {
     pub config: TranslationConfig,
     pub model: Seq2Seq,
-    pub tokenizer: Tokenizer,
+    pub vocab: Vocabularies,
     pub train: Vec<Pair>,
     pub valid: Vec<Pair>,
     /// Untokenised validation pairs, for BLEU.
@@ -207,7 +224,7 @@ pub struct TranslationTrainer {
 }
 
 impl TranslationTrainer {
-    /// Reads the data, trains the joint BPE (saved in the run directory) and builds the model on `device`.
+    /// Reads the data, trains the vocabularies (saved in the run directory) and builds the model on `device`.
     pub fn new(config: TranslationConfig, device: &Device) -> Result<Self, TranslationError> {
         let run_dir = config.train.out_dir.clone();
         let read = |path: &Path, target: &Option<PathBuf>| match target {
@@ -216,33 +233,29 @@ impl TranslationTrainer {
         };
         let train_text = read(&config.data.train, &config.data.train_target)?;
         let valid_text = read(&config.data.valid, &config.data.valid_target)?;
-        let tok = joint_bpe(&train_text, config.data.vocab_size)?;
+        let vocab = Vocabularies::train(&train_text, config.data.vocab_size, config.data.joint_vocab)?;
         fs::create_dir_all(run_dir.join("checkpoints")).map_err(io(&run_dir))?;
-        let tok_path = run_dir.join(bundle::TOKENIZER);
-        tokenizer::save(&tok, &tok_path).map_err(|cause| BundleError::Tokenizer { path: tok_path, cause })?;
-        let (train, dropped) = encode_pairs(&tok, &train_text, config.data.max_len)?;
-        let (valid, _) = encode_pairs(&tok, &valid_text, config.model.block_size)?;
-        let vocab = tok.get_vocab_size(true);
+        save_vocabularies(&vocab, &run_dir)?;
+        let (train, dropped) = encode_pairs(&vocab, &train_text, config.data.max_len)?;
+        let (valid, _) = encode_pairs(&vocab, &valid_text, config.model.block_size)?;
         let device = device.clone().autodiff();
         let mut rng = Rng::new(config.train.seed);
-        let model = Seq2Seq::new(&config.seq2seq_config(vocab), &mut rng, &device);
+        let seq2seq = config.seq2seq_config(&vocab);
+        let model = Seq2Seq::new(&seq2seq, &mut rng, &device);
         let adam = AdamWConfig {
             beta1: config.train.beta1,
             beta2: config.train.beta2,
             eps: config.train.eps,
             weight_decay: 0.0,
         };
-        let saved = TranslationConfig {
-            model: ModelConfig { vocab_size: Some(vocab), ..config.model.clone() },
-            ..config.clone()
-        };
+        let saved = TranslationConfig { model: seq2seq.model, ..config.clone() };
         let text = toml::to_string(&saved).expect("a translation config is TOML");
         bundle::write_atomic(&run_dir.join(bundle::CONFIG), text.as_bytes())?;
         fs::write(run_dir.join(bundle::METRICS), "").map_err(io(&run_dir))?;
         Ok(Self {
             config: saved,
             model,
-            tokenizer: tok,
+            vocab,
             train,
             valid,
             valid_text,
@@ -358,11 +371,37 @@ pub fn checkpoints(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>, TranslationErr
     Ok(found)
 }
 
-/// A trained translator: its config, model and tokenizer.
+/// A trained translator: its config, model and vocabularies.
 pub struct Translator {
     pub config: TranslationConfig,
     pub model: Seq2Seq,
-    pub tokenizer: Tokenizer,
+    pub vocab: Vocabularies,
+}
+
+/// Writes `tokenizer.json` (the joint or target vocabulary) and, for separate vocabularies, `source_tokenizer.json`.
+fn save_vocabularies(vocab: &Vocabularies, run_dir: &Path) -> Result<(), BundleError> {
+    let save = |tok: &Tokenizer, name: &str| {
+        let path = run_dir.join(name);
+        tokenizer::save(tok, &path).map_err(|cause| BundleError::Tokenizer { path, cause })
+    };
+    save(&vocab.target, bundle::TOKENIZER)?;
+    if !vocab.joint {
+        save(&vocab.source, SOURCE_TOKENIZER)?;
+    }
+    Ok(())
+}
+
+/// The vocabularies [`save_vocabularies`] wrote: separate when `source_tokenizer.json` is present.
+fn load_vocabularies(run_dir: &Path) -> Result<Vocabularies, BundleError> {
+    let load = |name: &str| {
+        let path = run_dir.join(name);
+        tokenizer::load(&path).map_err(|cause| BundleError::Tokenizer { path, cause })
+    };
+    let target = load(bundle::TOKENIZER)?;
+    if !run_dir.join(SOURCE_TOKENIZER).exists() {
+        return Ok(Vocabularies { source: target.clone(), target, joint: true });
+    }
+    Ok(Vocabularies { source: load(SOURCE_TOKENIZER)?, target, joint: false })
 }
 
 /// Loads a translation run directory, with the weights of `weights` (default `model.safetensors`).
@@ -377,19 +416,17 @@ pub fn load(run_dir: &Path, weights: Option<&Path>, device: &Device) -> Result<T
     let config: TranslationConfig = toml::Value::Table(table)
         .try_into()
         .map_err(|e: toml::de::Error| TranslationError::Config { path: path.clone(), reason: e.message().into() })?;
-    let vocab = config.model.vocab_size.unwrap_or(config.data.vocab_size);
+    let vocab = load_vocabularies(run_dir)?;
     let weights = weights.map_or_else(|| run_dir.join(bundle::MODEL), Path::to_path_buf);
     let (tensors, _) = bundle::load_tensors(&weights)?;
-    let model = Seq2Seq::new(&config.seq2seq_config(vocab), &mut Rng::placeholder(), device);
+    let model = Seq2Seq::new(&config.seq2seq_config(&vocab), &mut Rng::placeholder(), device);
     let model = params::load_state_dict(model, &tensors)
         .map_err(|cause| BundleError::Mismatch { path: weights.clone(), cause })?;
-    let tok_path = run_dir.join(bundle::TOKENIZER);
-    let tokenizer = tokenizer::load(&tok_path).map_err(|cause| BundleError::Tokenizer { path: tok_path, cause })?;
-    Ok(Translator { config, model, tokenizer })
+    Ok(Translator { config, model, vocab })
 }
 
 /// θ̄ = (1/n) Σ θ_i over the last `n` checkpoints (Vaswani et al. 2017: the last 5, written 10 minutes apart),
-/// written as `model.safetensors` of a new run directory `out` with the same config and tokenizer.
+/// written as `model.safetensors` of a new run directory `out` with the same config and vocabularies.
 pub fn average(run_dir: &Path, n: usize, out: &Path) -> Result<Vec<u64>, TranslationError> {
     let all = checkpoints(run_dir)?;
     if all.len() < n || n == 0 {
@@ -410,7 +447,10 @@ pub fn average(run_dir: &Path, n: usize, out: &Path) -> Result<Vec<u64>, Transla
         sum.into_iter().map(|(name, (values, shape))| (name, TensorData::new(values, shape))).collect();
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
     bundle::save_tensors(&out.join(bundle::MODEL), &tensors, HashMap::new())?;
-    for file in [bundle::CONFIG, bundle::TOKENIZER] {
+    for file in [bundle::CONFIG, bundle::TOKENIZER, SOURCE_TOKENIZER] {
+        if file == SOURCE_TOKENIZER && !run_dir.join(file).exists() {
+            continue;
+        }
         fs::copy(run_dir.join(file), out.join(file)).map_err(io(&run_dir.join(file)))?;
     }
     Ok(chosen.iter().map(|(step, _)| *step).collect())

@@ -21,6 +21,8 @@ pub struct CausalSelfAttention {
     n_kv_heads: usize,
     #[module(skip)]
     window: Option<usize>,
+    #[module(skip)]
+    attention_dropout: f64,
 }
 
 impl CausalSelfAttention {
@@ -35,6 +37,7 @@ impl CausalSelfAttention {
             n_heads: h,
             n_kv_heads: g,
             window: config.window,
+            attention_dropout: config.attention_dropout,
         }
     }
 
@@ -65,9 +68,14 @@ impl CausalSelfAttention {
         self.project(attention(q, k, v, spec))
     }
 
-    /// Causal attention (in this layer's window) for heads of width `head_dim`, queries from `query_offset`.
+    /// Causal attention (in this layer's window, with its dropout) for heads of width `head_dim`, queries from
+    /// `query_offset`.
     pub fn spec(&self, head_dim: usize, query_offset: usize) -> AttentionSpec {
-        AttentionSpec { query_offset, ..AttentionSpec::causal(head_dim).with_window(self.window) }
+        AttentionSpec {
+            query_offset,
+            dropout: self.attention_dropout,
+            ..AttentionSpec::causal(head_dim).with_window(self.window)
+        }
     }
 
     /// Heads [B, h, T, d_h] concatenated to [B, T, h·d_h], then W_O.

@@ -20,6 +20,8 @@ pub struct CrossAttention {
     resid_drop: Dropout,
     n_heads: usize,
     n_kv_heads: usize,
+    #[module(skip)]
+    attention_dropout: f64,
 }
 
 /// The memory's keys and values for one layer, [B, g, S, d_h] each, and the valid source length of each row.
@@ -40,6 +42,7 @@ impl CrossAttention {
             resid_drop: DropoutConfig::new(config.dropout).init(),
             n_heads: h,
             n_kv_heads: g,
+            attention_dropout: config.attention_dropout,
         }
     }
 
@@ -61,8 +64,12 @@ impl CrossAttention {
         let h = self.n_heads;
         let dh = self.q_proj.weight.dims()[1] / h;
         let q = self.q_proj.forward(x).reshape([b, t, h, dh]).swap_dims(1, 2);
-        let spec =
-            AttentionSpec { causal: false, key_lengths: Some(memory.lengths.clone()), ..AttentionSpec::causal(dh) };
+        let spec = AttentionSpec {
+            causal: false,
+            key_lengths: Some(memory.lengths.clone()),
+            dropout: self.attention_dropout,
+            ..AttentionSpec::causal(dh)
+        };
         let y = attention(q, memory.k.clone(), memory.v.clone(), &spec).swap_dims(1, 2).reshape([b, t, h * dh]);
         self.resid_drop.forward(self.c_proj.forward(y))
     }

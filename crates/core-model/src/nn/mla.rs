@@ -32,6 +32,8 @@ pub struct MlaAttention {
     n_heads: usize,
     #[module(skip)]
     window: Option<usize>,
+    #[module(skip)]
+    attention_dropout: f64,
 }
 
 /// What a layer of MLA derives from its input: queries per head, and the per-token state a cache keeps.
@@ -64,6 +66,7 @@ impl MlaAttention {
             resid_drop: DropoutConfig::new(config.dropout).init(),
             n_heads: h,
             window: config.window,
+            attention_dropout: config.attention_dropout,
         }
     }
 
@@ -88,7 +91,11 @@ impl MlaAttention {
 
     pub fn spec(&self, p: &MlaProjections, query_offset: usize) -> AttentionSpec {
         let (dh, dr) = (p.q_c.dims()[3], p.q_r.dims()[3]);
-        AttentionSpec { query_offset, ..AttentionSpec::causal(dh + dr).with_window(self.window) }
+        AttentionSpec {
+            query_offset,
+            dropout: self.attention_dropout,
+            ..AttentionSpec::causal(dh + dr).with_window(self.window)
+        }
     }
 
     /// Expanded: k_C = c U_K, v = c U_V per head, scores (q_C·k_C + q_R·k_R) / sqrt(d_h + d_R).
