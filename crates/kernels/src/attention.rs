@@ -7,7 +7,7 @@ use burn::tensor::activation::softmax;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Distribution, Int, Tensor, TensorData};
 
-use crate::flash::{flash_attention, on_wgpu, supports_head_dim};
+use crate::flash::{flash_attention, on_flex, on_wgpu, supports_head_dim};
 
 /// What one attention call computes.
 #[derive(Clone, Debug, PartialEq)]
@@ -50,13 +50,13 @@ impl AttentionSpec {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum AttentionImpl {
-    /// Ember's WGSL kernels on wgpu, the reference path elsewhere (the default).
+    /// Ember's kernels: WGSL on wgpu, Rust on the CPU (the default).
     Auto = 0,
     /// The T×T score matrix, masked and soft-maxed with ordinary tensor ops.
     Naive = 1,
     /// Burn's `attention` module op (fused kernels where the backend has them).
     Burn = 2,
-    /// Ember's WGSL FlashAttention kernels (wgpu only; the reference path elsewhere).
+    /// Ember's FlashAttention kernels (the same as `Auto`).
     Flash = 3,
 }
 
@@ -100,8 +100,8 @@ pub fn attention_with(imp: AttentionImpl, q: Tensor<4>, k: Tensor<4>, v: Tensor<
     let [_, hq, _, d] = q.dims();
     let width = d.max(v.dims()[3]);
     let dropping = spec.dropout > 0.0 && q.device().is_autodiff();
-    if matches!(imp, AttentionImpl::Auto | AttentionImpl::Flash) && !dropping && supports_head_dim(width) && on_wgpu(&q)
-    {
+    let kernels = (supports_head_dim(width) && on_wgpu(&q)) || on_flex(&q);
+    if matches!(imp, AttentionImpl::Auto | AttentionImpl::Flash) && !dropping && kernels {
         // Values narrower than queries (MLA's q, k = [q_C; q_R]) are padded with zero columns, and the output cut
         // back; queries and keys narrower than values get zero columns too, which leave q kᵀ unchanged.
         let dv = v.dims()[3];

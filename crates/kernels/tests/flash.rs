@@ -1,11 +1,17 @@
-//! Ember's WGSL attention kernels on wgpu (lavapipe without a GPU) against the reference path on the CPU, f32,
-//! max abs error ≤ 1e-4 for outputs and for the gradients of q, k and v, over a randomized sweep of lengths, head
-//! dimensions, GQA groups, masks, padding, query offsets, decoding and pages. Under CI a missing adapter fails.
+//! Ember's attention kernels — Rust on the CPU, WGSL on wgpu (lavapipe without a GPU) — against the reference path
+//! on the CPU, f32, max abs error ≤ 1e-4 for outputs and for the gradients of q, k and v, over a randomized sweep of
+//! lengths, head dimensions, GQA groups, masks, padding, query offsets, decoding and pages. Under CI a missing
+//! adapter fails.
 
 use burn::tensor::{Device, Tensor, TensorData};
 use ember_kernels::{AttentionImpl, AttentionSpec, attention_with, paged_attention, wgpu_test_device};
 
 const TOLERANCE: f32 = 1e-4;
+
+/// The CPU, and wgpu where an adapter is present.
+fn kernel_devices() -> Vec<Device> {
+    std::iter::once(Device::flex()).chain(wgpu_test_device()).collect()
+}
 
 /// xorshift64* draws mapped to N(0, 1) by Box–Muller: the same data on both devices, run after run.
 struct Draws(u64);
@@ -78,10 +84,10 @@ fn run(imp: AttentionImpl, case: &Case, x: &Inputs, device: &Device) -> [Tensor<
     [o.inner(), grad(&q), grad(&k), grad(&v)]
 }
 
-fn check(case: &Case, draws: &mut Draws, gpu: &Device) -> f32 {
+fn check(case: &Case, draws: &mut Draws, device: &Device) -> f32 {
     let x = case.inputs(draws);
     let reference = run(AttentionImpl::Naive, case, &x, &Device::flex());
-    let flash = run(AttentionImpl::Flash, case, &x, gpu);
+    let flash = run(AttentionImpl::Flash, case, &x, device);
     let names = ["o", "dq", "dk", "dv"];
     let mut worst = 0.0f32;
     for ((name, a), b) in names.iter().zip(flash).zip(reference) {
@@ -115,23 +121,23 @@ fn random_case(draws: &mut Draws, d: usize, group: usize) -> Case {
 
 #[test]
 fn flash_forward_and_backward_equal_the_reference_over_a_randomized_sweep() {
-    let Some(gpu) = wgpu_test_device() else { return };
-    let mut draws = Draws(0x5eed_f1a5);
-    let mut worst = 0.0f32;
-    for d in [32, 64, 128] {
-        for group in [1, 2, 4] {
-            for _ in 0..4 {
-                let case = random_case(&mut draws, d, group);
-                worst = worst.max(check(&case, &mut draws, &gpu));
+    for device in kernel_devices() {
+        let mut draws = Draws(0x5eed_f1a5);
+        let mut worst = 0.0f32;
+        for d in [32, 64, 128] {
+            for group in [1, 2, 4] {
+                for _ in 0..4 {
+                    let case = random_case(&mut draws, d, group);
+                    worst = worst.max(check(&case, &mut draws, &device));
+                }
             }
         }
+        eprintln!("{device:?}: worst max abs error over the sweep: {worst:e}");
     }
-    eprintln!("worst max abs error over the sweep: {worst:e}");
 }
 
 #[test]
 fn edge_cases_equal_the_reference() {
-    let Some(gpu) = wgpu_test_device() else { return };
     let mut draws = Draws(7);
     let base = Case { b: 2, hq: 4, hkv: 2, tq: 9, tk: 9, d: 64, spec: AttentionSpec::causal(64) };
     let cases = [
@@ -160,14 +166,15 @@ fn edge_cases_equal_the_reference() {
             ..base.clone()
         },
     ];
-    for case in cases {
-        check(&case, &mut draws, &gpu);
+    for device in kernel_devices() {
+        for case in &cases {
+            check(case, &mut draws, &device);
+        }
     }
 }
 
 #[test]
 fn paged_decoding_reads_keys_through_the_page_table() {
-    let Some(gpu) = wgpu_test_device() else { return };
     let mut draws = Draws(11);
     let (hkv, hq, p, d) = (2, 4, 16, 64);
     let lengths = [70usize, 33];
@@ -208,14 +215,16 @@ fn paged_decoding_reads_keys_through_the_page_table() {
         tensor(gather(&v_pool), [2, hkv, tk, d], &cpu),
         &spec,
     );
-    let paged = paged_attention(
-        tensor(q, [2, hq, 1, d], &gpu),
-        tensor(k_pool, [20, hkv, p, d], &gpu),
-        tensor(v_pool, [20, hkv, p, d], &gpu),
-        table,
-        tk,
-        &spec,
-    );
-    let case = Case { b: 2, hq, hkv, tq: 1, tk, d, spec };
-    max_diff("paged o", &case, paged, reference);
+    let case = Case { b: 2, hq, hkv, tq: 1, tk, d, spec: spec.clone() };
+    for device in kernel_devices() {
+        let paged = paged_attention(
+            tensor(q.clone(), [2, hq, 1, d], &device),
+            tensor(k_pool.clone(), [20, hkv, p, d], &device),
+            tensor(v_pool.clone(), [20, hkv, p, d], &device),
+            table.clone(),
+            tk,
+            &spec,
+        );
+        max_diff("paged o", &case, paged, reference.clone());
+    }
 }

@@ -1,9 +1,11 @@
 //! Ember's WGSL FlashAttention on wgpu tensors: a tiled forward that saves the row log-sum-exp, a FlashAttention-2
 //! backward registered with autodiff, flash-decoding for a few query rows against a long cache, and decoding variants
-//! that read keys and values through a page table or as int8 codes dequantized in the kernel. Shaders are in `shaders/`; [`crate::attention`] routes here.
+//! that read keys and values through a page table or as int8 codes dequantized in the kernel. Shaders are in `shaders/`;
+//! the same operations on the CPU are Rust (`flex.rs`). [`crate::attention`] routes here.
 
 mod autodiff;
 mod cube;
+mod flex;
 
 use burn::backend::fusion::custom::TensorSpec;
 use burn::backend::{
@@ -96,7 +98,7 @@ fn int8_meta(
 }
 
 /// Attention as backend operations; the wgpu implementation launches the WGSL kernels.
-#[backend_extension(Cube, Fusion, Autodiff)]
+#[backend_extension(Cube, Flex, Fusion, Autodiff)]
 pub trait FlashOps: Backend {
     /// (o, lse): o = softmax(q kᵀ·scale + mask) v and lse_i = log Σ_j e^(s_ij), tiled or split over keys.
     #[fusion(meta = forward_meta)]
@@ -145,6 +147,11 @@ pub fn decodes_in_place(q: &Tensor<4>) -> bool {
 /// True when `tensor` lives on a wgpu device (with or without autodiff), where the WGSL kernels run.
 pub fn on_wgpu(tensor: &Tensor<4>) -> bool {
     matches!(tensor.device().as_dispatch().clone().inner(), burn::backend::DispatchDevice::Cube(_))
+}
+
+/// Whether a tensor lives on the CPU device (burn-flex), where the kernels are Rust (`flex.rs`).
+pub fn on_flex(tensor: &Tensor<4>) -> bool {
+    matches!(tensor.device().as_dispatch().clone().inner(), burn::backend::DispatchDevice::Flex(_))
 }
 
 /// o = softmax(q kᵀ·scale + mask) v on wgpu with Ember's kernels; differentiable under autodiff.
