@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use ember_kernels::{AttentionImpl, set_attention_impl};
-use ember_train::{Trainer, corpus};
+use ember_train::{StepPhases, Trainer, corpus};
 
 use crate::config::RunConfig;
 use crate::devices::{self, DeviceChoice};
@@ -87,12 +87,20 @@ fn bench_train(args: BenchTrainArgs, device: DeviceChoice) -> Result<()> {
         for _ in 0..args.warmup {
             trainer.step();
         }
+        trainer.phases = StepPhases::default();
         let started = Instant::now();
         for _ in 0..args.steps {
             trainer.step();
         }
         let tps = (args.steps as usize * trainer.tokens_per_step()) as f64 / started.elapsed().as_secs_f64();
-        println!("round {round}: ember   {tps:>10.0} tokens/s");
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / args.steps as f64;
+        let p = trainer.phases;
+        println!(
+            "round {round}: ember   {tps:>10.0} tokens/s  ms/step: forward+loss {:.1}, backward {:.1}, optimizer {:.1}",
+            ms(p.forward),
+            ms(p.backward),
+            ms(p.optimizer)
+        );
         ember.push(tps);
         if let Some(python) = &args.pytorch {
             let tps = pytorch_round(python, &resolved, &args, threads)?;

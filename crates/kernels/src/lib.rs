@@ -5,8 +5,10 @@ pub mod adapters;
 pub mod attention;
 pub mod flash;
 pub mod memory;
+pub mod norm;
 
 pub use adapters::{Adapter, wgpu_adapters, wgpu_test_device};
 pub use attention::{AttentionImpl, AttentionSpec, attention, attention_with, set_attention_impl};
 pub use flash::{Int8Kv, decodes_in_place, flash_attention, int8_attention, paged_attention};
 pub use memory::{DeviceMemory, device_memory};
+pub use norm::{NormParams, norm};

@@ -14,4 +14,4 @@ pub mod trainer;
 pub mod translation;
 
 pub use config::{DataConfig, TrainConfig};
-pub use trainer::{EvalReport, Observer, StepReport, TrainError, Trainer};
+pub use trainer::{EvalReport, Observer, StepPhases, StepReport, TrainError, Trainer};

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
@@ -72,6 +72,18 @@ pub struct Trainer {
     params: Vec<ParamInfo>,
     corpus: Corpus,
     pub state: TrainState,
+    /// Where the steps' time went so far.
+    pub phases: StepPhases,
+}
+
+/// Time spent in each phase of the training steps (the CPU backends run eagerly, so the clock sees each phase).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepPhases {
+    /// Batch, forward pass and loss (read back).
+    pub forward: Duration,
+    pub backward: Duration,
+    /// Gradient norm, clipping and the optimizer update.
+    pub optimizer: Duration,
 }
 
 impl Trainer {
@@ -109,6 +121,7 @@ impl Trainer {
             model,
             config,
             state,
+            phases: StepPhases::default(),
         }
     }
 
@@ -147,16 +160,22 @@ impl Trainer {
         let mut accumulator = GradientsAccumulator::<Gpt>::new();
         let mut loss_sum = 0.0;
         for _ in 0..accum {
+            let started = Instant::now();
             let batch = self.state.sampler.batch(&self.corpus.train, b, t, &self.device);
             let loss = lm_loss(self.model.forward(batch.x), batch.y, None) / accum as f64;
             loss_sum += loss.clone().into_scalar::<f32>();
+            let forward_done = Instant::now();
             let grads = GradientsParams::from_grads(loss.backward(), &self.model);
             accumulator.accumulate(&self.model, grads);
+            self.phases.forward += forward_done - started;
+            self.phases.backward += forward_done.elapsed();
         }
+        let started = Instant::now();
         let grads = accumulator.grads();
         let norm = global_grad_norm(&self.model, &grads);
         let scale = clip_scale(norm, self.config.grad_clip);
         self.model = self.optim.step(self.model.clone(), &grads, lr, scale);
+        self.phases.optimizer += started.elapsed();
         self.state.step += 1;
         self.state.tokens += (b * t * accum) as u64;
         (loss_sum, norm)

@@ -2,6 +2,7 @@
 
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor};
+use ember_kernels::{NormParams, norm};
 
 use crate::config::NormKind;
 use crate::init;
@@ -22,21 +23,10 @@ impl Norm {
         Self { gamma: init::constant([d], 1.0, device), beta, kind, eps }
     }
 
+    /// γ ⊙ LN(x) + β with LN(x) = (x − μ) / sqrt(σ² + ε) (σ² biased), or γ ⊙ x / sqrt(mean(x²) + ε).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let y = match self.kind {
-            // LN(x) = (x − μ) / sqrt(σ² + ε), σ² the biased variance.
-            NormKind::LayerNorm => {
-                let (var, mean) = x.clone().var_mean_bias(D - 1);
-                (x - mean) / (var + self.eps).sqrt()
-            }
-            // RMS(x) = x / sqrt(mean(x²) + ε).
-            NormKind::RmsNorm => x.clone() / (x.square().mean_dim(D - 1) + self.eps).sqrt(),
-        };
-        let y = y * self.gamma.val().unsqueeze();
-        match &self.beta {
-            Some(beta) => y + beta.val().unsqueeze(),
-            None => y,
-        }
+        let params = NormParams { rms: self.kind == NormKind::RmsNorm, eps: self.eps };
+        norm(x, self.gamma.val(), self.beta.as_ref().map(|b| b.val()), params)
     }
 }
 

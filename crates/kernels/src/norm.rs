@@ -1,0 +1,309 @@
+//! LayerNorm and RMSNorm over the last dimension, y = γ ⊙ x̂ + β. On the CPU one fused pass per row forward (saving
+//! the row's μ and 1/σ) and one backward, rows in parallel; elsewhere the same equations as tensor operations.
+
+use burn::backend::autodiff::{
+    Autodiff,
+    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
+    grads::Gradients,
+    ops::{Backward, Ops, OpsKind},
+};
+use burn::backend::flex::FlexTensor;
+use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension, tensor::FloatTensor};
+use burn::tensor::{Tensor, TensorData};
+use rayon::prelude::*;
+
+/// Which normalisation, and its ε.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NormParams {
+    /// RMSNorm x̂ = x / sqrt(mean(x²) + ε); else LayerNorm x̂ = (x − μ) / sqrt(σ² + ε).
+    pub rms: bool,
+    pub eps: f64,
+}
+
+/// The fused normalisation as backend operations (CPU only; other devices take [`reference`]).
+#[backend_extension(Flex, Autodiff)]
+pub trait NormOps: Backend {
+    /// (y, μ, 1/σ) for x [N, d], γ and β [d]; μ and 1/σ per row, μ = 0 for RMSNorm.
+    fn norm_forward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        params: NormParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
+    /// (dx, dγ, dβ) from dy and the saved μ, 1/σ.
+    #[allow(clippy::type_complexity)]
+    fn norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        d_y: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        params: NormParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
+
+/// γ ⊙ x̂ + β over the last dimension of x (β absent: 0).
+pub fn norm<const D: usize>(x: Tensor<D>, gamma: Tensor<1>, beta: Option<Tensor<1>>, params: NormParams) -> Tensor<D> {
+    if !on_flex(&x) {
+        return reference(x, gamma, beta, params);
+    }
+    let dims = x.dims();
+    let d = dims[D - 1];
+    let beta = beta.unwrap_or_else(|| Tensor::zeros([d], &x.device()));
+    let rows: Tensor<2> = x.reshape([dims.iter().product::<usize>() / d.max(1), d]);
+    let (y, _, _) =
+        <Dispatch as NormOps>::norm_forward(rows.into_dispatch(), gamma.into_dispatch(), beta.into_dispatch(), params);
+    Tensor::<2>::from_dispatch(y).reshape(dims)
+}
+
+/// The reference: LN(x) = (x − μ) / sqrt(σ² + ε) with the biased variance, RMS(x) = x / sqrt(mean(x²) + ε), then
+/// γ ⊙ · + β.
+pub fn reference<const D: usize>(
+    x: Tensor<D>,
+    gamma: Tensor<1>,
+    beta: Option<Tensor<1>>,
+    params: NormParams,
+) -> Tensor<D> {
+    let y = if params.rms {
+        x.clone() / (x.square().mean_dim(D - 1) + params.eps).sqrt()
+    } else {
+        let (var, mean) = x.clone().var_mean_bias(D - 1);
+        (x - mean) / (var + params.eps).sqrt()
+    };
+    let y = y * gamma.unsqueeze();
+    match beta {
+        Some(beta) => y + beta.unsqueeze(),
+        None => y,
+    }
+}
+
+fn on_flex<const D: usize>(x: &Tensor<D>) -> bool {
+    matches!(x.device().as_dispatch().clone().inner(), burn::backend::DispatchDevice::Flex(_))
+}
+
+fn contiguous(t: FlexTensor) -> FlexTensor {
+    if t.is_contiguous() { t } else { t.to_contiguous() }
+}
+
+fn floats(t: &FlexTensor) -> &[f32] {
+    t.as_slice::<f32>().expect("the CPU kernels take contiguous f32 tensors")
+}
+
+fn tensor(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape))
+}
+
+/// Rows per rayon task: enough work per task to outweigh scheduling.
+fn rows_per_task(n: usize, d: usize) -> usize {
+    (16_384 / d.max(1)).clamp(1, n.max(1))
+}
+
+impl NormOps for Flex {
+    fn norm_forward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        params: NormParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (x, gamma, beta) = (contiguous(x), contiguous(gamma), contiguous(beta));
+        let shape = x.layout().shape().to_vec();
+        let d = shape[1];
+        let (xs, g, b) = (floats(&x), floats(&gamma), floats(&beta));
+        let mut y = vec![0.0f32; xs.len()];
+        let mut mean = vec![0.0f32; shape[0]];
+        let mut rstd = vec![0.0f32; shape[0]];
+        let rows = rows_per_task(shape[0], d);
+        let tasks = y.par_chunks_mut(rows * d).zip(mean.par_chunks_mut(rows)).zip(rstd.par_chunks_mut(rows));
+        tasks.enumerate().for_each(|(task, ((y, mean), rstd))| {
+            for (r, y) in y.chunks_mut(d).enumerate() {
+                let x = &xs[(task * rows + r) * d..][..d];
+                // μ and σ² (biased) of the row; RMSNorm: μ = 0, σ² = mean(x²).
+                let mu = if params.rms { 0.0 } else { x.iter().sum::<f32>() / d as f32 };
+                let var = x.iter().map(|v| (v - mu) * (v - mu)).sum::<f32>() / d as f32;
+                let s = 1.0 / (var + params.eps as f32).sqrt();
+                for e in 0..d {
+                    y[e] = (x[e] - mu) * s * g[e] + b[e];
+                }
+                (mean[r], rstd[r]) = (mu, s);
+            }
+        });
+        let n = shape[0];
+        (tensor(y, shape), tensor(mean, vec![n]), tensor(rstd, vec![n]))
+    }
+
+    fn norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        d_y: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        params: NormParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (x, gamma, d_y) = (contiguous(x), contiguous(gamma), contiguous(d_y));
+        let (mean, rstd) = (contiguous(mean), contiguous(rstd));
+        let shape = x.layout().shape().to_vec();
+        let d = shape[1];
+        let (xs, g, dys, mus, ss) = (floats(&x), floats(&gamma), floats(&d_y), floats(&mean), floats(&rstd));
+        let mut dx = vec![0.0f32; xs.len()];
+        let rows = rows_per_task(shape[0], d);
+        // dx = s (ĝ − mean(ĝ) − x̂ mean(ĝ ⊙ x̂)) with ĝ = dy ⊙ γ (RMSNorm: no mean(ĝ) term); dγ = Σ dy ⊙ x̂,
+        // dβ = Σ dy, summed per task and then over tasks.
+        let partial: Vec<(Vec<f32>, Vec<f32>)> = dx
+            .par_chunks_mut(rows * d)
+            .enumerate()
+            .map(|(task, dx)| {
+                let (mut dg, mut db) = (vec![0.0f32; d], vec![0.0f32; d]);
+                let mut xhat = vec![0.0f32; d];
+                for (r, dx) in dx.chunks_mut(d).enumerate() {
+                    let row = task * rows + r;
+                    let (x, dy, mu, s) = (&xs[row * d..][..d], &dys[row * d..][..d], mus[row], ss[row]);
+                    let (mut sum_g, mut sum_gx) = (0.0f32, 0.0f32);
+                    for e in 0..d {
+                        xhat[e] = (x[e] - mu) * s;
+                        let gh = dy[e] * g[e];
+                        sum_g += gh;
+                        sum_gx += gh * xhat[e];
+                        dg[e] += dy[e] * xhat[e];
+                        db[e] += dy[e];
+                    }
+                    let mean_g = if params.rms { 0.0 } else { sum_g / d as f32 };
+                    let mean_gx = sum_gx / d as f32;
+                    for e in 0..d {
+                        dx[e] = s * (dy[e] * g[e] - mean_g - xhat[e] * mean_gx);
+                    }
+                }
+                (dg, db)
+            })
+            .collect();
+        let (mut dg, mut db) = (vec![0.0f32; d], vec![0.0f32; d]);
+        for (pg, pb) in partial {
+            dg.iter_mut().zip(pg).for_each(|(a, b)| *a += b);
+            db.iter_mut().zip(pb).for_each(|(a, b)| *a += b);
+        }
+        (tensor(dx, shape), tensor(dg, vec![d]), tensor(db, vec![d]))
+    }
+}
+
+#[derive(Debug)]
+struct NormBackward;
+
+impl<B: NormOps> Backward<B, 3> for NormBackward {
+    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, NormParams);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node_x, node_gamma, node_beta] = ops.parents;
+        let d_y = grads.consume::<B>(&ops.node);
+        let (x, gamma, mean, rstd, params) = ops.state;
+        let (dx, dg, db) = B::norm_backward(x, gamma, d_y, mean, rstd, params);
+        for (node, grad) in [(node_x, dx), (node_gamma, dg), (node_beta, db)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+impl<B: NormOps, C: CheckpointStrategy> NormOps for Autodiff<B, C> {
+    fn norm_forward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        params: NormParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let prepared = NormBackward.prepare::<C>([x.node(), gamma.node(), beta.node()]).compute_bound().stateful();
+        let (xi, gi) = (x.into_primitive(), gamma.into_primitive());
+        let (y, mean, rstd) = B::norm_forward(xi.clone(), gi.clone(), beta.into_primitive(), params);
+        match prepared {
+            OpsKind::Tracked(prep) => {
+                let state = (xi, gi, mean.clone(), rstd.clone(), params);
+                (prep.finish(state, y), Self::from_inner(mean), Self::from_inner(rstd))
+            }
+            OpsKind::UnTracked(prep) => (prep.finish(y), Self::from_inner(mean), Self::from_inner(rstd)),
+        }
+    }
+
+    fn norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        d_y: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        params: NormParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (dx, dg, db) = B::norm_backward(
+            x.into_primitive(),
+            gamma.into_primitive(),
+            d_y.into_primitive(),
+            mean.into_primitive(),
+            rstd.into_primitive(),
+            params,
+        );
+        (Self::from_inner(dx), Self::from_inner(dg), Self::from_inner(db))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::{Device, Distribution};
+
+    fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+        t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
+    }
+
+    fn max_diff(a: Vec<f32>, b: Vec<f32>) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    }
+
+    /// y and the gradients of Σ w ⊙ y for x, γ, β, by the fused path or the reference.
+    fn run(
+        fused: bool,
+        rms: bool,
+        bias: bool,
+        x: &Tensor<3>,
+        w: &Tensor<3>,
+        g: &Tensor<1>,
+        b: &Tensor<1>,
+    ) -> Vec<Vec<f32>> {
+        let device = Device::flex().autodiff();
+        let on = |t: Vec<f32>, shape: Vec<usize>| TensorData::new(t, shape);
+        let x = Tensor::<3>::from_data(on(values(x.clone()), x.dims().to_vec()), &device).require_grad();
+        let g = Tensor::<1>::from_data(on(values(g.clone()), g.dims().to_vec()), &device).require_grad();
+        let b = Tensor::<1>::from_data(on(values(b.clone()), b.dims().to_vec()), &device).require_grad();
+        let w = Tensor::<3>::from_data(on(values(w.clone()), w.dims().to_vec()), &device);
+        let params = NormParams { rms, eps: 1e-5 };
+        let beta = bias.then(|| b.clone());
+        let y = if fused {
+            norm(x.clone(), g.clone(), beta, params)
+        } else {
+            reference(x.clone(), g.clone(), beta, params)
+        };
+        let grads = (y.clone() * w).sum().backward();
+        let mut out = vec![values(y.inner()), values(x.grad(&grads).unwrap()), values(g.grad(&grads).unwrap())];
+        if bias {
+            out.push(values(b.grad(&grads).unwrap()));
+        }
+        out
+    }
+
+    #[test]
+    fn fused_norms_equal_the_reference_forward_and_backward() {
+        let dev = Device::flex();
+        for (rows, d) in [(3, 7), (37, 64), (300, 384)] {
+            let x = Tensor::<3>::random([1, rows, d], Distribution::Normal(0.5, 2.0), &dev);
+            let w = Tensor::<3>::random([1, rows, d], Distribution::Normal(0.0, 1.0), &dev);
+            let g = Tensor::<1>::random([d], Distribution::Normal(1.0, 0.3), &dev);
+            let b = Tensor::<1>::random([d], Distribution::Normal(0.0, 0.3), &dev);
+            for (rms, bias) in [(false, true), (false, false), (true, false)] {
+                let fused = run(true, rms, bias, &x, &w, &g, &b);
+                let reference = run(false, rms, bias, &x, &w, &g, &b);
+                for (i, (a, r)) in fused.into_iter().zip(reference).enumerate() {
+                    let diff = max_diff(a, r);
+                    assert!(diff <= 1e-4, "rows {rows}, d {d}, rms {rms}, output {i}: max abs error {diff}");
+                }
+            }
+        }
+    }
+}
