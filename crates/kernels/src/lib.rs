@@ -1,14 +1,18 @@
 //! Attention and other hot ops behind one entry point per op. Every model calls [`attention`]; which
 //! implementation runs is chosen here, so models never change when a faster kernel lands.
 
+pub mod activation;
 pub mod adapters;
 pub mod attention;
+pub mod cross_entropy;
 pub mod flash;
 pub mod memory;
 pub mod norm;
 
+pub use activation::gelu;
 pub use adapters::{Adapter, wgpu_adapters, wgpu_test_device};
 pub use attention::{AttentionImpl, AttentionSpec, attention, attention_with, set_attention_impl};
+pub use cross_entropy::cross_entropy;
 pub use flash::{Int8Kv, decodes_in_place, flash_attention, int8_attention, paged_attention};
 pub use memory::{DeviceMemory, device_memory};
 pub use norm::{NormParams, norm};

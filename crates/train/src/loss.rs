@@ -1,16 +1,15 @@
 //! The causal language-modelling loss, and label-smoothed cross-entropy for translation.
 
-use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor};
+use ember_kernels::cross_entropy;
 
 /// L = −(1/|M|) Σ_{(b,t) ∈ M} log softmax(z_{b,t})[y_{b,t}], for logits z [B, T, V] and targets y [B, T]
 /// (the inputs shifted by one); M is every position, or those where `mask` is 1 (e.g. to exclude a prompt).
 pub fn lm_loss(logits: Tensor<3>, targets: Tensor<2, Int>, mask: Option<Tensor<2>>) -> Tensor<1> {
-    let [b, t, _] = logits.dims();
-    let log_p = log_softmax(logits, 2).gather(2, targets.unsqueeze_dim::<3>(2)).reshape([b, t]);
+    let per_token = token_losses(logits, targets, 0.0);
     match mask {
-        None => -log_p.mean(),
-        Some(mask) => -(log_p * mask.clone()).sum() / mask.sum(),
+        None => per_token.mean(),
+        Some(mask) => (per_token * mask.clone()).sum() / mask.sum(),
     }
 }
 
@@ -18,12 +17,14 @@ pub fn lm_loss(logits: Tensor<3>, targets: Tensor<2, Int>, mask: Option<Tensor<2
 /// L = −(1/|M|) Σ_{(b,t) ∈ M} Σ_v q_v log p_v = (1 − ε)·NLL + ε·mean_v(−log p_v) (Szegedy et al. 2016; the 2017
 /// Transformer uses ε = 0.1). Padding positions (mask 0) contribute nothing.
 pub fn smoothed_loss(logits: Tensor<3>, targets: Tensor<2, Int>, mask: Tensor<2>, epsilon: f64) -> Tensor<1> {
-    let [b, t, _] = logits.dims();
-    let log_p = log_softmax(logits, 2);
-    let nll = -log_p.clone().gather(2, targets.unsqueeze_dim::<3>(2)).reshape([b, t]);
-    let uniform = -log_p.mean_dim(2).reshape([b, t]);
-    let per_token = nll * (1.0 - epsilon) + uniform * epsilon;
+    let per_token = token_losses(logits, targets, epsilon);
     (per_token * mask.clone()).sum() / mask.sum()
+}
+
+/// −Σ_v q_v log p_v at every position [B, T], by the kernels' fused cross-entropy.
+fn token_losses(logits: Tensor<3>, targets: Tensor<2, Int>, epsilon: f64) -> Tensor<2> {
+    let [b, t, v] = logits.dims();
+    cross_entropy(logits.reshape([b * t, v]), targets.reshape([b * t]), epsilon).reshape([b, t])
 }
 
 #[cfg(test)]

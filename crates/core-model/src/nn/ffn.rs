@@ -2,8 +2,9 @@
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
-use burn::tensor::activation::{gelu, gelu_approximate, relu, silu};
+use burn::tensor::activation::{gelu_approximate, relu, silu};
 use burn::tensor::{Device, Tensor};
+use ember_kernels::gelu;
 
 use crate::config::FfnKind;
 use crate::nn::linear;

@@ -1,0 +1,209 @@
+//! Cross-entropy per row of logits, with label smoothing: ℓ = (1 − ε)(lse − x_y) + ε (lse − mean_v x_v), which is
+//! −Σ_v q_v log p_v for q = (1 − ε) one_hot(y) + ε/V. On the CPU one pass per row computes lse and ℓ, and the
+//! backward writes ∂ℓ/∂x = p − q in one more pass, with no [N, V] log-probability tensor kept; elsewhere the same
+//! equations as tensor operations.
+
+use burn::backend::autodiff::{
+    Autodiff,
+    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
+    grads::Gradients,
+    ops::{Backward, Ops, OpsKind},
+};
+use burn::backend::flex::FlexTensor;
+use burn::backend::{
+    AutodiffBackend, Backend, Dispatch, Flex, backend_extension,
+    tensor::{FloatTensor, IntTensor},
+};
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Int, Tensor, TensorData};
+use rayon::prelude::*;
+
+/// The fused loss as backend operations (CPU only; other devices take [`reference`]).
+#[backend_extension(Flex, Autodiff)]
+pub trait CrossEntropyOps: Backend {
+    /// (ℓ, lse) per row of logits [N, V] with targets [N].
+    fn cross_entropy_forward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        epsilon: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// ∂L/∂x = dℓ ⊙ (softmax(x) − q), row by row, from the saved lse.
+    fn cross_entropy_backward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_loss: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> FloatTensor<Self>;
+}
+
+/// ℓ per row of logits [N, V] against targets [N], label smoothing ε.
+pub fn cross_entropy(logits: Tensor<2>, targets: Tensor<1, Int>, epsilon: f64) -> Tensor<1> {
+    if !matches!(logits.device().as_dispatch().clone().inner(), burn::backend::DispatchDevice::Flex(_)) {
+        return reference(logits, targets, epsilon);
+    }
+    let (loss, _) = <Dispatch as CrossEntropyOps>::cross_entropy_forward(
+        logits.into_dispatch(),
+        targets.into_dispatch(),
+        epsilon as f32,
+    );
+    Tensor::from_dispatch(loss)
+}
+
+/// The reference: log p = log_softmax(x), ℓ = −(1 − ε) log p_y − ε mean_v log p_v.
+pub fn reference(logits: Tensor<2>, targets: Tensor<1, Int>, epsilon: f64) -> Tensor<1> {
+    let n = logits.dims()[0];
+    let log_p = log_softmax(logits, 1);
+    let nll = -log_p.clone().gather(1, targets.unsqueeze_dim::<2>(1)).reshape([n]);
+    let uniform = -log_p.mean_dim(1).reshape([n]);
+    nll * (1.0 - epsilon) + uniform * epsilon
+}
+
+fn contiguous(t: FlexTensor) -> FlexTensor {
+    if t.is_contiguous() { t } else { t.to_contiguous() }
+}
+
+fn floats(t: &FlexTensor) -> &[f32] {
+    t.as_slice::<f32>().expect("the CPU kernels take contiguous f32 tensors")
+}
+
+fn tensor(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape))
+}
+
+fn indices(targets: FlexTensor) -> Vec<usize> {
+    targets.into_data().iter::<i64>().map(|y| y as usize).collect()
+}
+
+impl CrossEntropyOps for Flex {
+    fn cross_entropy_forward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        epsilon: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let logits = contiguous(logits);
+        let [n, v] = [logits.layout().shape()[0], logits.layout().shape()[1]];
+        let (x, y) = (floats(&logits), indices(targets));
+        let mut loss = vec![0.0f32; n];
+        let mut lse = vec![0.0f32; n];
+        loss.par_iter_mut().zip(lse.par_iter_mut()).enumerate().for_each(|(r, (loss, lse))| {
+            let row = &x[r * v..][..v];
+            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let sum: f32 = row.iter().map(|&a| (a - m).exp()).sum();
+            *lse = m + sum.ln();
+            let mean = row.iter().sum::<f32>() / v as f32;
+            *loss = (1.0 - epsilon) * (*lse - row[y[r]]) + epsilon * (*lse - mean);
+        });
+        (tensor(loss, vec![n]), tensor(lse, vec![n]))
+    }
+
+    fn cross_entropy_backward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_loss: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> FloatTensor<Self> {
+        let (logits, lse, d_loss) = (contiguous(logits), contiguous(lse), contiguous(d_loss));
+        let shape = logits.layout().shape().to_vec();
+        let v = shape[1];
+        let (x, y, lse, dl) = (floats(&logits), indices(targets), floats(&lse), floats(&d_loss));
+        let mut dx = vec![0.0f32; x.len()];
+        dx.par_chunks_mut(v.max(1)).enumerate().for_each(|(r, dx)| {
+            let (row, g) = (&x[r * v..][..v], dl[r]);
+            // p − q with q = (1 − ε) one_hot(y) + ε/V.
+            for (d, &a) in dx.iter_mut().zip(row) {
+                *d = g * ((a - lse[r]).exp() - epsilon / v as f32);
+            }
+            dx[y[r]] -= g * (1.0 - epsilon);
+        });
+        tensor(dx, shape)
+    }
+}
+
+#[derive(Debug)]
+struct CrossEntropyBackward;
+
+impl<B: CrossEntropyOps> Backward<B, 1> for CrossEntropyBackward {
+    type State = (FloatTensor<B>, IntTensor<B>, FloatTensor<B>, f32);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node_logits] = ops.parents;
+        let d_loss = grads.consume::<B>(&ops.node);
+        let (logits, targets, lse, epsilon) = ops.state;
+        if let Some(node) = node_logits {
+            grads.register::<B>(node.id, B::cross_entropy_backward(logits, targets, lse, d_loss, epsilon));
+        }
+    }
+}
+
+impl<B: CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Autodiff<B, C> {
+    fn cross_entropy_forward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        epsilon: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let prepared = CrossEntropyBackward.prepare::<C>([logits.node()]).compute_bound().stateful();
+        let x = logits.into_primitive();
+        let (loss, lse) = B::cross_entropy_forward(x.clone(), targets.clone(), epsilon);
+        match prepared {
+            OpsKind::Tracked(prep) => (prep.finish((x, targets, lse.clone(), epsilon), loss), Self::from_inner(lse)),
+            OpsKind::UnTracked(prep) => (prep.finish(loss), Self::from_inner(lse)),
+        }
+    }
+
+    fn cross_entropy_backward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_loss: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> FloatTensor<Self> {
+        let (logits, lse, d_loss) = (logits.into_primitive(), lse.into_primitive(), d_loss.into_primitive());
+        Self::from_inner(B::cross_entropy_backward(logits, targets, lse, d_loss, epsilon))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::{Device, Distribution};
+
+    fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+        t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
+    }
+
+    /// Per-row losses and the gradient of Σ w ⊙ ℓ for the logits, fused or by the reference.
+    fn run(fused: bool, x: &[f32], y: &[i64], w: &[f32], [n, v]: [usize; 2], epsilon: f64) -> [Vec<f32>; 2] {
+        let device = Device::flex().autodiff();
+        let logits = Tensor::<2>::from_data(TensorData::new(x.to_vec(), [n, v]), &device).require_grad();
+        let targets = Tensor::<1, Int>::from_data(TensorData::new(y.to_vec(), [n]), &device);
+        let weights = Tensor::<1>::from_data(TensorData::new(w.to_vec(), [n]), &device);
+        let loss = if fused {
+            cross_entropy(logits.clone(), targets, epsilon)
+        } else {
+            reference(logits.clone(), targets, epsilon)
+        };
+        let grads = (loss.clone() * weights).sum().backward();
+        [values(loss.inner()), values(logits.grad(&grads).unwrap())]
+    }
+
+    #[test]
+    fn fused_cross_entropy_equals_the_reference_forward_and_backward() {
+        let dev = Device::flex();
+        for (n, v) in [(1, 2), (13, 65), (70, 6000)] {
+            let x = values(Tensor::<2>::random([n, v], Distribution::Normal(0.0, 3.0), &dev));
+            let w = values(Tensor::<1>::random([n], Distribution::Normal(0.0, 1.0), &dev));
+            let y: Vec<i64> = (0..n).map(|r| ((r * 7919 + 3) % v) as i64).collect();
+            for epsilon in [0.0, 0.1] {
+                let fused = run(true, &x, &y, &w, [n, v], epsilon);
+                let reference = run(false, &x, &y, &w, [n, v], epsilon);
+                for (what, (a, b)) in ["loss", "dlogits"].iter().zip(fused.iter().zip(&reference)) {
+                    let diff = a.iter().zip(b).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
+                    assert!(diff <= 1e-4, "{what}, N {n}, V {v}, ε {epsilon}: max abs error {diff}");
+                }
+            }
+        }
+    }
+}
