@@ -7,10 +7,11 @@ use burn::backend::autodiff::{
     grads::Gradients,
     ops::{Backward, Ops, OpsKind},
 };
-use burn::backend::flex::FlexTensor;
 use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension, tensor::FloatTensor};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::Tensor;
 use rayon::prelude::*;
+
+use crate::cpu::{contiguous, floats, on_cpu, tensor};
 
 /// The fused activation as backend operations (CPU only; other devices take Burn's `gelu`).
 #[backend_extension(Flex, Autodiff)]
@@ -23,21 +24,13 @@ pub trait GeluOps: Backend {
 
 /// GELU(x) elementwise.
 pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
-    if !matches!(x.device().as_dispatch().clone().inner(), burn::backend::DispatchDevice::Flex(_)) {
+    if !on_cpu(&x.device()) {
         return burn::tensor::activation::gelu(x);
     }
     Tensor::from_dispatch(<Dispatch as GeluOps>::fused_gelu(x.into_dispatch()))
 }
 
 const CHUNK: usize = 16_384;
-
-fn contiguous(t: FlexTensor) -> FlexTensor {
-    if t.is_contiguous() { t } else { t.to_contiguous() }
-}
-
-fn floats(t: &FlexTensor) -> &[f32] {
-    t.as_slice::<f32>().expect("the CPU kernels take contiguous f32 tensors")
-}
 
 /// Φ(x) = ½ (1 + erf(x/√2)).
 fn cdf(x: f32) -> f32 {
@@ -53,7 +46,7 @@ impl GeluOps for Flex {
         y.par_chunks_mut(CHUNK).zip(xs.par_chunks(CHUNK)).for_each(|(y, x)| {
             y.iter_mut().zip(x).for_each(|(y, &x)| *y = x * cdf(x));
         });
-        FlexTensor::from_data(TensorData::new(y, shape))
+        tensor(y, &shape)
     }
 
     fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -68,7 +61,7 @@ impl GeluOps for Flex {
                 *dx = dy * (cdf(x) + x * inv_sqrt_2pi * (-0.5 * x * x).exp());
             }
         });
-        FlexTensor::from_data(TensorData::new(dx, shape))
+        tensor(dx, &shape)
     }
 }
 
@@ -106,7 +99,7 @@ impl<B: GeluOps, C: CheckpointStrategy> GeluOps for Autodiff<B, C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::{Device, Distribution};
+    use burn::tensor::{Device, Distribution, TensorData};
 
     fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
         t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()

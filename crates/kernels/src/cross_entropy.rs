@@ -15,8 +15,10 @@ use burn::backend::{
     tensor::{FloatTensor, IntTensor},
 };
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor};
 use rayon::prelude::*;
+
+use crate::cpu::{contiguous, floats, on_cpu, tensor};
 
 /// The fused loss as backend operations (CPU only; other devices take [`reference`]).
 #[backend_extension(Flex, Autodiff)]
@@ -40,7 +42,7 @@ pub trait CrossEntropyOps: Backend {
 
 /// ℓ per row of logits [N, V] against targets [N], label smoothing ε.
 pub fn cross_entropy(logits: Tensor<2>, targets: Tensor<1, Int>, epsilon: f64) -> Tensor<1> {
-    if !matches!(logits.device().as_dispatch().clone().inner(), burn::backend::DispatchDevice::Flex(_)) {
+    if !on_cpu(&logits.device()) {
         return reference(logits, targets, epsilon);
     }
     let (loss, _) = <Dispatch as CrossEntropyOps>::cross_entropy_forward(
@@ -58,18 +60,6 @@ pub fn reference(logits: Tensor<2>, targets: Tensor<1, Int>, epsilon: f64) -> Te
     let nll = -log_p.clone().gather(1, targets.unsqueeze_dim::<2>(1)).reshape([n]);
     let uniform = -log_p.mean_dim(1).reshape([n]);
     nll * (1.0 - epsilon) + uniform * epsilon
-}
-
-fn contiguous(t: FlexTensor) -> FlexTensor {
-    if t.is_contiguous() { t } else { t.to_contiguous() }
-}
-
-fn floats(t: &FlexTensor) -> &[f32] {
-    t.as_slice::<f32>().expect("the CPU kernels take contiguous f32 tensors")
-}
-
-fn tensor(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
-    FlexTensor::from_data(TensorData::new(values, shape))
 }
 
 fn indices(targets: FlexTensor) -> Vec<usize> {
@@ -95,7 +85,7 @@ impl CrossEntropyOps for Flex {
             let mean = row.iter().sum::<f32>() / v as f32;
             *loss = (1.0 - epsilon) * (*lse - row[y[r]]) + epsilon * (*lse - mean);
         });
-        (tensor(loss, vec![n]), tensor(lse, vec![n]))
+        (tensor(loss, &[n]), tensor(lse, &[n]))
     }
 
     fn cross_entropy_backward(
@@ -118,7 +108,7 @@ impl CrossEntropyOps for Flex {
             }
             dx[y[r]] -= g * (1.0 - epsilon);
         });
-        tensor(dx, shape)
+        tensor(dx, &shape)
     }
 }
 
@@ -168,7 +158,7 @@ impl<B: CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Autodiff<B, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::{Device, Distribution};
+    use burn::tensor::{Device, Distribution, TensorData};
 
     fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
         t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()

@@ -4,6 +4,7 @@
 pub mod activation;
 pub mod adapters;
 pub mod attention;
+mod cpu;
 pub mod cross_entropy;
 pub mod flash;
 pub mod memory;

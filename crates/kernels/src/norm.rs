@@ -7,10 +7,11 @@ use burn::backend::autodiff::{
     grads::Gradients,
     ops::{Backward, Ops, OpsKind},
 };
-use burn::backend::flex::FlexTensor;
 use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension, tensor::FloatTensor};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::Tensor;
 use rayon::prelude::*;
+
+use crate::cpu::{contiguous, floats, on_cpu, tensor};
 
 /// Which normalisation, and its ε.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -45,7 +46,7 @@ pub trait NormOps: Backend {
 
 /// γ ⊙ x̂ + β over the last dimension of x (β absent: 0).
 pub fn norm<const D: usize>(x: Tensor<D>, gamma: Tensor<1>, beta: Option<Tensor<1>>, params: NormParams) -> Tensor<D> {
-    if !on_flex(&x) {
+    if !on_cpu(&x.device()) {
         return reference(x, gamma, beta, params);
     }
     let dims = x.dims();
@@ -76,22 +77,6 @@ pub fn reference<const D: usize>(
         Some(beta) => y + beta.unsqueeze(),
         None => y,
     }
-}
-
-fn on_flex<const D: usize>(x: &Tensor<D>) -> bool {
-    matches!(x.device().as_dispatch().clone().inner(), burn::backend::DispatchDevice::Flex(_))
-}
-
-fn contiguous(t: FlexTensor) -> FlexTensor {
-    if t.is_contiguous() { t } else { t.to_contiguous() }
-}
-
-fn floats(t: &FlexTensor) -> &[f32] {
-    t.as_slice::<f32>().expect("the CPU kernels take contiguous f32 tensors")
-}
-
-fn tensor(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
-    FlexTensor::from_data(TensorData::new(values, shape))
 }
 
 /// Rows per rayon task: enough work per task to outweigh scheduling.
@@ -129,7 +114,7 @@ impl NormOps for Flex {
             }
         });
         let n = shape[0];
-        (tensor(y, shape), tensor(mean, vec![n]), tensor(rstd, vec![n]))
+        (tensor(y, &shape), tensor(mean, &[n]), tensor(rstd, &[n]))
     }
 
     fn norm_backward(
@@ -181,7 +166,7 @@ impl NormOps for Flex {
             dg.iter_mut().zip(pg).for_each(|(a, b)| *a += b);
             db.iter_mut().zip(pb).for_each(|(a, b)| *a += b);
         }
-        (tensor(dx, shape), tensor(dg, vec![d]), tensor(db, vec![d]))
+        (tensor(dx, &shape), tensor(dg, &[d]), tensor(db, &[d]))
     }
 }
 
@@ -246,7 +231,7 @@ impl<B: NormOps, C: CheckpointStrategy> NormOps for Autodiff<B, C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::{Device, Distribution};
+    use burn::tensor::{Device, Distribution, TensorData};
 
     fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
         t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()

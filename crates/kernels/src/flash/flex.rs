@@ -6,10 +6,10 @@
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::tensor::TensorData;
 use rayon::prelude::*;
 
 use super::{FlashOps, FlashParams, KvLayout};
+use crate::cpu::{contiguous, floats, tensor};
 
 /// One call's shapes: q [b, hq, tq, d], keys and values [b, hkv, tk, d] (logically).
 #[derive(Clone, Copy)]
@@ -38,21 +38,8 @@ impl Dims {
 /// Where key/value row j of KV head g, batch row b starts in its buffer.
 type RowOf<'a> = dyn Fn(usize, usize, usize) -> usize + Sync + 'a;
 
-/// The f32 values of a tensor, contiguous.
-fn contiguous(t: FlexTensor) -> FlexTensor {
-    if t.is_contiguous() { t } else { t.to_contiguous() }
-}
-
-fn floats(t: &FlexTensor) -> &[f32] {
-    t.as_slice::<f32>().expect("the CPU kernels take contiguous f32 tensors")
-}
-
 fn shape(t: &FlexTensor) -> Vec<usize> {
     t.layout().shape().to_vec()
-}
-
-fn tensor(values: Vec<f32>, shape: &[usize]) -> FlexTensor {
-    FlexTensor::from_data(TensorData::new(values, shape.to_vec()))
 }
 
 /// Σ_e a_e b_e, eight partial sums so the compiler can vectorise it.

@@ -151,7 +151,7 @@ pub fn on_wgpu(tensor: &Tensor<4>) -> bool {
 
 /// Whether a tensor lives on the CPU device (burn-flex), where the kernels are Rust (`flex.rs`).
 pub fn on_flex(tensor: &Tensor<4>) -> bool {
-    matches!(tensor.device().as_dispatch().clone().inner(), burn::backend::DispatchDevice::Flex(_))
+    crate::cpu::on_cpu(&tensor.device())
 }
 
 /// o = softmax(q kᵀ·scale + mask) v on wgpu with Ember's kernels; differentiable under autodiff.
