@@ -46,7 +46,8 @@ pub struct BenchTrainArgs {
     /// A Python with torch: runs scripts/reference/gpt_train.py on the same config, same machine, in turns.
     #[arg(long, value_name = "PYTHON")]
     pytorch: Option<String>,
-    /// Attention implementation: auto (Ember's kernels on wgpu), flash, burn (Burn's built-in) or naive.
+    /// Attention implementation: auto (Ember's kernels: WGSL on wgpu, Rust on the CPU), flash, burn (Burn's
+    /// built-in) or naive.
     #[arg(long, default_value = "auto")]
     attention: AttentionImpl,
 }

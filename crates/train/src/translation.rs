@@ -447,11 +447,8 @@ pub fn average(run_dir: &Path, n: usize, out: &Path) -> Result<Vec<u64>, Transla
         sum.into_iter().map(|(name, (values, shape))| (name, TensorData::new(values, shape))).collect();
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
     bundle::save_tensors(&out.join(bundle::MODEL), &tensors, HashMap::new())?;
-    for file in [bundle::CONFIG, bundle::TOKENIZER, SOURCE_TOKENIZER] {
-        if file == SOURCE_TOKENIZER && !run_dir.join(file).exists() {
-            continue;
-        }
-        fs::copy(run_dir.join(file), out.join(file)).map_err(io(&run_dir.join(file)))?;
-    }
+    let config = run_dir.join(bundle::CONFIG);
+    fs::copy(&config, out.join(bundle::CONFIG)).map_err(io(&config))?;
+    save_vocabularies(&load_vocabularies(run_dir)?, out)?;
     Ok(chosen.iter().map(|(step, _)| *step).collect())
 }
