@@ -1,5 +1,6 @@
 //! `ember`: train a GPT from a TOML config, sample from a run directory, benchmark, and list devices.
 
+mod allocator;
 mod bench;
 mod bench_attention;
 mod bench_decode;
@@ -23,6 +24,9 @@ use ember_core_model::{bundle, import};
 use ember_serve::SampleConfig;
 
 use crate::devices::DeviceChoice;
+
+#[global_allocator]
+static ALLOCATOR: allocator::Recycling = allocator::Recycling::new();
 
 #[derive(Parser)]
 #[command(name = "ember", version, about = "Train and run Transformer language models on Burn")]

@@ -12,6 +12,7 @@ use burn::tensor::Tensor;
 use rayon::prelude::*;
 
 use crate::cpu::{contiguous, floats, on_cpu, tensor};
+use crate::math;
 
 /// The fused activation as backend operations (CPU only; other devices take Burn's `gelu`).
 #[backend_extension(Flex, Autodiff)]
@@ -34,7 +35,7 @@ const CHUNK: usize = 16_384;
 
 /// Φ(x) = ½ (1 + erf(x/√2)).
 fn cdf(x: f32) -> f32 {
-    0.5 * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
+    0.5 * (1.0 + math::erf(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
 impl GeluOps for Flex {
@@ -58,7 +59,7 @@ impl GeluOps for Flex {
         let mut dx = vec![0.0f32; xs.len()];
         dx.par_chunks_mut(CHUNK).zip(xs.par_chunks(CHUNK).zip(dys.par_chunks(CHUNK))).for_each(|(dx, (x, dy))| {
             for ((dx, &x), &dy) in dx.iter_mut().zip(x).zip(dy) {
-                *dx = dy * (cdf(x) + x * inv_sqrt_2pi * (-0.5 * x * x).exp());
+                *dx = dy * (cdf(x) + x * inv_sqrt_2pi * math::exp(-0.5 * x * x));
             }
         });
         tensor(dx, &shape)

@@ -1,4 +1,5 @@
-//! What the CPU kernels share: burn-flex tensors as contiguous f32 slices and back, and whether a device is the CPU.
+//! What the CPU kernels share: burn-flex tensors as contiguous f32 slices and back, whether a device is the CPU, and
+//! matrix products on slices.
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{Device, TensorData};
@@ -21,4 +22,64 @@ pub fn tensor(values: Vec<f32>, shape: &[usize]) -> FlexTensor {
 /// Whether `device` is the CPU device (burn-flex), under autodiff or not.
 pub fn on_cpu(device: &Device) -> bool {
     matches!(device.as_dispatch().clone().inner(), burn::backend::DispatchDevice::Flex(_))
+}
+
+/// A strided matrix view of a slice: element (i, j) is `data[i·rs + j·cs]`.
+#[derive(Clone, Copy)]
+pub struct Mat<'a> {
+    pub data: &'a [f32],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl<'a> Mat<'a> {
+    /// A row-major matrix with rows `rs` apart.
+    pub fn rows(data: &'a [f32], rs: usize) -> Self {
+        Self { data, rs, cs: 1 }
+    }
+
+    /// The transpose of a row-major matrix with rows `rs` apart.
+    pub fn transposed(data: &'a [f32], rs: usize) -> Self {
+        Self { data, rs: 1, cs: rs }
+    }
+
+    fn covers(&self, rows: usize, cols: usize) -> bool {
+        rows == 0 || cols == 0 || (rows - 1) * self.rs + (cols - 1) * self.cs < self.data.len()
+    }
+}
+
+/// C ← β·A·B (or C + β·A·B with `accumulate`) for A m×k, B k×n and C m×n row-major with rows `c_rs` apart, on the
+/// calling thread (the kernels parallelise over heads or rows around it).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(m: usize, n: usize, k: usize, c: &mut [f32], c_rs: usize, a: Mat, b: Mat, beta: f32, accumulate: bool) {
+    assert!(a.covers(m, k) && b.covers(k, n) && (m == 0 || n == 0 || (m - 1) * c_rs + n <= c.len()));
+    if m == 0 || n == 0 {
+        return;
+    }
+    let (a_rs, a_cs, b_rs, b_cs) = (a.rs as isize, a.cs as isize, b.rs as isize, b.cs as isize);
+    let alpha = if accumulate { 1.0 } else { 0.0 };
+    // SAFETY: the asserts keep every element gemm reads or writes inside the slices.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            c_rs as isize,
+            accumulate,
+            a.data.as_ptr(),
+            a_cs,
+            a_rs,
+            b.data.as_ptr(),
+            b_cs,
+            b_rs,
+            alpha,
+            beta,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
 }

@@ -19,6 +19,7 @@ use burn::tensor::{Int, Tensor};
 use rayon::prelude::*;
 
 use crate::cpu::{contiguous, floats, on_cpu, tensor};
+use crate::math;
 
 /// The fused loss as backend operations (CPU only; other devices take [`reference`]).
 #[backend_extension(Flex, Autodiff)]
@@ -80,7 +81,7 @@ impl CrossEntropyOps for Flex {
         loss.par_iter_mut().zip(lse.par_iter_mut()).enumerate().for_each(|(r, (loss, lse))| {
             let row = &x[r * v..][..v];
             let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let sum: f32 = row.iter().map(|&a| (a - m).exp()).sum();
+            let sum: f32 = row.iter().map(|&a| math::exp(a - m)).sum();
             *lse = m + sum.ln();
             let mean = row.iter().sum::<f32>() / v as f32;
             *loss = (1.0 - epsilon) * (*lse - row[y[r]]) + epsilon * (*lse - mean);
@@ -104,7 +105,7 @@ impl CrossEntropyOps for Flex {
             let (row, g) = (&x[r * v..][..v], dl[r]);
             // p − q with q = (1 − ε) one_hot(y) + ε/V.
             for (d, &a) in dx.iter_mut().zip(row) {
-                *d = g * ((a - lse[r]).exp() - epsilon / v as f32);
+                *d = g * (math::exp(a - lse[r]) - epsilon / v as f32);
             }
             dx[y[r]] -= g * (1.0 - epsilon);
         });

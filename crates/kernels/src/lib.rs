@@ -7,6 +7,7 @@ pub mod attention;
 mod cpu;
 pub mod cross_entropy;
 pub mod flash;
+mod math;
 pub mod memory;
 pub mod norm;
 

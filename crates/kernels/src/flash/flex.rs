@@ -1,7 +1,8 @@
-//! The kernels on the CPU (burn-flex): exact attention one query row at a time — the row's scores in a buffer of at
-//! most Tk floats, never a T×T matrix — with one rayon task per (batch row, head); the FlashAttention-2 backward
-//! recomputes p from the saved lse, one task per (batch row, KV head) so dk and dv need no atomics. Keys and values
-//! are read in place: contiguous, through a page table, or as int8 codes dequantized first.
+//! The kernels on the CPU (burn-flex): exact attention by blocks of 64 query rows — the block's scores in a buffer of
+//! 64 × Tk floats, never a T×T matrix, the products as matrix kernels — with one rayon task per (batch row, head);
+//! the FlashAttention-2 backward recomputes p from the saved lse, one task per (batch row, KV head) so dk and dv need
+//! no atomics. Keys and values are read in place: contiguous or as int8 codes dequantized first, and through a page
+//! table one query row at a time.
 
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
@@ -9,7 +10,8 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use rayon::prelude::*;
 
 use super::{FlashOps, FlashParams, KvLayout};
-use crate::cpu::{contiguous, floats, tensor};
+use crate::cpu::{Mat, contiguous, floats, matmul, tensor};
+use crate::math;
 
 /// One call's shapes: q [b, hq, tq, d], keys and values [b, hkv, tk, d] (logically).
 #[derive(Clone, Copy)]
@@ -60,45 +62,110 @@ fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
     y.iter_mut().zip(x).for_each(|(y, x)| *y += alpha * x);
 }
 
-/// (o, lse): o_i = Σ_j p_ij v_j with p_ij = e^(s_ij − m_i) / ℓ_i, s_ij = scale · q_i·k_j over the keys row i sees,
-/// lse_i = m_i + ln ℓ_i; a row with no key gives zeros (and lse −∞).
-fn forward(q: &[f32], k: &[f32], v: &[f32], dims: Dims, p: &FlashParams, row: &RowOf) -> (Vec<f32>, Vec<f32>) {
-    let Dims { hq, hkv, tq, tk, d, .. } = dims;
-    let mut o = vec![0.0f32; q.len()];
-    let mut lse = vec![f32::NEG_INFINITY; q.len() / d.max(1)];
-    if o.is_empty() {
-        return (o, lse);
+/// Query rows per block of the matrix-product kernels: a block's scores take BLOCK × Tk floats.
+const BLOCK: usize = 64;
+
+/// The blocks of query rows of batch row b that see any key: (first row, rows, keys [lo, hi) any of them sees).
+fn blocks<'a>(dims: &'a Dims, p: &'a FlashParams, b: usize) -> impl Iterator<Item = (usize, usize, usize, usize)> + 'a {
+    (0..dims.tq).step_by(BLOCK).filter_map(move |i0| {
+        let rows = BLOCK.min(dims.tq - i0);
+        let ranges = (i0..i0 + rows).map(|i| dims.row_keys(p, b, i)).filter(|(lo, hi)| lo < hi);
+        let (lo, hi) = ranges.fold((usize::MAX, 0), |(lo, hi), (a, z)| (lo.min(a), hi.max(z)));
+        (lo < hi).then_some((i0, rows, lo, hi))
+    })
+}
+
+/// p_ij = e^(s_ij − c_i) over the keys [a, z) row i sees (keys [lo, lo + n) in `s`), 0 elsewhere; returns Σ_j p_ij.
+fn exp_row(s: &mut [f32], lo: usize, (a, z): (usize, usize), c: f32) -> f32 {
+    let mut l = 0.0;
+    for (j, x) in s.iter_mut().enumerate() {
+        *x = if (a..z).contains(&(lo + j)) { math::exp(*x - c) } else { 0.0 };
+        l += *x;
     }
-    o.par_chunks_mut(tq * d).zip(lse.par_chunks_mut(tq)).enumerate().for_each(|(bh, (o, lse))| {
-        let (b, g) = (bh / hq, bh % hq / (hq / hkv));
+    l
+}
+
+/// (o, lse) for q of `len` values, `head(bh, b, g, o, lse)` filling query head bh's rows (batch row b, KV head g), the
+/// heads in parallel; rows it leaves are zeros with lse −∞.
+fn per_head(
+    len: usize,
+    dims: Dims,
+    head: impl Fn(usize, usize, usize, &mut [f32], &mut [f32]) + Sync,
+) -> (Vec<f32>, Vec<f32>) {
+    let Dims { hq, hkv, tq, d, .. } = dims;
+    let mut o = vec![0.0f32; len];
+    let mut lse = vec![f32::NEG_INFINITY; len / d.max(1)];
+    if len > 0 {
+        let heads = o.par_chunks_mut(tq * d).zip(lse.par_chunks_mut(tq)).enumerate();
+        heads.for_each(|(bh, (o, lse))| head(bh, bh / hq, bh % hq / (hq / hkv), o, lse));
+    }
+    (o, lse)
+}
+
+/// Where the keys and values of (batch row, KV head) start, and how far apart consecutive keys are.
+struct KvRows<'a> {
+    start: &'a (dyn Fn(usize, usize) -> usize + Sync),
+    stride: usize,
+}
+
+/// (o, lse) by query blocks: S = scale · Q_blk Kᵀ, p_ij = e^(s_ij − m_i) / ℓ_i over the keys row i sees, O_blk = P V
+/// (matrix products), lse_i = m_i + ln ℓ_i; a row with no key gives zeros (and lse −∞).
+fn forward(q: &[f32], k: &[f32], v: &[f32], dims: Dims, p: &FlashParams, kv: &KvRows) -> (Vec<f32>, Vec<f32>) {
+    let Dims { tq, tk, d, .. } = dims;
+    per_head(q.len(), dims, |bh, b, g, o, lse| {
+        let at = (kv.start)(b, g);
+        let mut s = vec![0.0f32; BLOCK.min(tq) * tk];
+        for (i0, rows, lo, hi) in blocks(&dims, p, b) {
+            let n = hi - lo;
+            let q_blk = Mat::rows(&q[(bh * tq + i0) * d..], d);
+            let k_t = Mat::transposed(&k[at + lo * kv.stride..], kv.stride);
+            matmul(rows, n, d, &mut s, n, q_blk, k_t, p.scale, false);
+            let mut inv_l = [0.0f32; BLOCK];
+            for r in 0..rows {
+                let keys = dims.row_keys(p, b, i0 + r);
+                let row = &mut s[r * n..][..n];
+                if keys.0 == keys.1 {
+                    row.fill(0.0);
+                    continue;
+                }
+                let m = row[keys.0 - lo..keys.1 - lo].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                let l = exp_row(row, lo, keys, m);
+                lse[i0 + r] = m + l.ln();
+                inv_l[r] = 1.0 / l;
+            }
+            let o_blk = &mut o[i0 * d..(i0 + rows) * d];
+            matmul(rows, d, n, o_blk, d, Mat::rows(&s, n), Mat::rows(&v[at + lo * kv.stride..], kv.stride), 1.0, false);
+            o_blk.chunks_mut(d).zip(inv_l).for_each(|(o, f)| o.iter_mut().for_each(|x| *x *= f));
+        }
+    })
+}
+
+/// The forward one query row at a time through a page table (keys not evenly spaced): o_i = Σ_j p_ij v_j, the
+/// row's scores in a buffer of at most Tk floats.
+fn forward_paged(q: &[f32], k: &[f32], v: &[f32], dims: Dims, p: &FlashParams, row: &RowOf) -> (Vec<f32>, Vec<f32>) {
+    let Dims { tq, tk, d, .. } = dims;
+    per_head(q.len(), dims, |bh, b, g, o, lse| {
         let mut s = vec![0.0f32; tk];
         for i in 0..tq {
-            let (lo, hi) = dims.row_keys(p, b, i);
+            let keys @ (lo, hi) = dims.row_keys(p, b, i);
             if lo == hi {
                 continue;
             }
             let qi = &q[(bh * tq + i) * d..][..d];
-            let mut m = f32::NEG_INFINITY;
             for j in lo..hi {
-                s[j] = p.scale * dot(qi, &k[row(b, g, j)..][..d]);
-                m = m.max(s[j]);
+                s[j - lo] = p.scale * dot(qi, &k[row(b, g, j)..][..d]);
             }
+            let m = s[..hi - lo].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let l = exp_row(&mut s[..hi - lo], lo, keys, m);
             let oi = &mut o[i * d..][..d];
-            let mut l = 0.0f32;
-            for j in lo..hi {
-                let e = (s[j] - m).exp();
-                l += e;
-                axpy(oi, e, &v[row(b, g, j)..][..d]);
-            }
-            oi.iter_mut().for_each(|x| *x /= l);
+            (lo..hi).for_each(|j| axpy(oi, s[j - lo] / l, &v[row(b, g, j)..][..d]));
             lse[i] = m + l.ln();
         }
-    });
-    (o, lse)
+    })
 }
 
-/// FlashAttention-2's backward for contiguous q, k, v: p_ij = e^(s_ij − lse_i), dv_j = Σ_i p_ij dO_i,
-/// dS_ij = p_ij (dO_i·v_j − D_i), dq_i = scale Σ_j dS_ij k_j, dk_j = scale Σ_i dS_ij q_i over the GQA group's heads.
+/// FlashAttention-2's backward for contiguous q, k, v by query blocks, with matrix products: P = e^(S − lse),
+/// dV += Pᵀ dO, dS = P ∘ (dO Vᵀ − D), dQ = scale · dS K, dK += scale · dSᵀ Q over the GQA group's heads.
 #[allow(clippy::too_many_arguments)]
 fn backward(
     q: &[f32],
@@ -110,7 +177,7 @@ fn backward(
     dims: Dims,
     p: &FlashParams,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let Dims { hq, hkv, tq, tk, d, .. } = dims;
+    let Dims { hq, hkv, tq, tk, d } = dims;
     let group = hq / hkv;
     let (mut dq, mut dk, mut dv) = (vec![0.0f32; q.len()], vec![0.0f32; k.len()], vec![0.0f32; v.len()]);
     if q.is_empty() || k.is_empty() {
@@ -120,22 +187,32 @@ fn backward(
     chunks.enumerate().for_each(|(bg, ((dq, dk), dv))| {
         let b = bg / hkv;
         let (k, v) = (&k[bg * tk * d..][..tk * d], &v[bg * tk * d..][..tk * d]);
+        let (mut s, mut ds) = (vec![0.0f32; BLOCK.min(tq) * tk], vec![0.0f32; BLOCK.min(tq) * tk]);
         for r in 0..group {
             let h = bg * group + r;
-            for i in 0..tq {
-                let (lo, hi) = dims.row_keys(p, b, i);
-                let at = (h * tq + i) * d;
-                let (qi, doi) = (&q[at..][..d], &d_o[at..][..d]);
-                let (l, di) = (lse[h * tq + i], delta[h * tq + i]);
-                let dqi = &mut dq[(r * tq + i) * d..][..d];
-                for j in lo..hi {
-                    let (kj, vj) = (&k[j * d..][..d], &v[j * d..][..d]);
-                    let pij = (p.scale * dot(qi, kj) - l).exp();
-                    let ds = pij * (dot(doi, vj) - di) * p.scale;
-                    axpy(&mut dv[j * d..][..d], pij, doi);
-                    axpy(dqi, ds, kj);
-                    axpy(&mut dk[j * d..][..d], ds, qi);
+            for (i0, rows, lo, hi) in blocks(&dims, p, b) {
+                let n = hi - lo;
+                let at = (h * tq + i0) * d;
+                let (q_blk, do_blk) = (Mat::rows(&q[at..], d), Mat::rows(&d_o[at..], d));
+                let (k_rng, v_rng) = (&k[lo * d..hi * d], &v[lo * d..hi * d]);
+                matmul(rows, n, d, &mut s, n, q_blk, Mat::transposed(k_rng, d), p.scale, false);
+                matmul(rows, n, d, &mut ds, n, do_blk, Mat::transposed(v_rng, d), 1.0, false);
+                for i in 0..rows {
+                    let keys = dims.row_keys(p, b, i0 + i);
+                    let (s, ds) = (&mut s[i * n..][..n], &mut ds[i * n..][..n]);
+                    if keys.0 == keys.1 {
+                        s.fill(0.0);
+                    } else {
+                        exp_row(s, lo, keys, lse[h * tq + i0 + i]);
+                    }
+                    let di = delta[h * tq + i0 + i];
+                    ds.iter_mut().zip(s.iter()).for_each(|(ds, p)| *ds = p * (*ds - di));
                 }
+                let (p_t, ds_t) = (Mat::transposed(&s, n), Mat::transposed(&ds, n));
+                matmul(n, d, rows, &mut dv[lo * d..hi * d], d, p_t, do_blk, 1.0, true);
+                matmul(n, d, rows, &mut dk[lo * d..hi * d], d, ds_t, q_blk, p.scale, true);
+                let dq_blk = &mut dq[(r * tq + i0) * d..(r * tq + i0 + rows) * d];
+                matmul(rows, d, n, dq_blk, d, Mat::rows(&ds, n), Mat::rows(k_rng, d), p.scale, false);
             }
         }
     });
@@ -165,15 +242,15 @@ impl FlashOps for Flex {
             KvLayout::Contiguous => {
                 let (hkv, tk) = (ks[1], ks[2]);
                 let dims = Dims { hq, hkv, tq, tk, d };
-                let row = |b: usize, g: usize, j: usize| ((b * hkv + g) * tk + j) * d;
-                forward(floats(&q), floats(&k), floats(&v), dims, &params, &row)
+                let kv = KvRows { start: &|b, g| (b * hkv + g) * tk * d, stride: d };
+                forward(floats(&q), floats(&k), floats(&v), dims, &params, &kv)
             }
             KvLayout::Paged(paging) => {
                 // Page pools [pages, Hkv, P, D]: key j of row b is slot j mod P of page table[b][⌊j / P⌋].
                 let (hkv, size) = (ks[1], paging.page_size);
                 let dims = Dims { hq, hkv, tq, tk: paging.keys, d };
                 let row = |b: usize, g: usize, j: usize| ((paging.table[b][j / size] * hkv + g) * size + j % size) * d;
-                forward(floats(&q), floats(&k), floats(&v), dims, &params, &row)
+                forward_paged(floats(&q), floats(&k), floats(&v), dims, &params, &row)
             }
             KvLayout::Int8 { .. } => panic!("int8 keys and values come through flash_decode_int8"),
         };
@@ -215,8 +292,8 @@ impl FlashOps for Flex {
         let tk_stored = shape(&k_codes)[1];
         let (k, v) = (dequantize(k_codes, k_scales, group), dequantize(v_codes, v_scales, group));
         let dims = Dims { hq, hkv, tq, tk: keys, d };
-        let row = |b: usize, g: usize, j: usize| ((b * tk_stored + j) * hkv + g) * d;
-        let (o, _) = forward(floats(&q), &k, &v, dims, &params, &row);
+        let kv = KvRows { start: &|b, g| (b * tk_stored * hkv + g) * d, stride: hkv * d };
+        let (o, _) = forward(floats(&q), &k, &v, dims, &params, &kv);
         tensor(o, &qs)
     }
 }
