@@ -24,7 +24,9 @@ impl Buffer {
             let filled = self.data.clone().slice([0..b, 0..n, 0..self.len, 0..w]);
             self.data = grown.slice_assign([0..b, 0..n, 0..self.len, 0..w], filled);
         }
-        self.data = self.data.clone().slice_assign([0..b, 0..n, self.len..end, 0..w], x);
+        // Taken out of self for the write, so the buffer has one owner and is written in place, not copied.
+        let data = std::mem::replace(&mut self.data, Tensor::empty([0, 0, 0, 0], &x.device()));
+        self.data = data.slice_assign([0..b, 0..n, self.len..end, 0..w], x);
         self.len = end;
         self.data.clone().slice([0..b, 0..n, 0..end, 0..w])
     }
