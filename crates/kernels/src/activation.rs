@@ -1,5 +1,5 @@
-//! GELU(x) = x Φ(x) = ½ x (1 + erf(x/√2)) (exact, as torch.nn.GELU()). On the CPU one pass forward and one pass
-//! backward, ∂GELU/∂x = Φ(x) + x φ(x), chunks in parallel; elsewhere Burn's activation.
+//! GELU(x) = x Φ(x) = ½ x (1 + erf(x/√2)) (exact, as torch.nn.GELU()) and SwiGLU's gate SiLU(g) ⊙ u = g σ(g) u. On
+//! the CPU one pass forward and one pass backward each, chunks in parallel; elsewhere Burn's activations.
 
 use burn::backend::autodiff::{
     Autodiff,
@@ -29,6 +29,27 @@ pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
         return burn::tensor::activation::gelu(x);
     }
     Tensor::from_dispatch(<Dispatch as GeluOps>::fused_gelu(x.into_dispatch()))
+}
+
+/// The fused SwiGLU gate as backend operations (CPU only; other devices take Burn's `silu` and a product).
+#[backend_extension(Flex, Autodiff)]
+pub trait SwigluOps: Backend {
+    fn fused_swiglu(g: FloatTensor<Self>, u: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// (dg, du) = (dy ⊙ u ⊙ σ(g) (1 + g (1 − σ(g))), dy ⊙ g σ(g)).
+    fn fused_swiglu_backward(
+        g: FloatTensor<Self>,
+        u: FloatTensor<Self>,
+        d_y: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+}
+
+/// SiLU(g) ⊙ u elementwise (g and u of one shape).
+pub fn swiglu<const D: usize>(g: Tensor<D>, u: Tensor<D>) -> Tensor<D> {
+    if !on_cpu(&g.device()) {
+        return burn::tensor::activation::silu(g) * u;
+    }
+    Tensor::from_dispatch(<Dispatch as SwigluOps>::fused_swiglu(g.into_dispatch(), u.into_dispatch()))
 }
 
 const CHUNK: usize = 16_384;
@@ -63,6 +84,88 @@ impl GeluOps for Flex {
             }
         });
         tensor(dx, &shape)
+    }
+}
+
+/// σ(x) = 1 / (1 + e^(−x)).
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + math::exp(-x))
+}
+
+impl SwigluOps for Flex {
+    fn fused_swiglu(g: FloatTensor<Self>, u: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (g, u) = (contiguous(g), contiguous(u));
+        let shape = g.layout().shape().to_vec();
+        let (gs, us) = (floats(&g), floats(&u));
+        let mut y = vec![0.0f32; gs.len()];
+        y.par_chunks_mut(CHUNK).zip(gs.par_chunks(CHUNK).zip(us.par_chunks(CHUNK))).for_each(|(y, (g, u))| {
+            for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
+                *y = g * sigmoid(g) * u;
+            }
+        });
+        tensor(y, &shape)
+    }
+
+    fn fused_swiglu_backward(
+        g: FloatTensor<Self>,
+        u: FloatTensor<Self>,
+        d_y: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (g, u, d_y) = (contiguous(g), contiguous(u), contiguous(d_y));
+        let shape = g.layout().shape().to_vec();
+        let (gs, us, dys) = (floats(&g), floats(&u), floats(&d_y));
+        let (mut dg, mut du) = (vec![0.0f32; gs.len()], vec![0.0f32; gs.len()]);
+        let outs = dg.par_chunks_mut(CHUNK).zip(du.par_chunks_mut(CHUNK));
+        outs.zip(gs.par_chunks(CHUNK).zip(us.par_chunks(CHUNK)).zip(dys.par_chunks(CHUNK))).for_each(
+            |((dg, du), ((g, u), dy))| {
+                for i in 0..g.len() {
+                    let s = sigmoid(g[i]);
+                    dg[i] = dy[i] * u[i] * s * (1.0 + g[i] * (1.0 - s));
+                    du[i] = dy[i] * g[i] * s;
+                }
+            },
+        );
+        (tensor(dg, &shape), tensor(du, &shape))
+    }
+}
+
+#[derive(Debug)]
+struct SwigluBackward;
+
+impl<B: SwigluOps> Backward<B, 2> for SwigluBackward {
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node_g, node_u] = ops.parents;
+        let d_y = grads.consume::<B>(&ops.node);
+        let (g, u) = ops.state;
+        let (dg, du) = B::fused_swiglu_backward(g, u, d_y);
+        for (node, grad) in [(node_g, dg), (node_u, du)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+impl<B: SwigluOps, C: CheckpointStrategy> SwigluOps for Autodiff<B, C> {
+    fn fused_swiglu(g: FloatTensor<Self>, u: FloatTensor<Self>) -> FloatTensor<Self> {
+        let prepared = SwigluBackward.prepare::<C>([g.node(), u.node()]).compute_bound().stateful();
+        let (g, u) = (g.into_primitive(), u.into_primitive());
+        let y = B::fused_swiglu(g.clone(), u.clone());
+        match prepared {
+            OpsKind::Tracked(prep) => prep.finish((g, u), y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        }
+    }
+
+    fn fused_swiglu_backward(
+        g: FloatTensor<Self>,
+        u: FloatTensor<Self>,
+        d_y: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (dg, du) = B::fused_swiglu_backward(g.into_primitive(), u.into_primitive(), d_y.into_primitive());
+        (Self::from_inner(dg), Self::from_inner(du))
     }
 }
 
@@ -121,6 +224,33 @@ mod tests {
                 [values(y.inner()), values(x.grad(&grads).unwrap())]
             };
             for (what, (a, b)) in ["y", "dx"].iter().zip(run(true).iter().zip(&run(false))) {
+                let diff = a.iter().zip(b).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
+                assert!(diff <= 1e-4, "{what}, n {n}: max abs error {diff}");
+            }
+        }
+    }
+
+    #[test]
+    fn fused_swiglu_equals_silu_times_u_forward_and_backward() {
+        let dev = Device::flex();
+        let device = dev.clone().autodiff();
+        for n in [7, 40_000] {
+            let [g, u, w] =
+                [3.0, 1.0, 1.0].map(|s| values(Tensor::<2>::random([2, n], Distribution::Normal(0.0, s), &dev)));
+            let run = |fused: bool| {
+                let leaf =
+                    |v: &Vec<f32>| Tensor::<2>::from_data(TensorData::new(v.clone(), [2, n]), &device).require_grad();
+                let (g, u) = (leaf(&g), leaf(&u));
+                let w = Tensor::<2>::from_data(TensorData::new(w.clone(), [2, n]), &device);
+                let y = if fused {
+                    swiglu(g.clone(), u.clone())
+                } else {
+                    burn::tensor::activation::silu(g.clone()) * u.clone()
+                };
+                let grads = (y.clone() * w).sum().backward();
+                [values(y.inner()), values(g.grad(&grads).unwrap()), values(u.grad(&grads).unwrap())]
+            };
+            for (what, (a, b)) in ["y", "dg", "du"].iter().zip(run(true).iter().zip(&run(false))) {
                 let diff = a.iter().zip(b).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
                 assert!(diff <= 1e-4, "{what}, n {n}: max abs error {diff}");
             }

@@ -2,6 +2,7 @@
 //! implementation runs is chosen here, so models never change when a faster kernel lands.
 
 pub mod activation;
+pub mod adamw;
 pub mod adapters;
 pub mod attention;
 mod cpu;
@@ -11,7 +12,8 @@ mod math;
 pub mod memory;
 pub mod norm;
 
-pub use activation::gelu;
+pub use activation::{gelu, swiglu};
+pub use adamw::{AdamWStep, adamw};
 pub use adapters::{Adapter, wgpu_adapters, wgpu_test_device};
 pub use attention::{AttentionImpl, AttentionSpec, attention, attention_with, set_attention_impl};
 pub use cross_entropy::cross_entropy;

@@ -7,6 +7,7 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, TensorData};
 use ember_core_model::params::ParamInfo;
+use ember_kernels::{AdamWStep, adamw};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct AdamWConfig {
@@ -94,18 +95,22 @@ impl ModuleMapper for Update<'_> {
         let n: usize = shape.iter().product();
         let require_grad = tensor.is_require_grad();
         let theta = tensor.inner().reshape([n]);
-        let g = grad.reshape([n]) * self.grad_scale;
         let (m, v) = match self.optim.moments.remove(&id) {
-            Some(Moments { m, v }) => {
-                (m * c.beta1 + g.clone() * (1.0 - c.beta1), v * c.beta2 + g.square() * (1.0 - c.beta2))
-            }
-            None => (g.clone() * (1.0 - c.beta1), g.square() * (1.0 - c.beta2)),
+            Some(Moments { m, v }) => (m, v),
+            None => (Tensor::zeros([n], &theta.device()), Tensor::zeros([n], &theta.device())),
         };
         let t = self.optim.t as i32;
-        let (bc1, bc2) = (1.0 - c.beta1.powi(t), 1.0 - c.beta2.powi(t));
-        let decay = if self.optim.decay.contains(&id) { 1.0 - self.lr * c.weight_decay } else { 1.0 };
-        let step = (m.clone() / bc1) / ((v.clone() / bc2).sqrt() + c.eps);
-        let theta = theta * decay - step * self.lr;
+        let step = AdamWStep {
+            lr: self.lr,
+            beta1: c.beta1,
+            beta2: c.beta2,
+            eps: c.eps,
+            decay: if self.optim.decay.contains(&id) { 1.0 - self.lr * c.weight_decay } else { 1.0 },
+            bc1: 1.0 - c.beta1.powi(t),
+            bc2: 1.0 - c.beta2.powi(t),
+            grad_scale: self.grad_scale,
+        };
+        let (theta, m, v) = adamw(theta, grad.reshape([n]), m, v, step);
         self.optim.moments.insert(id, Moments { m, v });
         let updated = Tensor::from_inner(theta.reshape(shape));
         let updated = if require_grad { updated.require_grad() } else { updated };

@@ -2,9 +2,9 @@
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
-use burn::tensor::activation::{gelu_approximate, relu, silu};
+use burn::tensor::activation::{gelu_approximate, relu};
 use burn::tensor::{Device, Tensor};
-use ember_kernels::gelu;
+use ember_kernels::{gelu, swiglu};
 
 use crate::config::FfnKind;
 use crate::nn::linear;
@@ -42,7 +42,7 @@ impl Ffn {
     /// FFN(x) = act(x W_fc + b) W_proj + b, or SwiGLU: [SiLU(x W_g) ⊙ (x W_u)] W_d.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let h = match (&self.c_gate, self.kind) {
-            (Some(gate), _) => silu(gate.forward(x.clone())) * self.c_fc.forward(x),
+            (Some(gate), _) => swiglu(gate.forward(x.clone()), self.c_fc.forward(x)),
             (None, FfnKind::Relu) => relu(self.c_fc.forward(x)),
             (None, FfnKind::GeluTanh) => gelu_approximate(self.c_fc.forward(x)),
             (None, _) => gelu(self.c_fc.forward(x)),
