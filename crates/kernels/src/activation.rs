@@ -7,6 +7,7 @@ use burn::backend::autodiff::{
     grads::Gradients,
     ops::{Backward, Ops, OpsKind},
 };
+use burn::backend::flex::FlexTensor;
 use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension, tensor::FloatTensor};
 use burn::tensor::Tensor;
 use rayon::prelude::*;
@@ -72,19 +73,24 @@ impl GeluOps for Flex {
     }
 
     fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>) -> FloatTensor<Self> {
-        let (x, d_y) = (contiguous(x), contiguous(d_y));
-        let shape = x.layout().shape().to_vec();
-        let (xs, dys) = (floats(&x), floats(&d_y));
         // φ(x) = e^(−x²/2) / √(2π).
         let inv_sqrt_2pi = 0.5 * std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2;
-        let mut dx = vec![0.0f32; xs.len()];
-        dx.par_chunks_mut(CHUNK).zip(xs.par_chunks(CHUNK).zip(dys.par_chunks(CHUNK))).for_each(|(dx, (x, dy))| {
-            for ((dx, &x), &dy) in dx.iter_mut().zip(x).zip(dy) {
-                *dx = dy * (cdf(x) + x * inv_sqrt_2pi * math::exp(-0.5 * x * x));
-            }
-        });
-        tensor(dx, &shape)
+        zip_map(x, d_y, |x, dy| dy * (cdf(x) + x * inv_sqrt_2pi * math::exp(-0.5 * x * x)))
     }
+}
+
+/// f(a_i, b_i) elementwise over two tensors of one shape, chunks in parallel.
+fn zip_map(a: FlexTensor, b: FlexTensor, f: impl Fn(f32, f32) -> f32 + Sync) -> FlexTensor {
+    let (a, b) = (contiguous(a), contiguous(b));
+    let shape = a.layout().shape().to_vec();
+    let (xs, ys) = (floats(&a), floats(&b));
+    let mut out = vec![0.0f32; xs.len()];
+    out.par_chunks_mut(CHUNK).zip(xs.par_chunks(CHUNK).zip(ys.par_chunks(CHUNK))).for_each(|(out, (xs, ys))| {
+        for ((o, &x), &y) in out.iter_mut().zip(xs).zip(ys) {
+            *o = f(x, y);
+        }
+    });
+    tensor(out, &shape)
 }
 
 /// σ(x) = 1 / (1 + e^(−x)).
@@ -94,16 +100,7 @@ fn sigmoid(x: f32) -> f32 {
 
 impl SwigluOps for Flex {
     fn fused_swiglu(g: FloatTensor<Self>, u: FloatTensor<Self>) -> FloatTensor<Self> {
-        let (g, u) = (contiguous(g), contiguous(u));
-        let shape = g.layout().shape().to_vec();
-        let (gs, us) = (floats(&g), floats(&u));
-        let mut y = vec![0.0f32; gs.len()];
-        y.par_chunks_mut(CHUNK).zip(gs.par_chunks(CHUNK).zip(us.par_chunks(CHUNK))).for_each(|(y, (g, u))| {
-            for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
-                *y = g * sigmoid(g) * u;
-            }
-        });
-        tensor(y, &shape)
+        zip_map(g, u, |g, u| g * sigmoid(g) * u)
     }
 
     fn fused_swiglu_backward(
