@@ -4,7 +4,7 @@
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Embedding, Linear};
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use ember_kernels::AttentionSpec;
+use ember_kernels::{AttentionSpec, linear};
 
 use crate::cache::KvCache;
 use crate::config::{AttentionKind, NormPlacement, PositionKind};
@@ -14,7 +14,7 @@ use crate::nn::mla::{MlaAttention, MlaProjections};
 use crate::nn::norm::Norm;
 use crate::nn::position::{Rope, sinusoidal};
 use crate::nn::residual::sublayer;
-use crate::nn::{linear, tied_logits};
+use crate::nn::{linear_layer, tied_logits};
 use crate::{ModelConfig, Rng, init};
 
 /// Self-attention of one block: MHA / GQA / MQA, or multi-head latent attention.
@@ -224,7 +224,7 @@ impl Gpt {
             drop: DropoutConfig::new(config.dropout).init(),
             blocks,
             ln_f: (placement != NormPlacement::Post).then(norm),
-            lm_head: (!config.tie_embeddings).then(|| linear(rng, d, v, 0.02, false, device)),
+            lm_head: (!config.tie_embeddings).then(|| linear_layer(rng, d, v, 0.02, false, device)),
             config: config.clone(),
         }
     }
@@ -328,7 +328,7 @@ impl Gpt {
             None => x,
         };
         match &self.lm_head {
-            Some(head) => head.forward(x),
+            Some(head) => linear(head, x),
             None => tied_logits(&self.wte, x),
         }
     }

@@ -6,7 +6,7 @@
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Embedding, Linear};
 use burn::tensor::{Device, Int, Tensor};
-use ember_kernels::AttentionSpec;
+use ember_kernels::{AttentionSpec, linear};
 
 use crate::cache::KvCache;
 use crate::config::{NormPlacement, PositionKind};
@@ -16,7 +16,7 @@ use crate::nn::ffn::Ffn;
 use crate::nn::norm::Norm;
 use crate::nn::position::{Rope, sinusoidal};
 use crate::nn::residual::sublayer;
-use crate::nn::{linear, tied_logits};
+use crate::nn::{linear_layer, tied_logits};
 use crate::{ModelConfig, Rng, init};
 
 /// An encoder–decoder model: layer shapes, norms, FFN and positions from `model` (its `n_layers` and `vocab_size`
@@ -155,7 +155,7 @@ impl Seq2Seq {
             decoder,
             enc_norm: final_norm.then(|| norm(m, device)),
             dec_norm: final_norm.then(|| norm(m, device)),
-            out: (!m.tie_embeddings).then(|| linear(rng, d, config.tgt_vocab, std, false, device)),
+            out: (!m.tie_embeddings).then(|| linear_layer(rng, d, config.tgt_vocab, std, false, device)),
             config: config.clone(),
         }
     }
@@ -248,7 +248,7 @@ impl Seq2Seq {
             None => x,
         };
         match &self.out {
-            Some(out) => out.forward(x),
+            Some(out) => linear(out, x),
             None => tied_logits(self.tgt_embedding(), x),
         }
     }

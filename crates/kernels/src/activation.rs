@@ -12,7 +12,7 @@ use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension,
 use burn::tensor::Tensor;
 use rayon::prelude::*;
 
-use crate::cpu::{contiguous, floats, on_cpu, tensor};
+use crate::cpu::{contiguous, floats, on_cpu, tensor, vectorised};
 use crate::math;
 
 /// The fused activation as backend operations (CPU only; other devices take Burn's `gelu`).
@@ -56,6 +56,7 @@ pub fn swiglu<const D: usize>(g: Tensor<D>, u: Tensor<D>) -> Tensor<D> {
 const CHUNK: usize = 16_384;
 
 /// Φ(x) = ½ (1 + erf(x/√2)).
+#[inline(always)]
 fn cdf(x: f32) -> f32 {
     0.5 * (1.0 + math::erf(x * std::f32::consts::FRAC_1_SQRT_2))
 }
@@ -66,16 +67,16 @@ impl GeluOps for Flex {
         let shape = x.layout().shape().to_vec();
         let xs = floats(&x);
         let mut y = vec![0.0f32; xs.len()];
-        y.par_chunks_mut(CHUNK).zip(xs.par_chunks(CHUNK)).for_each(|(y, x)| {
-            y.iter_mut().zip(x).for_each(|(y, &x)| *y = x * cdf(x));
-        });
+        y.par_chunks_mut(CHUNK)
+            .zip(xs.par_chunks(CHUNK))
+            .for_each(|(y, x)| vectorised(|| y.iter_mut().zip(x).for_each(|(y, &x)| *y = x * cdf(x))));
         tensor(y, &shape)
     }
 
     fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>) -> FloatTensor<Self> {
         // φ(x) = e^(−x²/2) / √(2π).
-        let inv_sqrt_2pi = 0.5 * std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2;
-        zip_map(x, d_y, |x, dy| dy * (cdf(x) + x * inv_sqrt_2pi * math::exp(-0.5 * x * x)))
+        const INV_SQRT_2PI: f32 = 0.5 * std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2;
+        zip_map(x, d_y, |x, dy| dy * (cdf(x) + x * INV_SQRT_2PI * math::exp(-0.5 * x * x)))
     }
 }
 
@@ -86,14 +87,17 @@ fn zip_map(a: FlexTensor, b: FlexTensor, f: impl Fn(f32, f32) -> f32 + Sync) -> 
     let (xs, ys) = (floats(&a), floats(&b));
     let mut out = vec![0.0f32; xs.len()];
     out.par_chunks_mut(CHUNK).zip(xs.par_chunks(CHUNK).zip(ys.par_chunks(CHUNK))).for_each(|(out, (xs, ys))| {
-        for ((o, &x), &y) in out.iter_mut().zip(xs).zip(ys) {
-            *o = f(x, y);
-        }
+        vectorised(|| {
+            for ((o, &x), &y) in out.iter_mut().zip(xs).zip(ys) {
+                *o = f(x, y);
+            }
+        })
     });
     tensor(out, &shape)
 }
 
 /// σ(x) = 1 / (1 + e^(−x)).
+#[inline(always)]
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + math::exp(-x))
 }
@@ -115,11 +119,13 @@ impl SwigluOps for Flex {
         let outs = dg.par_chunks_mut(CHUNK).zip(du.par_chunks_mut(CHUNK));
         outs.zip(gs.par_chunks(CHUNK).zip(us.par_chunks(CHUNK)).zip(dys.par_chunks(CHUNK))).for_each(
             |((dg, du), ((g, u), dy))| {
-                for i in 0..g.len() {
-                    let s = sigmoid(g[i]);
-                    dg[i] = dy[i] * u[i] * s * (1.0 + g[i] * (1.0 - s));
-                    du[i] = dy[i] * g[i] * s;
-                }
+                vectorised(|| {
+                    for i in 0..g.len() {
+                        let s = sigmoid(g[i]);
+                        dg[i] = dy[i] * u[i] * s * (1.0 + g[i] * (1.0 - s));
+                        du[i] = dy[i] * g[i] * s;
+                    }
+                })
             },
         );
         (tensor(dg, &shape), tensor(du, &shape))

@@ -12,7 +12,9 @@ pub fn exp(x: f32) -> f32 {
     // Adding and subtracting 1.5 · 2²³ rounds to the nearest integer.
     const ROUND: f32 = 12_582_912.0;
     let c = x.clamp(-87.336_55, 88.722_83);
-    let n = (c * LOG2E + ROUND) - ROUND;
+    // t = 1.5·2²³ + n: the integer n sits in t's low mantissa bits.
+    let t = c * LOG2E + ROUND;
+    let n = t - ROUND;
     let r = c - n * LN2_HI - n * LN2_LO;
     let p = 1.987_569_1e-4;
     let p = p * r + 1.398_199_9e-3;
@@ -21,19 +23,14 @@ pub fn exp(x: f32) -> f32 {
     let p = p * r + 1.666_666_5e-1;
     let p = p * r + 0.5;
     let er = p * r * r + r + 1.0;
-    // 2ⁿ as two factors, each a normal float for every n the clamp allows.
-    let n = n as i32;
-    let pow2 = |k: i32| f32::from_bits(((k + 127) as u32) << 23);
-    let y = er * pow2(n / 2) * pow2(n - n / 2);
-    if x < -87.336_55 {
-        0.0
-    } else if x > 88.722_83 {
-        f32::INFINITY
-    } else if x.is_nan() {
-        x
-    } else {
-        y
-    }
+    // 2ⁿ as two factors, each a normal float for every n the clamp allows; integer steps only, so it vectorises.
+    let n = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let pow2 = |k: i32| f32::from_bits((k.wrapping_add(127) as u32) << 23);
+    let half = n >> 1;
+    let y = er * pow2(half) * pow2(n.wrapping_sub(half));
+    let y = if x < -87.336_55 { 0.0 } else { y };
+    let y = if x > 88.722_83 { f32::INFINITY } else { y };
+    if x.is_nan() { x } else { y }
 }
 
 /// erf(x) as the rational function x P(x²) / Q(x²) on [−4, 4] (±1 to f32 precision outside), the coefficients of

@@ -4,9 +4,9 @@
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::tensor::Tensor;
-use ember_kernels::{AttentionSpec, attention};
+use ember_kernels::{AttentionSpec, attention, linear};
 
-use crate::nn::linear;
+use crate::nn::linear_layer;
 use crate::nn::position::Rope;
 use crate::{ModelConfig, Rng};
 
@@ -31,8 +31,8 @@ impl CausalSelfAttention {
         let (d, h, g, dh) = (config.d_model, config.n_heads, config.kv_heads(), config.head_dim());
         let residual_std = 0.02 / (2.0 * config.n_layers as f64).sqrt();
         Self {
-            c_attn: linear(rng, d, (h + 2 * g) * dh, 0.02, config.qkv_bias(), device),
-            c_proj: linear(rng, h * dh, d, residual_std, config.bias, device),
+            c_attn: linear_layer(rng, d, (h + 2 * g) * dh, 0.02, config.qkv_bias(), device),
+            c_proj: linear_layer(rng, h * dh, d, residual_std, config.bias, device),
             resid_drop: DropoutConfig::new(config.dropout).init(),
             n_heads: h,
             n_kv_heads: g,
@@ -47,7 +47,7 @@ impl CausalSelfAttention {
         let (h, g) = (self.n_heads, self.n_kv_heads);
         let dh = self.c_attn.weight.dims()[1] / (h + 2 * g);
         let heads = |z: Tensor<3>, n: usize| z.reshape([b, t, n, dh]).swap_dims(1, 2);
-        let qkv = self.c_attn.forward(x);
+        let qkv = linear(&self.c_attn, x);
         let q = heads(qkv.clone().slice([0..b, 0..t, 0..h * dh]), h);
         let k = heads(qkv.clone().slice([0..b, 0..t, h * dh..(h + g) * dh]), g);
         let v = heads(qkv.slice([0..b, 0..t, (h + g) * dh..(h + 2 * g) * dh]), g);
@@ -82,7 +82,7 @@ impl CausalSelfAttention {
     pub fn project(&self, y: Tensor<4>) -> Tensor<3> {
         let [b, h, t, dh] = y.dims();
         let y = y.swap_dims(1, 2).reshape([b, t, h * dh]);
-        self.resid_drop.forward(self.c_proj.forward(y))
+        self.resid_drop.forward(linear(&self.c_proj, y))
     }
 
     pub fn window(&self) -> Option<usize> {

@@ -4,9 +4,9 @@
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::tensor::Tensor;
-use ember_kernels::{AttentionSpec, attention};
+use ember_kernels::{AttentionSpec, attention, linear};
 
-use crate::nn::linear;
+use crate::nn::linear_layer;
 use crate::{ModelConfig, Rng};
 
 #[derive(Module, Debug)]
@@ -36,9 +36,9 @@ impl CrossAttention {
     pub fn new(config: &ModelConfig, rng: &mut Rng, device: &burn::tensor::Device) -> Self {
         let (d, h, g, dh) = (config.d_model, config.n_heads, config.kv_heads(), config.head_dim());
         Self {
-            q_proj: linear(rng, d, h * dh, 0.02, config.qkv_bias(), device),
-            kv_proj: linear(rng, d, 2 * g * dh, 0.02, config.qkv_bias(), device),
-            c_proj: linear(rng, h * dh, d, 0.02, config.bias, device),
+            q_proj: linear_layer(rng, d, h * dh, 0.02, config.qkv_bias(), device),
+            kv_proj: linear_layer(rng, d, 2 * g * dh, 0.02, config.qkv_bias(), device),
+            c_proj: linear_layer(rng, h * dh, d, 0.02, config.bias, device),
             resid_drop: DropoutConfig::new(config.dropout).init(),
             n_heads: h,
             n_kv_heads: g,
@@ -51,7 +51,7 @@ impl CrossAttention {
         let [b, s, _] = encoded.dims();
         let g = self.n_kv_heads;
         let dh = self.kv_proj.weight.dims()[1] / (2 * g);
-        let kv = self.kv_proj.forward(encoded);
+        let kv = linear(&self.kv_proj, encoded);
         let heads = |z: Tensor<3>| z.reshape([b, s, g, dh]).swap_dims(1, 2);
         let k = heads(kv.clone().slice([0..b, 0..s, 0..g * dh]));
         let v = heads(kv.slice([0..b, 0..s, g * dh..2 * g * dh]));
@@ -63,7 +63,7 @@ impl CrossAttention {
         let [b, t, _] = x.dims();
         let h = self.n_heads;
         let dh = self.q_proj.weight.dims()[1] / h;
-        let q = self.q_proj.forward(x).reshape([b, t, h, dh]).swap_dims(1, 2);
+        let q = linear(&self.q_proj, x).reshape([b, t, h, dh]).swap_dims(1, 2);
         let spec = AttentionSpec {
             causal: false,
             key_lengths: Some(memory.lengths.clone()),
@@ -71,6 +71,6 @@ impl CrossAttention {
             ..AttentionSpec::causal(dh)
         };
         let y = attention(q, memory.k.clone(), memory.v.clone(), &spec).swap_dims(1, 2).reshape([b, t, h * dh]);
-        self.resid_drop.forward(self.c_proj.forward(y))
+        self.resid_drop.forward(linear(&self.c_proj, y))
     }
 }

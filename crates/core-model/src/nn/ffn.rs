@@ -4,10 +4,10 @@ use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::tensor::activation::{gelu_approximate, relu};
 use burn::tensor::{Device, Tensor};
-use ember_kernels::{gelu, swiglu};
+use ember_kernels::{gelu, linear, swiglu};
 
 use crate::config::FfnKind;
-use crate::nn::linear;
+use crate::nn::linear_layer;
 use crate::{ModelConfig, Rng};
 
 #[derive(Module, Debug)]
@@ -28,12 +28,12 @@ impl Ffn {
     pub fn new(config: &ModelConfig, rng: &mut Rng, device: &Device) -> Self {
         let (d, f) = (config.d_model, config.ffn_dim());
         let residual_std = 0.02 / (2.0 * config.n_layers as f64).sqrt();
-        let c_fc = linear(rng, d, f, 0.02, config.bias, device);
-        let c_gate = (config.ffn == FfnKind::Swiglu).then(|| linear(rng, d, f, 0.02, config.bias, device));
+        let c_fc = linear_layer(rng, d, f, 0.02, config.bias, device);
+        let c_gate = (config.ffn == FfnKind::Swiglu).then(|| linear_layer(rng, d, f, 0.02, config.bias, device));
         Self {
             c_fc,
             c_gate,
-            c_proj: linear(rng, f, d, residual_std, config.bias, device),
+            c_proj: linear_layer(rng, f, d, residual_std, config.bias, device),
             kind: config.ffn,
             drop: DropoutConfig::new(config.dropout).init(),
         }
@@ -42,12 +42,12 @@ impl Ffn {
     /// FFN(x) = act(x W_fc + b) W_proj + b, or SwiGLU: [SiLU(x W_g) ⊙ (x W_u)] W_d.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let h = match (&self.c_gate, self.kind) {
-            (Some(gate), _) => swiglu(gate.forward(x.clone()), self.c_fc.forward(x)),
-            (None, FfnKind::Relu) => relu(self.c_fc.forward(x)),
-            (None, FfnKind::GeluTanh) => gelu_approximate(self.c_fc.forward(x)),
-            (None, _) => gelu(self.c_fc.forward(x)),
+            (Some(gate), _) => swiglu(linear(gate, x.clone()), linear(&self.c_fc, x)),
+            (None, FfnKind::Relu) => relu(linear(&self.c_fc, x)),
+            (None, FfnKind::GeluTanh) => gelu_approximate(linear(&self.c_fc, x)),
+            (None, _) => gelu(linear(&self.c_fc, x)),
         };
-        self.drop.forward(self.c_proj.forward(h))
+        self.drop.forward(linear(&self.c_proj, h))
     }
 }
 

@@ -6,9 +6,9 @@
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::tensor::Tensor;
-use ember_kernels::{AttentionSpec, attention};
+use ember_kernels::{AttentionSpec, attention, linear};
 
-use crate::nn::linear;
+use crate::nn::linear_layer;
 use crate::nn::position::Rope;
 use crate::{ModelConfig, Rng};
 
@@ -56,13 +56,13 @@ impl MlaAttention {
         let bias = config.qkv_bias();
         let residual_std = 0.02 / (2.0 * config.n_layers as f64).sqrt();
         Self {
-            w_q: linear(rng, d, h * dh, 0.02, bias, device),
-            w_qr: linear(rng, d, h * dr, 0.02, bias, device),
-            w_dkv: linear(rng, d, dc, 0.02, bias, device),
-            w_kr: linear(rng, d, dr, 0.02, bias, device),
-            u_k: linear(rng, dc, h * dh, 0.02, false, device),
-            u_v: linear(rng, dc, h * dh, 0.02, false, device),
-            c_proj: linear(rng, h * dh, d, residual_std, config.bias, device),
+            w_q: linear_layer(rng, d, h * dh, 0.02, bias, device),
+            w_qr: linear_layer(rng, d, h * dr, 0.02, bias, device),
+            w_dkv: linear_layer(rng, d, dc, 0.02, bias, device),
+            w_kr: linear_layer(rng, d, dr, 0.02, bias, device),
+            u_k: linear_layer(rng, dc, h * dh, 0.02, false, device),
+            u_v: linear_layer(rng, dc, h * dh, 0.02, false, device),
+            c_proj: linear_layer(rng, h * dh, d, residual_std, config.bias, device),
             resid_drop: DropoutConfig::new(config.dropout).init(),
             n_heads: h,
             window: config.window,
@@ -78,10 +78,10 @@ impl MlaAttention {
             z.reshape([b, t, n, w]).swap_dims(1, 2)
         };
         MlaProjections {
-            q_c: heads(self.w_q.forward(x.clone()), self.n_heads),
-            q_r: rope.apply(heads(self.w_qr.forward(x.clone()), self.n_heads)),
-            c: heads(self.w_dkv.forward(x.clone()), 1),
-            k_r: rope.apply(heads(self.w_kr.forward(x), 1)),
+            q_c: heads(linear(&self.w_q, x.clone()), self.n_heads),
+            q_r: rope.apply(heads(linear(&self.w_qr, x.clone()), self.n_heads)),
+            c: heads(linear(&self.w_dkv, x.clone()), 1),
+            k_r: rope.apply(heads(linear(&self.w_kr, x), 1)),
         }
     }
 
@@ -108,8 +108,8 @@ impl MlaAttention {
             let w = z.dims()[2] / h;
             z.reshape([b, tk, h, w]).swap_dims(1, 2)
         };
-        let k_c = heads(self.u_k.forward(latent.clone()));
-        let v = heads(self.u_v.forward(latent));
+        let k_c = heads(linear(&self.u_k, latent.clone()));
+        let v = heads(linear(&self.u_v, latent));
         let dr = p.k_r.dims()[3];
         let q = Tensor::cat(vec![p.q_c, p.q_r], 3);
         let k = Tensor::cat(vec![k_c, p.k_r.expand([b, h, tk, dr])], 3);
@@ -141,7 +141,7 @@ impl MlaAttention {
     /// Heads [B, h, T, d_h] concatenated, then W_O.
     fn output(&self, o: Tensor<4>) -> Tensor<3> {
         let [b, h, t, dh] = o.dims();
-        self.resid_drop.forward(self.c_proj.forward(o.swap_dims(1, 2).reshape([b, t, h * dh])))
+        self.resid_drop.forward(linear(&self.c_proj, o.swap_dims(1, 2).reshape([b, t, h * dh])))
     }
 
     pub fn forward(&self, x: Tensor<3>, rope: &Rope) -> Tensor<3> {

@@ -14,7 +14,7 @@ use burn::tensor::{Device, Tensor};
 use crate::{Rng, init};
 
 /// A linear layer x W + b with W ~ N(0, std²) of shape [d_in, d_out] and b = 0.
-pub fn linear(rng: &mut Rng, d_in: usize, d_out: usize, std: f64, bias: bool, device: &Device) -> Linear {
+pub fn linear_layer(rng: &mut Rng, d_in: usize, d_out: usize, std: f64, bias: bool, device: &Device) -> Linear {
     Linear {
         weight: init::normal(rng, [d_in, d_out], std, device),
         bias: bias.then(|| init::constant([d_out], 0.0, device)),

@@ -1,0 +1,177 @@
+//! The affine map y = x W + b of every projection (W [d_in, d_out], Burn's layout). On the CPU one matrix product
+//! over all rows (batch and time folded together) into the bias rows, and a backward of two products and a column
+//! sum, rows in parallel; elsewhere Burn's `Linear::forward`.
+
+use burn::backend::autodiff::{
+    Autodiff,
+    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
+    grads::Gradients,
+    ops::{Backward, Ops, OpsKind},
+};
+use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension, tensor::FloatTensor};
+use burn::nn::Linear;
+use burn::tensor::{DType, Tensor};
+use rayon::prelude::*;
+
+use crate::cpu::{Mat, contiguous, floats, matmul, on_cpu, tensor, vectorised};
+
+/// The fused affine map as backend operations (CPU only; other devices take Burn's).
+#[backend_extension(Flex, Autodiff)]
+pub trait LinearOps: Backend {
+    /// y = x W + b for x [N, d_in], W [d_in, d_out], b [d_out].
+    fn linear_forward(x: FloatTensor<Self>, w: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// (dx, dW, db) = (dy Wᵀ, xᵀ dy, Σ_rows dy).
+    fn linear_backward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        d_y: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
+
+/// `layer` applied to the last dimension of x.
+pub fn linear<const D: usize>(layer: &Linear, x: Tensor<D>) -> Tensor<D> {
+    let w = layer.weight.val();
+    if !on_cpu(&x.device()) || w.dtype() != DType::F32 {
+        return layer.forward(x);
+    }
+    let [d_in, d_out] = w.dims();
+    let mut dims = x.dims();
+    let rows: Tensor<2> = x.reshape([dims.iter().product::<usize>() / d_in.max(1), d_in]);
+    let b = layer.bias.as_ref().map_or_else(|| Tensor::zeros([d_out], &rows.device()), |b| b.val());
+    let y = <Dispatch as LinearOps>::linear_forward(rows.into_dispatch(), w.into_dispatch(), b.into_dispatch());
+    dims[D - 1] = d_out;
+    Tensor::<2>::from_dispatch(y).reshape(dims)
+}
+
+/// Row blocks of an n-row product, one per core (at least 16 rows each).
+fn rows_per_task(n: usize) -> usize {
+    n.div_ceil(rayon::current_num_threads()).max(16)
+}
+
+impl LinearOps for Flex {
+    fn linear_forward(x: FloatTensor<Self>, w: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (x, w, b) = (contiguous(x), contiguous(w), contiguous(b));
+        let (n, k, m) = (x.layout().shape()[0], x.layout().shape()[1], w.layout().shape()[1]);
+        let (xs, ws, bs) = (floats(&x), floats(&w), floats(&b));
+        let mut y: Vec<f32> = bs.iter().copied().cycle().take(n * m).collect();
+        let rows = rows_per_task(n);
+        y.par_chunks_mut(rows * m.max(1)).enumerate().for_each(|(task, y)| {
+            let x = Mat::rows(&xs[task * rows * k..], k);
+            matmul(y.len() / m, m, k, y, m, x, Mat::rows(ws, m), 1.0, true);
+        });
+        tensor(y, &[n, m])
+    }
+
+    fn linear_backward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        d_y: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (x, w, d_y) = (contiguous(x), contiguous(w), contiguous(d_y));
+        let (n, k, m) = (x.layout().shape()[0], x.layout().shape()[1], w.layout().shape()[1]);
+        let (xs, ws, dys) = (floats(&x), floats(&w), floats(&d_y));
+        // dx = dy Wᵀ, by row blocks of dy.
+        let mut dx = vec![0.0f32; n * k];
+        let rows = rows_per_task(n);
+        dx.par_chunks_mut(rows * k.max(1)).enumerate().for_each(|(task, dx)| {
+            let dy = Mat::rows(&dys[task * rows * m..], m);
+            matmul(dx.len() / k, k, m, dx, k, dy, Mat::transposed(ws, m), 1.0, false);
+        });
+        // dW = xᵀ dy, by row blocks of dW (columns of x).
+        let mut dw = vec![0.0f32; k * m];
+        let cols = rows_per_task(k);
+        dw.par_chunks_mut(cols * m.max(1)).enumerate().for_each(|(task, dw)| {
+            let x_t = Mat::transposed(&xs[task * cols..], k);
+            matmul(dw.len() / m, m, n, dw, m, x_t, Mat::rows(dys, m), 1.0, false);
+        });
+        // db = Σ_rows dy.
+        let mut db = vec![0.0f32; m];
+        vectorised(|| {
+            for dy in dys.chunks_exact(m.max(1)) {
+                db.iter_mut().zip(dy).for_each(|(s, g)| *s += g);
+            }
+        });
+        (tensor(dx, &[n, k]), tensor(dw, &[k, m]), tensor(db, &[m]))
+    }
+}
+
+#[derive(Debug)]
+struct LinearBackward;
+
+impl<B: LinearOps> Backward<B, 3> for LinearBackward {
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node_x, node_w, node_b] = ops.parents;
+        let d_y = grads.consume::<B>(&ops.node);
+        let (x, w) = ops.state;
+        let (dx, dw, db) = B::linear_backward(x, w, d_y);
+        for (node, grad) in [(node_x, dx), (node_w, dw), (node_b, db)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+impl<B: LinearOps, C: CheckpointStrategy> LinearOps for Autodiff<B, C> {
+    fn linear_forward(x: FloatTensor<Self>, w: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        let prepared = LinearBackward.prepare::<C>([x.node(), w.node(), b.node()]).compute_bound().stateful();
+        let (x, w) = (x.into_primitive(), w.into_primitive());
+        let y = B::linear_forward(x.clone(), w.clone(), b.into_primitive());
+        match prepared {
+            OpsKind::Tracked(prep) => prep.finish((x, w), y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        }
+    }
+
+    fn linear_backward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        d_y: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (dx, dw, db) = B::linear_backward(x.into_primitive(), w.into_primitive(), d_y.into_primitive());
+        (Self::from_inner(dx), Self::from_inner(dw), Self::from_inner(db))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::nn::LinearConfig;
+    use burn::tensor::{Device, Distribution, TensorData};
+
+    fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+        t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
+    }
+
+    #[test]
+    fn fused_linear_equals_burns_forward_and_gradients() {
+        let dev = Device::flex();
+        let device = dev.clone().autodiff();
+        // Row counts below, at and above one block per core; with and without bias.
+        for (b, t, d_in, d_out, bias) in [(1, 1, 5, 3, true), (2, 7, 16, 9, false), (3, 50, 64, 96, true)] {
+            let layer = LinearConfig::new(d_in, d_out).with_bias(bias).init(&device);
+            let x = values(Tensor::<3>::random([b, t, d_in], Distribution::Normal(0.0, 1.0), &dev));
+            let w = values(Tensor::<3>::random([b, t, d_out], Distribution::Normal(0.0, 1.0), &dev));
+            let run = |fused: bool| {
+                let x = Tensor::<3>::from_data(TensorData::new(x.clone(), [b, t, d_in]), &device).require_grad();
+                let w = Tensor::<3>::from_data(TensorData::new(w.clone(), [b, t, d_out]), &device);
+                let y = if fused { linear(&layer, x.clone()) } else { layer.forward(x.clone()) };
+                let grads = (y.clone() * w).sum().backward();
+                let mut out = vec![values(y.inner()), values(x.grad(&grads).unwrap())];
+                out.push(values(layer.weight.grad(&grads).unwrap()));
+                if let Some(bias) = &layer.bias {
+                    out.push(values(bias.grad(&grads).unwrap()));
+                }
+                out
+            };
+            for (what, (a, r)) in ["y", "dx", "dW", "db"].iter().zip(run(true).iter().zip(&run(false))) {
+                assert_eq!(a.len(), r.len());
+                let diff = a.iter().zip(r).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
+                assert!(diff <= 1e-4, "{what} of [{b}, {t}, {d_in}] -> {d_out}: max abs error {diff}");
+            }
+        }
+    }
+}
