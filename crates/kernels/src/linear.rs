@@ -54,7 +54,8 @@ impl LinearOps for Flex {
         let (x, w, b) = (contiguous(x), contiguous(w), contiguous(b));
         let (n, k, m) = (x.layout().shape()[0], x.layout().shape()[1], w.layout().shape()[1]);
         let (xs, ws, bs) = (floats(&x), floats(&w), floats(&b));
-        let mut y: Vec<f32> = bs.iter().copied().cycle().take(n * m).collect();
+        let mut y = Vec::with_capacity(n * m);
+        (0..n).for_each(|_| y.extend_from_slice(bs));
         let rows = rows_per_task(n);
         y.par_chunks_mut(rows * m.max(1)).enumerate().for_each(|(task, y)| {
             let x = Mat::rows(&xs[task * rows * k..], k);
