@@ -3,6 +3,7 @@
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{Device, TensorData};
+use rayon::prelude::*;
 
 /// The tensor with a contiguous layout (copied only when it has none).
 pub fn contiguous(t: FlexTensor) -> FlexTensor {
@@ -62,6 +63,16 @@ impl<'a> Mat<'a> {
     fn covers(&self, rows: usize, cols: usize) -> bool {
         rows == 0 || cols == 0 || (rows - 1) * self.rs + (cols - 1) * self.cs < self.data.len()
     }
+}
+
+/// C ← A·B (or C + A·B with `accumulate`) for a contiguous C m×n, its rows split into one block per core (at least
+/// 16 rows each), the blocks in parallel.
+pub fn matmul_by_row_blocks(m: usize, n: usize, k: usize, c: &mut [f32], a: Mat, b: Mat, accumulate: bool) {
+    let rows = m.div_ceil(rayon::current_num_threads()).max(16);
+    c[..m * n].par_chunks_mut(rows * n.max(1)).enumerate().for_each(|(block, c)| {
+        let a = Mat { data: &a.data[block * rows * a.rs..], ..a };
+        matmul(c.len() / n, n, k, c, n, a, b, 1.0, accumulate);
+    });
 }
 
 /// C ← β·A·B (or C + β·A·B with `accumulate`) for A m×k, B k×n and C m×n row-major with rows `c_rs` apart, on the

@@ -11,9 +11,8 @@ use burn::backend::autodiff::{
 use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension, tensor::FloatTensor};
 use burn::nn::Linear;
 use burn::tensor::{DType, Tensor};
-use rayon::prelude::*;
 
-use crate::cpu::{Mat, contiguous, floats, matmul, on_cpu, tensor, vectorised};
+use crate::cpu::{Mat, contiguous, floats, matmul_by_row_blocks, on_cpu, tensor, vectorised};
 
 /// The fused affine map as backend operations (CPU only; other devices take Burn's).
 #[backend_extension(Flex, Autodiff)]
@@ -44,11 +43,6 @@ pub fn linear<const D: usize>(layer: &Linear, x: Tensor<D>) -> Tensor<D> {
     Tensor::<2>::from_dispatch(y).reshape(dims)
 }
 
-/// Row blocks of an n-row product, one per core (at least 16 rows each).
-fn rows_per_task(n: usize) -> usize {
-    n.div_ceil(rayon::current_num_threads()).max(16)
-}
-
 impl LinearOps for Flex {
     fn linear_forward(x: FloatTensor<Self>, w: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
         let (x, w, b) = (contiguous(x), contiguous(w), contiguous(b));
@@ -56,11 +50,7 @@ impl LinearOps for Flex {
         let (xs, ws, bs) = (floats(&x), floats(&w), floats(&b));
         let mut y = Vec::with_capacity(n * m);
         (0..n).for_each(|_| y.extend_from_slice(bs));
-        let rows = rows_per_task(n);
-        y.par_chunks_mut(rows * m.max(1)).enumerate().for_each(|(task, y)| {
-            let x = Mat::rows(&xs[task * rows * k..], k);
-            matmul(y.len() / m, m, k, y, m, x, Mat::rows(ws, m), 1.0, true);
-        });
+        matmul_by_row_blocks(n, m, k, &mut y, Mat::rows(xs, k), Mat::rows(ws, m), true);
         tensor(y, &[n, m])
     }
 
@@ -72,20 +62,11 @@ impl LinearOps for Flex {
         let (x, w, d_y) = (contiguous(x), contiguous(w), contiguous(d_y));
         let (n, k, m) = (x.layout().shape()[0], x.layout().shape()[1], w.layout().shape()[1]);
         let (xs, ws, dys) = (floats(&x), floats(&w), floats(&d_y));
-        // dx = dy Wᵀ, by row blocks of dy.
+        // dx = dy Wᵀ; dW = xᵀ dy (its row blocks are column blocks of x).
         let mut dx = vec![0.0f32; n * k];
-        let rows = rows_per_task(n);
-        dx.par_chunks_mut(rows * k.max(1)).enumerate().for_each(|(task, dx)| {
-            let dy = Mat::rows(&dys[task * rows * m..], m);
-            matmul(dx.len() / k, k, m, dx, k, dy, Mat::transposed(ws, m), 1.0, false);
-        });
-        // dW = xᵀ dy, by row blocks of dW (columns of x).
+        matmul_by_row_blocks(n, k, m, &mut dx, Mat::rows(dys, m), Mat::transposed(ws, m), false);
         let mut dw = vec![0.0f32; k * m];
-        let cols = rows_per_task(k);
-        dw.par_chunks_mut(cols * m.max(1)).enumerate().for_each(|(task, dw)| {
-            let x_t = Mat::transposed(&xs[task * cols..], k);
-            matmul(dw.len() / m, m, n, dw, m, x_t, Mat::rows(dys, m), 1.0, false);
-        });
+        matmul_by_row_blocks(k, m, n, &mut dw, Mat::transposed(xs, k), Mat::rows(dys, m), false);
         // db = Σ_rows dy.
         let mut db = vec![0.0f32; m];
         vectorised(|| {
