@@ -7,7 +7,7 @@ use burn::tensor::activation::softmax;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Distribution, Int, Tensor, TensorData};
 
-use crate::flash::{flash_attention, on_flex, on_wgpu, supports_head_dim};
+use crate::flash::{PackedHeads, flash_attention, on_flex, on_wgpu, packed_flash_attention, supports_head_dim};
 
 /// What one attention call computes.
 #[derive(Clone, Debug, PartialEq)]
@@ -124,6 +124,35 @@ pub fn attention_with(imp: AttentionImpl, q: Tensor<4>, k: Tensor<4>, v: Tensor<
         }
         _ => naive(q, k, v, spec),
     }
+}
+
+/// Self-attention over a fused projection qkv [B, T, (hq + 2·hkv)·d] (query heads, then key heads, then value
+/// heads), o's heads concatenated: [B, T, hq·d]. On the CPU Ember's kernels read q, k, v and write o in place;
+/// elsewhere, with dropout, or with another implementation chosen, the heads are split, attended and merged.
+pub fn packed_attention(qkv: Tensor<3>, heads: PackedHeads, spec: &AttentionSpec) -> Tensor<3> {
+    let dropping = spec.dropout > 0.0 && qkv.device().is_autodiff();
+    if matches!(current(), AttentionImpl::Auto | AttentionImpl::Flash) && !dropping && crate::cpu::on_cpu(&qkv.device())
+    {
+        return packed_flash_attention(qkv, heads, spec);
+    }
+    let (q, k, v) = split_heads(qkv, heads);
+    merge_heads(attention(q, k, v, spec))
+}
+
+/// q [B, hq, T, d] and k, v [B, hkv, T, d] of a fused projection [B, T, (hq + 2·hkv)·d].
+pub fn split_heads(qkv: Tensor<3>, heads: PackedHeads) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+    let [b, t, width] = qkv.dims();
+    let (hq, hkv) = (heads.q, heads.kv);
+    let d = width / (hq + 2 * hkv);
+    let part = |from: usize, n: usize| qkv.clone().slice([0..b, 0..t, from * d..(from + n) * d]);
+    let split = |z: Tensor<3>, n: usize| z.reshape([b, t, n, d]).swap_dims(1, 2);
+    (split(part(0, hq), hq), split(part(hq, hkv), hkv), split(part(hq + hkv, hkv), hkv))
+}
+
+/// Heads [B, h, T, d] side by side: [B, T, h·d].
+pub fn merge_heads(y: Tensor<4>) -> Tensor<3> {
+    let [b, h, t, d] = y.dims();
+    y.swap_dims(1, 2).reshape([b, t, h * d])
 }
 
 /// The reference: s = q kᵀ · scale, masked (causal: j > query_offset + i; window: j ≤ query_offset + i − w;

@@ -16,9 +16,12 @@ pub mod norm;
 pub use activation::{gelu, swiglu};
 pub use adamw::{AdamWStep, adamw};
 pub use adapters::{Adapter, wgpu_adapters, wgpu_test_device};
-pub use attention::{AttentionImpl, AttentionSpec, attention, attention_with, set_attention_impl};
+pub use attention::{
+    AttentionImpl, AttentionSpec, attention, attention_with, merge_heads, packed_attention, set_attention_impl,
+    split_heads,
+};
 pub use cross_entropy::cross_entropy;
-pub use flash::{Int8Kv, decodes_in_place, flash_attention, int8_attention, paged_attention};
+pub use flash::{Int8Kv, PackedHeads, decodes_in_place, flash_attention, int8_attention, paged_attention};
 pub use linear::linear;
 pub use memory::{DeviceMemory, device_memory};
 pub use norm::{NormParams, norm};

@@ -4,7 +4,10 @@
 //! adapter fails.
 
 use burn::tensor::{Device, Tensor, TensorData};
-use ember_kernels::{AttentionImpl, AttentionSpec, attention_with, paged_attention, wgpu_test_device};
+use ember_kernels::{
+    AttentionImpl, AttentionSpec, PackedHeads, attention_with, merge_heads, packed_attention, paged_attention,
+    split_heads, wgpu_test_device,
+};
 
 const TOLERANCE: f32 = 1e-4;
 
@@ -64,7 +67,7 @@ impl Case {
     }
 }
 
-fn max_diff(what: &str, case: &Case, a: Tensor<4>, b: Tensor<4>) -> f32 {
+fn max_diff<const D: usize>(what: &str, case: &impl std::fmt::Debug, a: Tensor<D>, b: Tensor<D>) -> f32 {
     let a = a.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
     let b = b.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
     assert_eq!(a.len(), b.len(), "{what}: sizes differ in {case:?}");
@@ -169,6 +172,39 @@ fn edge_cases_equal_the_reference() {
     for device in kernel_devices() {
         for case in &cases {
             check(case, &mut draws, &device);
+        }
+    }
+}
+
+/// The fused-projection entry point (q, k, v heads side by side in qkv [B, T, (hq + 2·hkv)·d], o's heads
+/// concatenated) against the reference on split heads: o and d(qkv), MHA, GQA and MQA, with and without a window,
+/// lengths below, across and above the 64-row blocks.
+#[test]
+fn packed_attention_equals_the_reference_on_split_heads() {
+    let mut draws = Draws(0x9acc);
+    for (b, hq, hkv, t, d, window) in [(2, 4, 4, 70, 32, None), (1, 6, 2, 129, 64, Some(40)), (3, 2, 1, 5, 16, None)] {
+        let (heads, width) = (PackedHeads { q: hq, kv: hkv }, (hq + 2 * hkv) * d);
+        let spec = AttentionSpec::causal(d).with_window(window);
+        let (qkv, w) = (draws.normal(b * t * width), draws.normal(b * t * hq * d));
+        let run = |device: &Device, reference: bool| {
+            let device = device.clone().autodiff();
+            let x = Tensor::<3>::from_data(TensorData::new(qkv.clone(), [b, t, width]), &device).require_grad();
+            let o = if reference {
+                let (q, k, v) = split_heads(x.clone(), heads);
+                merge_heads(attention_with(AttentionImpl::Naive, q, k, v, &spec))
+            } else {
+                packed_attention(x.clone(), heads, &spec)
+            };
+            let grads =
+                (o.clone() * Tensor::from_data(TensorData::new(w.clone(), [b, t, hq * d]), &device)).sum().backward();
+            [o.inner(), x.grad(&grads).expect("a gradient")]
+        };
+        let [o_ref, dx_ref] = run(&Device::flex(), true);
+        for device in kernel_devices() {
+            let [o, dx] = run(&device, false);
+            let case = (b, hq, hkv, t, d, window, &device);
+            max_diff("o", &case, o, o_ref.clone());
+            max_diff("d(qkv)", &case, dx, dx_ref.clone());
         }
     }
 }

@@ -4,7 +4,7 @@
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::tensor::Tensor;
-use ember_kernels::{AttentionSpec, attention, linear};
+use ember_kernels::{AttentionSpec, PackedHeads, attention, linear, merge_heads, packed_attention, split_heads};
 
 use crate::nn::linear_layer;
 use crate::nn::position::Rope;
@@ -43,14 +43,7 @@ impl CausalSelfAttention {
 
     /// q [B, h, T, d_h] and k, v [B, g, T, d_h] of x [B, T, d]; q and k rotated when `rope` is given.
     pub fn qkv(&self, x: Tensor<3>, rope: Option<&Rope>) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
-        let [b, t, _] = x.dims();
-        let (h, g) = (self.n_heads, self.n_kv_heads);
-        let dh = self.c_attn.weight.dims()[1] / (h + 2 * g);
-        let heads = |z: Tensor<3>, n: usize| z.reshape([b, t, n, dh]).swap_dims(1, 2);
-        let qkv = linear(&self.c_attn, x);
-        let q = heads(qkv.clone().slice([0..b, 0..t, 0..h * dh]), h);
-        let k = heads(qkv.clone().slice([0..b, 0..t, h * dh..(h + g) * dh]), g);
-        let v = heads(qkv.slice([0..b, 0..t, (h + g) * dh..(h + 2 * g) * dh]), g);
+        let (q, k, v) = split_heads(linear(&self.c_attn, x), self.heads());
         match rope {
             Some(rope) => (rope.apply(q), rope.apply(k), v),
             None => (q, k, v),
@@ -80,9 +73,16 @@ impl CausalSelfAttention {
 
     /// Heads [B, h, T, d_h] concatenated to [B, T, h·d_h], then W_O.
     pub fn project(&self, y: Tensor<4>) -> Tensor<3> {
-        let [b, h, t, dh] = y.dims();
-        let y = y.swap_dims(1, 2).reshape([b, t, h * dh]);
+        self.output(merge_heads(y))
+    }
+
+    /// W_O of the concatenated heads [B, T, h·d_h].
+    fn output(&self, y: Tensor<3>) -> Tensor<3> {
         self.resid_drop.forward(linear(&self.c_proj, y))
+    }
+
+    fn heads(&self) -> PackedHeads {
+        PackedHeads { q: self.n_heads, kv: self.n_kv_heads }
     }
 
     pub fn window(&self) -> Option<usize> {
@@ -90,8 +90,13 @@ impl CausalSelfAttention {
     }
 
     pub fn forward(&self, x: Tensor<3>, rope: Option<&Rope>) -> Tensor<3> {
-        let (q, k, v) = self.qkv(x, rope);
-        self.attend(q, k, v, 0)
+        if rope.is_some() {
+            let (q, k, v) = self.qkv(x, rope);
+            return self.attend(q, k, v, 0);
+        }
+        // Unrotated q, k, v are read where the fused projection put them.
+        let dh = self.c_attn.weight.dims()[1] / (self.n_heads + 2 * self.n_kv_heads);
+        self.output(packed_attention(linear(&self.c_attn, x), self.heads(), &self.spec(dh, 0)))
     }
 }
 

@@ -12,7 +12,7 @@ use burn::backend::{
     tensor::{FloatTensor, IntTensor},
 };
 
-use super::{FlashOps, FlashParams, KvLayout};
+use super::{FlashOps, FlashParams, KvLayout, PackedAttentionOps, PackedHeads};
 
 #[derive(Debug)]
 struct FlashBackward;
@@ -94,5 +94,52 @@ impl<B: FlashOps, C: CheckpointStrategy> FlashOps for Autodiff<B, C> {
     ) -> FloatTensor<Self> {
         let (q, k_scales, v_scales) = (q.into_primitive(), k_scales.into_primitive(), v_scales.into_primitive());
         Self::from_inner(B::flash_decode_int8(q, k_codes, k_scales, v_codes, v_scales, params))
+    }
+}
+
+#[derive(Debug)]
+struct PackedBackward;
+
+impl<B: PackedAttentionOps> Backward<B, 1> for PackedBackward {
+    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, PackedHeads, FlashParams);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node] = ops.parents;
+        let d_o = grads.consume::<B>(&ops.node);
+        let (qkv, o, lse, heads, params) = ops.state;
+        if let Some(node) = node {
+            grads.register::<B>(node.id, B::packed_attention_backward(qkv, o, lse, d_o, heads, params));
+        }
+    }
+}
+
+impl<B: PackedAttentionOps, C: CheckpointStrategy> PackedAttentionOps for Autodiff<B, C> {
+    fn packed_attention_forward(
+        qkv: FloatTensor<Self>,
+        heads: PackedHeads,
+        params: FlashParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let prepared = PackedBackward.prepare::<C>([qkv.node()]).compute_bound().stateful();
+        let qkv = qkv.into_primitive();
+        let (o, lse) = B::packed_attention_forward(qkv.clone(), heads, params.clone());
+        match prepared {
+            OpsKind::Tracked(prep) => {
+                let state = (qkv, o.clone(), lse.clone(), heads, params);
+                (prep.finish(state, o), Self::from_inner(lse))
+            }
+            OpsKind::UnTracked(prep) => (prep.finish(o), Self::from_inner(lse)),
+        }
+    }
+
+    fn packed_attention_backward(
+        qkv: FloatTensor<Self>,
+        o: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_o: FloatTensor<Self>,
+        heads: PackedHeads,
+        params: FlashParams,
+    ) -> FloatTensor<Self> {
+        let (qkv, o, lse, d_o) = (qkv.into_primitive(), o.into_primitive(), lse.into_primitive(), d_o.into_primitive());
+        Self::from_inner(B::packed_attention_backward(qkv, o, lse, d_o, heads, params))
     }
 }

@@ -1,21 +1,23 @@
 //! The kernels on the CPU (burn-flex): exact attention by blocks of 64 query rows — the block's scores in a buffer of
-//! 64 × Tk floats, never a T×T matrix, the products as matrix kernels — with one rayon task per (batch row, head);
-//! the FlashAttention-2 backward recomputes p from the saved lse, one task per (batch row, KV head) so dk and dv need
-//! no atomics. Keys and values are read in place: contiguous or as int8 codes dequantized first, and through a page
-//! table one query row at a time.
+//! 64 × Tk floats, never a T×T matrix, the products as matrix kernels — with one rayon task per (batch row, head,
+//! block); the FlashAttention-2 backward recomputes p from the saved lse, one task per (batch row, KV head) so dk and
+//! dv need no atomics. Operands are read in place through their row layout (`Rows`): contiguous [B, H, T, D], int8
+//! codes dequantized first, the q, k, v parts of a fused projection [B, T, (hq + 2·hkv)·D] (whose gradient is written
+//! back in that layout), or through a page table one query row at a time.
 
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use rayon::prelude::*;
 
-use super::{FlashOps, FlashParams, KvLayout};
+use super::{FlashOps, FlashParams, KvLayout, PackedAttentionOps, PackedHeads};
 use crate::cpu::{Mat, contiguous, floats, matmul, tensor};
 use crate::math;
 
 /// One call's shapes: q [b, hq, tq, d], keys and values [b, hkv, tk, d] (logically).
 #[derive(Clone, Copy)]
 struct Dims {
+    b: usize,
     hq: usize,
     hkv: usize,
     tq: usize,
@@ -35,6 +37,13 @@ impl Dims {
         let lo = if p.window > 0 && pos + 1 > p.window { pos + 1 - p.window } else { 0 };
         (lo, hi.max(lo))
     }
+
+    /// The keys [lo, hi) any of query rows [i0, i0 + rows) of batch row b sees; None when they see none.
+    fn block_keys(&self, p: &FlashParams, b: usize, i0: usize, rows: usize) -> Option<(usize, usize)> {
+        let ranges = (i0..i0 + rows).map(|i| self.row_keys(p, b, i)).filter(|(lo, hi)| lo < hi);
+        let (lo, hi) = ranges.fold((usize::MAX, 0), |(lo, hi), (a, z)| (lo.min(a), hi.max(z)));
+        (lo < hi).then_some((lo, hi))
+    }
 }
 
 /// Where key/value row j of KV head g, batch row b starts in its buffer.
@@ -42,6 +51,87 @@ type RowOf<'a> = dyn Fn(usize, usize, usize) -> usize + Sync + 'a;
 
 fn shape(t: &FlexTensor) -> Vec<usize> {
     t.layout().shape().to_vec()
+}
+
+/// Where the rows of a logical [B, H, T, D] operand lie in its buffer: row i of head h, batch row b starts at
+/// base + b·batch + h·head + i·row (a contiguous tensor, token-major caches, or one part of a fused projection).
+#[derive(Clone, Copy)]
+struct Rows {
+    base: usize,
+    batch: usize,
+    head: usize,
+    row: usize,
+}
+
+impl Rows {
+    /// A contiguous [B, H, T, D] tensor.
+    fn contiguous(h: usize, t: usize, d: usize) -> Self {
+        Self { base: 0, batch: h * t * d, head: t * d, row: d }
+    }
+
+    /// Heads side by side in rows of `width` values from column `base`: [B, T, width] holding h·d-wide head blocks.
+    fn interleaved(base: usize, t: usize, d: usize, width: usize) -> Self {
+        Self { base, batch: t * width, head: d, row: width }
+    }
+
+    fn at(&self, b: usize, h: usize, i: usize) -> usize {
+        self.base + b * self.batch + h * self.head + i * self.row
+    }
+}
+
+/// An operand's values and where its rows are.
+#[derive(Clone, Copy)]
+struct Operand<'a> {
+    data: &'a [f32],
+    rows: Rows,
+}
+
+impl<'a> Operand<'a> {
+    /// A contiguous f32 tensor's values with its rows where `rows` puts them.
+    fn of(t: &'a FlexTensor, rows: Rows) -> Self {
+        Self { data: floats(t), rows }
+    }
+
+    /// Rows i, i + 1, … of head h, batch row b as a matrix.
+    fn rows_from(&self, b: usize, h: usize, i: usize) -> Mat<'a> {
+        Mat::rows(&self.data[self.rows.at(b, h, i)..], self.rows.row)
+    }
+
+    /// Their transpose.
+    fn transposed_from(&self, b: usize, h: usize, i: usize) -> Mat<'a> {
+        Mat::transposed(&self.data[self.rows.at(b, h, i)..], self.rows.row)
+    }
+
+    /// Row i of head h, batch row b: `d` values.
+    fn row(&self, b: usize, h: usize, i: usize, d: usize) -> &'a [f32] {
+        &self.data[self.rows.at(b, h, i)..][..d]
+    }
+}
+
+/// An output buffer whose disjoint rows parallel tasks write (heads interleave in some layouts, so the tasks'
+/// rows cannot be split into separate slices).
+struct Shared<'a> {
+    ptr: *mut f32,
+    len: usize,
+    _buffer: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: tasks write disjoint rows only (see `write`).
+unsafe impl Sync for Shared<'_> {}
+
+impl<'a> Shared<'a> {
+    fn new(buffer: &'a mut [f32]) -> Self {
+        Self { ptr: buffer.as_mut_ptr(), len: buffer.len(), _buffer: std::marker::PhantomData }
+    }
+
+    /// Copies `values` to [at, at + values.len()).
+    ///
+    /// SAFETY: no other task reads or writes those elements meanwhile.
+    unsafe fn write(&self, at: usize, values: &[f32]) {
+        assert!(at + values.len() <= self.len, "a row outside the output");
+        // SAFETY: inside the buffer (asserted), exclusively this task's (the caller's contract).
+        unsafe { self.ptr.add(at).copy_from_nonoverlapping(values.as_ptr(), values.len()) }
+    }
 }
 
 /// Σ_e a_e b_e, eight partial sums so the compiler can vectorise it.
@@ -64,16 +154,6 @@ fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
 
 /// Query rows per block of the matrix-product kernels: a block's scores take BLOCK × Tk floats.
 const BLOCK: usize = 64;
-
-/// The blocks of query rows of batch row b that see any key: (first row, rows, keys [lo, hi) any of them sees).
-fn blocks<'a>(dims: &'a Dims, p: &'a FlashParams, b: usize) -> impl Iterator<Item = (usize, usize, usize, usize)> + 'a {
-    (0..dims.tq).step_by(BLOCK).filter_map(move |i0| {
-        let rows = BLOCK.min(dims.tq - i0);
-        let ranges = (i0..i0 + rows).map(|i| dims.row_keys(p, b, i)).filter(|(lo, hi)| lo < hi);
-        let (lo, hi) = ranges.fold((usize::MAX, 0), |(lo, hi), (a, z)| (lo.min(a), hi.max(z)));
-        (lo < hi).then_some((i0, rows, lo, hi))
-    })
-}
 
 /// p_ij = e^(s_ij − c_i) over the keys [a, z) row i sees (keys [lo, lo + n) in `s`), 0 elsewhere; returns Σ_j p_ij.
 fn exp_row(s: &mut [f32], lo: usize, (a, z): (usize, usize), c: f32) -> f32 {
@@ -102,42 +182,46 @@ fn per_head(
     (o, lse)
 }
 
-/// Where the keys and values of (batch row, KV head) start, and how far apart consecutive keys are.
-struct KvRows<'a> {
-    start: &'a (dyn Fn(usize, usize) -> usize + Sync),
-    stride: usize,
-}
-
 /// (o, lse) by query blocks: S = scale · Q_blk Kᵀ, p_ij = e^(s_ij − m_i) / ℓ_i over the keys row i sees, O_blk = P V
-/// (matrix products), lse_i = m_i + ln ℓ_i; a row with no key gives zeros (and lse −∞).
-fn forward(q: &[f32], k: &[f32], v: &[f32], dims: Dims, p: &FlashParams, kv: &KvRows) -> (Vec<f32>, Vec<f32>) {
-    let Dims { tq, tk, d, .. } = dims;
-    per_head(q.len(), dims, |bh, b, g, o, lse| {
-        let at = (kv.start)(b, g);
-        let mut s = vec![0.0f32; BLOCK.min(tq) * tk];
-        for (i0, rows, lo, hi) in blocks(&dims, p, b) {
-            let n = hi - lo;
-            let q_blk = Mat::rows(&q[(bh * tq + i0) * d..], d);
-            let k_t = Mat::transposed(&k[at + lo * kv.stride..], kv.stride);
-            matmul(rows, n, d, &mut s, n, q_blk, k_t, p.scale, false);
-            let mut inv_l = [0.0f32; BLOCK];
-            for r in 0..rows {
-                let keys = dims.row_keys(p, b, i0 + r);
-                let row = &mut s[r * n..][..n];
-                if keys.0 == keys.1 {
-                    row.fill(0.0);
-                    continue;
-                }
-                let m = row[keys.0 - lo..keys.1 - lo].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-                let l = exp_row(row, lo, keys, m);
-                lse[i0 + r] = m + l.ln();
-                inv_l[r] = 1.0 / l;
+/// (matrix products), lse_i = m_i + ln ℓ_i; a row with no key gives zeros (and lse −∞). One task per (batch row,
+/// head, block); o's rows go where `o_rows` puts them, lse is [B, hq, tq].
+fn forward(q: Operand, k: Operand, v: Operand, dims: Dims, p: &FlashParams, o_rows: Rows) -> (Vec<f32>, Vec<f32>) {
+    let Dims { b: batch, hq, hkv, tq, tk, d } = dims;
+    let mut o = vec![0.0f32; batch * hq * tq * d];
+    let mut lse = vec![f32::NEG_INFINITY; batch * hq * tq];
+    let per_head = tq.div_ceil(BLOCK);
+    let (o_out, lse_out) = (Shared::new(&mut o), Shared::new(&mut lse));
+    let scratch = || (vec![0.0f32; BLOCK.min(tq) * tk], vec![0.0f32; BLOCK.min(tq) * d]);
+    (0..batch * hq * per_head).into_par_iter().for_each_init(scratch, |(s, o_blk), task| {
+        let (bh, i0) = (task / per_head, task % per_head * BLOCK);
+        let (b, h, rows) = (bh / hq, bh % hq, BLOCK.min(tq - i0));
+        let g = h / (hq / hkv);
+        let Some((lo, hi)) = dims.block_keys(p, b, i0, rows) else { return };
+        let n = hi - lo;
+        matmul(rows, n, d, s, n, q.rows_from(b, h, i0), k.transposed_from(b, g, lo), p.scale, false);
+        let (mut lse_blk, mut inv_l) = ([f32::NEG_INFINITY; BLOCK], [0.0f32; BLOCK]);
+        for r in 0..rows {
+            let keys = dims.row_keys(p, b, i0 + r);
+            let row = &mut s[r * n..][..n];
+            if keys.0 == keys.1 {
+                row.fill(0.0);
+                continue;
             }
-            let o_blk = &mut o[i0 * d..(i0 + rows) * d];
-            matmul(rows, d, n, o_blk, d, Mat::rows(&s, n), Mat::rows(&v[at + lo * kv.stride..], kv.stride), 1.0, false);
-            o_blk.chunks_mut(d).zip(inv_l).for_each(|(o, f)| o.iter_mut().for_each(|x| *x *= f));
+            let m = row[keys.0 - lo..keys.1 - lo].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let l = exp_row(row, lo, keys, m);
+            lse_blk[r] = m + l.ln();
+            inv_l[r] = 1.0 / l;
         }
-    })
+        matmul(rows, d, n, o_blk, d, Mat::rows(s, n), v.rows_from(b, g, lo), 1.0, false);
+        for (r, row) in o_blk.chunks_mut(d).take(rows).enumerate() {
+            row.iter_mut().for_each(|x| *x *= inv_l[r]);
+            // SAFETY: row i0 + r of head h, batch row b is this task's alone.
+            unsafe { o_out.write(o_rows.at(b, h, i0 + r), row) };
+        }
+        // SAFETY: as above, for the block's lse.
+        unsafe { lse_out.write(bh * tq + i0, &lse_blk[..rows]) };
+    });
+    (o, lse)
 }
 
 /// The forward one query row at a time through a page table (keys not evenly spaced): o_i = Σ_j p_ij v_j, the
@@ -164,59 +248,66 @@ fn forward_paged(q: &[f32], k: &[f32], v: &[f32], dims: Dims, p: &FlashParams, r
     })
 }
 
-/// FlashAttention-2's backward for contiguous q, k, v by query blocks, with matrix products: P = e^(S − lse),
-/// dV += Pᵀ dO, dS = P ∘ (dO Vᵀ − D), dQ = scale · dS K, dK += scale · dSᵀ Q over the GQA group's heads.
+/// Where the backward writes one of dq, dk, dv: a buffer and that gradient's rows in it.
+type Target<'s, 'a> = (&'s Shared<'a>, Rows);
+
+/// FlashAttention-2's backward by query blocks, with matrix products: P = e^(S − lse), dV += Pᵀ dO,
+/// dS = P ∘ (dO Vᵀ − D), dQ = scale · dS K, dK += scale · dSᵀ Q over the GQA group's heads. One task per (batch
+/// row, KV head); lse and D are [B, hq, tq]; the outputs must start as zeros (rows no key sees stay so).
 #[allow(clippy::too_many_arguments)]
 fn backward(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    d_o: &[f32],
+    (q, k, v, d_o): (Operand, Operand, Operand, Operand),
     lse: &[f32],
     delta: &[f32],
     dims: Dims,
     p: &FlashParams,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let Dims { hq, hkv, tq, tk, d } = dims;
+    [dq, dk, dv]: [Target; 3],
+) {
+    let Dims { b: batch, hq, hkv, tq, tk, d } = dims;
     let group = hq / hkv;
-    let (mut dq, mut dk, mut dv) = (vec![0.0f32; q.len()], vec![0.0f32; k.len()], vec![0.0f32; v.len()]);
-    if q.is_empty() || k.is_empty() {
-        return (dq, dk, dv);
-    }
-    let chunks = dq.par_chunks_mut(group * tq * d).zip(dk.par_chunks_mut(tk * d)).zip(dv.par_chunks_mut(tk * d));
-    chunks.enumerate().for_each(|(bg, ((dq, dk), dv))| {
-        let b = bg / hkv;
-        let (k, v) = (&k[bg * tk * d..][..tk * d], &v[bg * tk * d..][..tk * d]);
+    (0..batch * hkv).into_par_iter().for_each(|bg| {
+        let (b, g) = (bg / hkv, bg % hkv);
         let (mut s, mut ds) = (vec![0.0f32; BLOCK.min(tq) * tk], vec![0.0f32; BLOCK.min(tq) * tk]);
-        for r in 0..group {
-            let h = bg * group + r;
-            for (i0, rows, lo, hi) in blocks(&dims, p, b) {
+        let (mut dk_sum, mut dv_sum, mut dq_blk) =
+            (vec![0.0f32; tk * d], vec![0.0f32; tk * d], vec![0.0f32; BLOCK * d]);
+        for h in g * group..(g + 1) * group {
+            let bh = b * hq + h;
+            for i0 in (0..tq).step_by(BLOCK) {
+                let rows = BLOCK.min(tq - i0);
+                let Some((lo, hi)) = dims.block_keys(p, b, i0, rows) else { continue };
                 let n = hi - lo;
-                let at = (h * tq + i0) * d;
-                let (q_blk, do_blk) = (Mat::rows(&q[at..], d), Mat::rows(&d_o[at..], d));
-                let (k_rng, v_rng) = (&k[lo * d..hi * d], &v[lo * d..hi * d]);
-                matmul(rows, n, d, &mut s, n, q_blk, Mat::transposed(k_rng, d), p.scale, false);
-                matmul(rows, n, d, &mut ds, n, do_blk, Mat::transposed(v_rng, d), 1.0, false);
+                let (q_blk, do_blk) = (q.rows_from(b, h, i0), d_o.rows_from(b, h, i0));
+                matmul(rows, n, d, &mut s, n, q_blk, k.transposed_from(b, g, lo), p.scale, false);
+                matmul(rows, n, d, &mut ds, n, do_blk, v.transposed_from(b, g, lo), 1.0, false);
                 for i in 0..rows {
                     let keys = dims.row_keys(p, b, i0 + i);
                     let (s, ds) = (&mut s[i * n..][..n], &mut ds[i * n..][..n]);
                     if keys.0 == keys.1 {
                         s.fill(0.0);
                     } else {
-                        exp_row(s, lo, keys, lse[h * tq + i0 + i]);
+                        exp_row(s, lo, keys, lse[bh * tq + i0 + i]);
                     }
-                    let di = delta[h * tq + i0 + i];
+                    let di = delta[bh * tq + i0 + i];
                     ds.iter_mut().zip(s.iter()).for_each(|(ds, p)| *ds = p * (*ds - di));
                 }
                 let (p_t, ds_t) = (Mat::transposed(&s, n), Mat::transposed(&ds, n));
-                matmul(n, d, rows, &mut dv[lo * d..hi * d], d, p_t, do_blk, 1.0, true);
-                matmul(n, d, rows, &mut dk[lo * d..hi * d], d, ds_t, q_blk, p.scale, true);
-                let dq_blk = &mut dq[(r * tq + i0) * d..(r * tq + i0 + rows) * d];
-                matmul(rows, d, n, dq_blk, d, Mat::rows(&ds, n), Mat::rows(k_rng, d), p.scale, false);
+                matmul(n, d, rows, &mut dv_sum[lo * d..hi * d], d, p_t, do_blk, 1.0, true);
+                matmul(n, d, rows, &mut dk_sum[lo * d..hi * d], d, ds_t, q_blk, p.scale, true);
+                matmul(rows, d, n, &mut dq_blk, d, Mat::rows(&ds, n), k.rows_from(b, g, lo), p.scale, false);
+                for (i, row) in dq_blk.chunks(d).take(rows).enumerate() {
+                    // SAFETY: query row i0 + i of head h (in this task's group), batch row b is this task's alone.
+                    unsafe { dq.0.write(dq.1.at(b, h, i0 + i), row) };
+                }
+            }
+        }
+        for (j, (dk_j, dv_j)) in dk_sum.chunks(d).zip(dv_sum.chunks(d)).enumerate() {
+            // SAFETY: key row j of KV head g, batch row b is this task's alone.
+            unsafe {
+                dk.0.write(dk.1.at(b, g, j), dk_j);
+                dv.0.write(dv.1.at(b, g, j), dv_j);
             }
         }
     });
-    (dq, dk, dv)
 }
 
 /// x̂ = s · c for int8 codes packed four to a little-endian 32-bit word, one scale per `group` values.
@@ -237,18 +328,19 @@ impl FlashOps for Flex {
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let (q, k, v) = (contiguous(q), contiguous(k), contiguous(v));
         let (qs, ks) = (shape(&q), shape(&k));
-        let (hq, tq, d) = (qs[1], qs[2], qs[3]);
+        let (batch, hq, tq, d) = (qs[0], qs[1], qs[2], qs[3]);
         let (o, lse) = match &params.layout {
             KvLayout::Contiguous => {
                 let (hkv, tk) = (ks[1], ks[2]);
-                let dims = Dims { hq, hkv, tq, tk, d };
-                let kv = KvRows { start: &|b, g| (b * hkv + g) * tk * d, stride: d };
-                forward(floats(&q), floats(&k), floats(&v), dims, &params, &kv)
+                let dims = Dims { b: batch, hq, hkv, tq, tk, d };
+                let (q_rows, kv_rows) = (Rows::contiguous(hq, tq, d), Rows::contiguous(hkv, tk, d));
+                let (q, k, v) = (Operand::of(&q, q_rows), Operand::of(&k, kv_rows), Operand::of(&v, kv_rows));
+                forward(q, k, v, dims, &params, q_rows)
             }
             KvLayout::Paged(paging) => {
                 // Page pools [pages, Hkv, P, D]: key j of row b is slot j mod P of page table[b][⌊j / P⌋].
                 let (hkv, size) = (ks[1], paging.page_size);
-                let dims = Dims { hq, hkv, tq, tk: paging.keys, d };
+                let dims = Dims { b: batch, hq, hkv, tq, tk: paging.keys, d };
                 let row = |b: usize, g: usize, j: usize| ((paging.table[b][j / size] * hkv + g) * size + j % size) * d;
                 forward_paged(floats(&q), floats(&k), floats(&v), dims, &params, &row)
             }
@@ -269,9 +361,16 @@ impl FlashOps for Flex {
         let (q, k, v) = (contiguous(q), contiguous(k), contiguous(v));
         let (d_o, lse, delta) = (contiguous(d_o), contiguous(lse), contiguous(delta));
         let (qs, ks) = (shape(&q), shape(&k));
-        let dims = Dims { hq: qs[1], hkv: ks[1], tq: qs[2], tk: ks[2], d: qs[3] };
-        let (q_, k_, v_) = (floats(&q), floats(&k), floats(&v));
-        let (dq, dk, dv) = backward(q_, k_, v_, floats(&d_o), floats(&lse), floats(&delta), dims, &params);
+        let dims = Dims { b: qs[0], hq: qs[1], hkv: ks[1], tq: qs[2], tk: ks[2], d: qs[3] };
+        let (q_rows, kv_rows) =
+            (Rows::contiguous(dims.hq, dims.tq, dims.d), Rows::contiguous(dims.hkv, dims.tk, dims.d));
+        let inputs =
+            (Operand::of(&q, q_rows), Operand::of(&k, kv_rows), Operand::of(&v, kv_rows), Operand::of(&d_o, q_rows));
+        let (mut dq, mut dk, mut dv) =
+            (vec![0.0f32; floats(&q).len()], vec![0.0f32; floats(&k).len()], vec![0.0f32; floats(&v).len()]);
+        let outputs = (Shared::new(&mut dq), Shared::new(&mut dk), Shared::new(&mut dv));
+        let targets = [(&outputs.0, q_rows), (&outputs.1, kv_rows), (&outputs.2, kv_rows)];
+        backward(inputs, floats(&lse), floats(&delta), dims, &params, targets);
         (tensor(dq, &qs), tensor(dk, &ks), tensor(dv, &ks))
     }
 
@@ -286,14 +385,66 @@ impl FlashOps for Flex {
         let KvLayout::Int8 { group, keys } = params.layout else { panic!("int8 decoding takes an int8 layout") };
         let q = contiguous(q);
         let qs = shape(&q);
-        let (hq, tq, d) = (qs[1], qs[2], qs[3]);
+        let (batch, hq, tq, d) = (qs[0], qs[1], qs[2], qs[3]);
         // Token-major [B, Tk, Hkv·D]: four codes per word.
         let hkv = shape(&k_codes)[2] * 4 / d;
         let tk_stored = shape(&k_codes)[1];
         let (k, v) = (dequantize(k_codes, k_scales, group), dequantize(v_codes, v_scales, group));
-        let dims = Dims { hq, hkv, tq, tk: keys, d };
-        let kv = KvRows { start: &|b, g| (b * tk_stored * hkv + g) * d, stride: hkv * d };
-        let (o, _) = forward(floats(&q), &k, &v, dims, &params, &kv);
+        let dims = Dims { b: batch, hq, hkv, tq, tk: keys, d };
+        let (q_rows, kv_rows) = (Rows::contiguous(hq, tq, d), Rows::interleaved(0, tk_stored, d, hkv * d));
+        let q = Operand::of(&q, q_rows);
+        let (k, v) = (Operand { data: &k, rows: kv_rows }, Operand { data: &v, rows: kv_rows });
+        let (o, _) = forward(q, k, v, dims, &params, q_rows);
         tensor(o, &qs)
+    }
+}
+
+/// Dims and the rows of q, k, v in a fused projection [B, T, (hq + 2·hkv)·d], and of o [B, T, hq·d].
+fn packed(qkv: &FlexTensor, heads: PackedHeads) -> (Dims, [Rows; 4]) {
+    let [b, t, width] = <[usize; 3]>::try_from(shape(qkv)).expect("qkv is [B, T, (hq + 2·hkv)·d]");
+    let (hq, hkv) = (heads.q, heads.kv);
+    let d = width / (hq + 2 * hkv);
+    let at = |base| Rows::interleaved(base, t, d, width);
+    let rows = [at(0), at(hq * d), at((hq + hkv) * d), Rows::interleaved(0, t, d, hq * d)];
+    (Dims { b, hq, hkv, tq: t, tk: t, d }, rows)
+}
+
+impl PackedAttentionOps for Flex {
+    fn packed_attention_forward(
+        qkv: FloatTensor<Self>,
+        heads: PackedHeads,
+        params: FlashParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let qkv = contiguous(qkv);
+        let (dims, [q, k, v, o]) = packed(&qkv, heads);
+        let operand = |rows| Operand::of(&qkv, rows);
+        let (out, lse) = forward(operand(q), operand(k), operand(v), dims, &params, o);
+        let Dims { b, hq, tq, d, .. } = dims;
+        (tensor(out, &[b, tq, hq * d]), tensor(lse, &[b, hq, tq]))
+    }
+
+    fn packed_attention_backward(
+        qkv: FloatTensor<Self>,
+        o: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_o: FloatTensor<Self>,
+        heads: PackedHeads,
+        params: FlashParams,
+    ) -> FloatTensor<Self> {
+        let (qkv, o, lse, d_o) = (contiguous(qkv), contiguous(o), contiguous(lse), contiguous(d_o));
+        let (dims, [q, k, v, o_rows]) = packed(&qkv, heads);
+        let Dims { hq, tq, d, .. } = dims;
+        let (o, d_o) = (Operand::of(&o, o_rows), Operand::of(&d_o, o_rows));
+        // D_i = Σ_e dO_ie o_ie, [B, hq, T].
+        let mut delta = vec![0.0f32; floats(&lse).len()];
+        delta.par_chunks_mut(tq.max(1)).enumerate().for_each(|(bh, delta)| {
+            let (b, h) = (bh / hq, bh % hq);
+            delta.iter_mut().enumerate().for_each(|(i, di)| *di = dot(d_o.row(b, h, i, d), o.row(b, h, i, d)));
+        });
+        let mut d_qkv = vec![0.0f32; floats(&qkv).len()];
+        let out = Shared::new(&mut d_qkv);
+        let inputs = (Operand::of(&qkv, q), Operand::of(&qkv, k), Operand::of(&qkv, v), d_o);
+        backward(inputs, floats(&lse), &delta, dims, &params, [(&out, q), (&out, k), (&out, v)]);
+        tensor(d_qkv, &shape(&qkv))
     }
 }

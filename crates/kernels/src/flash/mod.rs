@@ -134,6 +134,34 @@ pub trait FlashOps: Backend {
     ) -> FloatTensor<Self>;
 }
 
+/// The heads of a fused projection [B, T, (q + 2·kv)·d]: q query heads, then kv key heads, then kv value heads.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PackedHeads {
+    pub q: usize,
+    pub kv: usize,
+}
+
+/// Self-attention reading q, k and v in place from a fused projection and writing o's heads side by side (CPU).
+#[backend_extension(Flex, Autodiff)]
+pub trait PackedAttentionOps: Backend {
+    /// (o [B, T, hq·d], lse [B, hq, T]) of attention over qkv [B, T, (hq + 2·hkv)·d].
+    fn packed_attention_forward(
+        qkv: FloatTensor<Self>,
+        heads: PackedHeads,
+        params: FlashParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// d(qkv) [B, T, (hq + 2·hkv)·d] from dO and the forward's o and lse.
+    fn packed_attention_backward(
+        qkv: FloatTensor<Self>,
+        o: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_o: FloatTensor<Self>,
+        heads: PackedHeads,
+        params: FlashParams,
+    ) -> FloatTensor<Self>;
+}
+
 /// Query rows up to which attention decodes with split keys (and stores may read their own layouts in place).
 pub const DECODE_ROWS: usize = 4;
 
@@ -157,6 +185,14 @@ pub fn on_flex(tensor: &Tensor<4>) -> bool {
 /// o = softmax(q kᵀ·scale + mask) v on wgpu with Ember's kernels; differentiable under autodiff.
 pub fn flash_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> {
     run(q, k, v, FlashParams::new(spec))
+}
+
+/// o = softmax(q kᵀ·scale + mask) v over a fused projection qkv [B, T, (hq + 2·hkv)·d] on the CPU, o's heads
+/// concatenated [B, T, hq·d]: no copies to split or merge heads; differentiable under autodiff.
+pub fn packed_flash_attention(qkv: Tensor<3>, heads: PackedHeads, spec: &AttentionSpec) -> Tensor<3> {
+    let params = FlashParams::new(spec);
+    let (o, _lse) = <Dispatch as PackedAttentionOps>::packed_attention_forward(qkv.into_dispatch(), heads, params);
+    Tensor::from_dispatch(o)
 }
 
 /// Decoding attention against a paged cache: k_pages, v_pages [pages, Hkv, P, D], `table[b]` the pages of batch
