@@ -11,7 +11,7 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use rayon::prelude::*;
 
 use super::{FlashOps, FlashParams, KvLayout, PackedAttentionOps, PackedHeads};
-use crate::cpu::{Mat, contiguous, floats, matmul, tensor};
+use crate::cpu::{Mat, contiguous, floats, matmul, tensor, vectorised};
 use crate::math;
 
 /// One call's shapes: q [b, hq, tq, d], keys and values [b, hkv, tk, d] (logically).
@@ -155,14 +155,33 @@ fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
 /// Query rows per block of the matrix-product kernels: a block's scores take BLOCK × Tk floats.
 const BLOCK: usize = 64;
 
-/// p_ij = e^(s_ij − c_i) over the keys [a, z) row i sees (keys [lo, lo + n) in `s`), 0 elsewhere; returns Σ_j p_ij.
-fn exp_row(s: &mut [f32], lo: usize, (a, z): (usize, usize), c: f32) -> f32 {
-    let mut l = 0.0;
-    for (j, x) in s.iter_mut().enumerate() {
-        *x = if (a..z).contains(&(lo + j)) { math::exp(*x - c) } else { 0.0 };
-        l += *x;
+/// max_j x_j, eight lanes at a time (NaNs ignored, as by f32::max).
+#[inline(always)]
+fn row_max(x: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 8];
+    let lanes = x.chunks_exact(8);
+    let tail = lanes.remainder().iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    for x in lanes {
+        for e in 0..8 {
+            m[e] = if x[e] > m[e] { x[e] } else { m[e] };
+        }
     }
-    l
+    m.iter().fold(tail, |a, &b| a.max(b))
+}
+
+/// p_ij = e^(s_ij − c_i) over the keys [a, z) row i sees (keys [lo, lo + n) in `s`), 0 elsewhere; returns Σ_j p_ij.
+#[inline(always)]
+fn exp_row(s: &mut [f32], lo: usize, (a, z): (usize, usize), c: f32) -> f32 {
+    let (a, z) = (a - lo, z - lo);
+    s[..a].fill(0.0);
+    s[z..].fill(0.0);
+    let seen = &mut s[a..z];
+    seen.iter_mut().for_each(|x| *x = math::exp(*x - c));
+    let mut l = [0.0f32; 8];
+    let lanes = seen.chunks_exact(8);
+    let tail: f32 = lanes.remainder().iter().sum();
+    lanes.for_each(|x| (0..8).for_each(|e| l[e] += x[e]));
+    l.iter().sum::<f32>() + tail
 }
 
 /// (o, lse) for q of `len` values, `head(bh, b, g, o, lse)` filling query head bh's rows (batch row b, KV head g), the
@@ -200,18 +219,20 @@ fn forward(q: Operand, k: Operand, v: Operand, dims: Dims, p: &FlashParams, o_ro
         let n = hi - lo;
         matmul(rows, n, d, s, n, q.rows_from(b, h, i0), k.transposed_from(b, g, lo), p.scale, false);
         let (mut lse_blk, mut inv_l) = ([f32::NEG_INFINITY; BLOCK], [0.0f32; BLOCK]);
-        for r in 0..rows {
-            let keys = dims.row_keys(p, b, i0 + r);
-            let row = &mut s[r * n..][..n];
-            if keys.0 == keys.1 {
-                row.fill(0.0);
-                continue;
+        vectorised(|| {
+            for r in 0..rows {
+                let keys = dims.row_keys(p, b, i0 + r);
+                let row = &mut s[r * n..][..n];
+                if keys.0 == keys.1 {
+                    row.fill(0.0);
+                    continue;
+                }
+                let m = row_max(&row[keys.0 - lo..keys.1 - lo]);
+                let l = exp_row(row, lo, keys, m);
+                lse_blk[r] = m + l.ln();
+                inv_l[r] = 1.0 / l;
             }
-            let m = row[keys.0 - lo..keys.1 - lo].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-            let l = exp_row(row, lo, keys, m);
-            lse_blk[r] = m + l.ln();
-            inv_l[r] = 1.0 / l;
-        }
+        });
         matmul(rows, d, n, o_blk, d, Mat::rows(s, n), v.rows_from(b, g, lo), 1.0, false);
         for (r, row) in o_blk.chunks_mut(d).take(rows).enumerate() {
             row.iter_mut().for_each(|x| *x *= inv_l[r]);
@@ -239,7 +260,7 @@ fn forward_paged(q: &[f32], k: &[f32], v: &[f32], dims: Dims, p: &FlashParams, r
             for j in lo..hi {
                 s[j - lo] = p.scale * dot(qi, &k[row(b, g, j)..][..d]);
             }
-            let m = s[..hi - lo].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let m = row_max(&s[..hi - lo]);
             let l = exp_row(&mut s[..hi - lo], lo, keys, m);
             let oi = &mut o[i * d..][..d];
             (lo..hi).for_each(|j| axpy(oi, s[j - lo] / l, &v[row(b, g, j)..][..d]));
@@ -279,17 +300,19 @@ fn backward(
                 let (q_blk, do_blk) = (q.rows_from(b, h, i0), d_o.rows_from(b, h, i0));
                 matmul(rows, n, d, &mut s, n, q_blk, k.transposed_from(b, g, lo), p.scale, false);
                 matmul(rows, n, d, &mut ds, n, do_blk, v.transposed_from(b, g, lo), 1.0, false);
-                for i in 0..rows {
-                    let keys = dims.row_keys(p, b, i0 + i);
-                    let (s, ds) = (&mut s[i * n..][..n], &mut ds[i * n..][..n]);
-                    if keys.0 == keys.1 {
-                        s.fill(0.0);
-                    } else {
-                        exp_row(s, lo, keys, lse[bh * tq + i0 + i]);
+                vectorised(|| {
+                    for i in 0..rows {
+                        let keys = dims.row_keys(p, b, i0 + i);
+                        let (s, ds) = (&mut s[i * n..][..n], &mut ds[i * n..][..n]);
+                        if keys.0 == keys.1 {
+                            s.fill(0.0);
+                        } else {
+                            exp_row(s, lo, keys, lse[bh * tq + i0 + i]);
+                        }
+                        let di = delta[bh * tq + i0 + i];
+                        ds.iter_mut().zip(s.iter()).for_each(|(ds, p)| *ds = p * (*ds - di));
                     }
-                    let di = delta[bh * tq + i0 + i];
-                    ds.iter_mut().zip(s.iter()).for_each(|(ds, p)| *ds = p * (*ds - di));
-                }
+                });
                 let (p_t, ds_t) = (Mat::transposed(&s, n), Mat::transposed(&ds, n));
                 matmul(n, d, rows, &mut dv_sum[lo * d..hi * d], d, p_t, do_blk, 1.0, true);
                 matmul(n, d, rows, &mut dk_sum[lo * d..hi * d], d, ds_t, q_blk, p.scale, true);
