@@ -89,15 +89,18 @@ fn bench_train(args: BenchTrainArgs, device: DeviceChoice) -> Result<()> {
             trainer.step();
         }
         trainer.phases = StepPhases::default();
-        let started = Instant::now();
+        let (started, cpu_started) = (Instant::now(), cpu_seconds());
         for _ in 0..args.steps {
             trainer.step();
         }
-        let tps = (args.steps as usize * trainer.tokens_per_step()) as f64 / started.elapsed().as_secs_f64();
+        let wall = started.elapsed().as_secs_f64();
+        let tps = (args.steps as usize * trainer.tokens_per_step()) as f64 / wall;
+        let cpu_use = 100.0 * (cpu_seconds() - cpu_started) / wall;
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / args.steps as f64;
         let p = trainer.phases;
         println!(
-            "round {round}: ember   {tps:>10.0} tokens/s  ms/step: forward+loss {:.1}, backward {:.1}, optimizer {:.1}",
+            "round {round}: ember   {tps:>10.0} tokens/s  ms/step: forward+loss {:.1}, backward {:.1}, optimizer {:.1}; \
+             CPU use {cpu_use:.0}%",
             ms(p.forward),
             ms(p.backward),
             ms(p.optimizer)
@@ -151,6 +154,18 @@ fn pytorch_round(python: &str, config: &std::path::Path, args: &BenchTrainArgs, 
 pub fn median(xs: &mut [f64]) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
+}
+
+/// User + system CPU time of the whole process (all threads) so far, in seconds.
+fn cpu_seconds() -> f64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct it is given; zeroed is a valid rusage.
+    let usage = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
+        usage.assume_init()
+    };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
 
 /// The process's peak resident memory (VmHWM), in MB.

@@ -65,14 +65,41 @@ impl<'a> Mat<'a> {
     }
 }
 
-/// C ← A·B (or C + A·B with `accumulate`) for a contiguous C m×n, its rows split into one block per core (at least
-/// 16 rows each), the blocks in parallel.
-pub fn matmul_by_row_blocks(m: usize, n: usize, k: usize, c: &mut [f32], a: Mat, b: Mat, accumulate: bool) {
+/// C = A·B, plus the row `bias` on every row when given, as a new contiguous m×n matrix: its rows split into one
+/// block per core (at least 16 rows each), each block initialised and multiplied on its own core.
+pub fn matmul_by_row_blocks(m: usize, n: usize, k: usize, a: Mat, b: Mat, bias: Option<&[f32]>) -> Vec<f32> {
     let rows = m.div_ceil(rayon::current_num_threads()).max(16);
-    c[..m * n].par_chunks_mut(rows * n.max(1)).enumerate().for_each(|(block, c)| {
+    let mut c = Vec::with_capacity(m * n);
+    c.spare_capacity_mut()[..m * n].par_chunks_mut(rows * n.max(1)).enumerate().for_each(|(block, c)| {
+        for row in c.chunks_mut(n.max(1)) {
+            match bias {
+                Some(bias) => row.iter_mut().zip(bias).for_each(|(c, &b)| _ = c.write(b)),
+                None => row.iter_mut().for_each(|c| _ = c.write(0.0)),
+            }
+        }
+        // SAFETY: every element of the block was written just above (MaybeUninit<f32> and f32 share a layout).
+        let c = unsafe { &mut *(c as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) };
         let a = Mat { data: &a.data[block * rows * a.rs..], ..a };
-        matmul(c.len() / n, n, k, c, n, a, b, 1.0, accumulate);
+        matmul(c.len() / n.max(1), n, k, c, n, a, b, 1.0, bias.is_some());
     });
+    // SAFETY: the blocks cover all m·n elements, each written above.
+    unsafe { c.set_len(m * n) };
+    c
+}
+
+/// Σ over the rows of a row-major matrix with rows of `n` values, row blocks summed on the cores in parallel.
+pub fn column_sums(x: &[f32], n: usize) -> Vec<f32> {
+    let rows = (x.len() / n.max(1)).div_ceil(rayon::current_num_threads()).max(64);
+    let sum = |x: &[f32]| {
+        let mut s = vec![0.0f32; n];
+        vectorised(|| x.chunks_exact(n.max(1)).for_each(|row| s.iter_mut().zip(row).for_each(|(s, x)| *s += x)));
+        s
+    };
+    let add = |mut a: Vec<f32>, b: Vec<f32>| {
+        a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+        a
+    };
+    x.par_chunks(rows * n.max(1)).map(sum).reduce(|| vec![0.0f32; n], add)
 }
 
 /// C ← β·A·B (or C + β·A·B with `accumulate`) for A m×k, B k×n and C m×n row-major with rows `c_rs` apart, on the

@@ -12,7 +12,7 @@ use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension,
 use burn::nn::Linear;
 use burn::tensor::{DType, Tensor};
 
-use crate::cpu::{Mat, contiguous, floats, matmul_by_row_blocks, on_cpu, tensor, vectorised};
+use crate::cpu::{Mat, column_sums, contiguous, floats, matmul_by_row_blocks, on_cpu, tensor};
 
 /// The fused affine map as backend operations (CPU only; other devices take Burn's).
 #[backend_extension(Flex, Autodiff)]
@@ -48,10 +48,7 @@ impl LinearOps for Flex {
         let (x, w, b) = (contiguous(x), contiguous(w), contiguous(b));
         let (n, k, m) = (x.layout().shape()[0], x.layout().shape()[1], w.layout().shape()[1]);
         let (xs, ws, bs) = (floats(&x), floats(&w), floats(&b));
-        let mut y = Vec::with_capacity(n * m);
-        (0..n).for_each(|_| y.extend_from_slice(bs));
-        matmul_by_row_blocks(n, m, k, &mut y, Mat::rows(xs, k), Mat::rows(ws, m), true);
-        tensor(y, &[n, m])
+        tensor(matmul_by_row_blocks(n, m, k, Mat::rows(xs, k), Mat::rows(ws, m), Some(bs)), &[n, m])
     }
 
     fn linear_backward(
@@ -63,18 +60,10 @@ impl LinearOps for Flex {
         let (n, k, m) = (x.layout().shape()[0], x.layout().shape()[1], w.layout().shape()[1]);
         let (xs, ws, dys) = (floats(&x), floats(&w), floats(&d_y));
         // dx = dy Wᵀ; dW = xᵀ dy (its row blocks are column blocks of x).
-        let mut dx = vec![0.0f32; n * k];
-        matmul_by_row_blocks(n, k, m, &mut dx, Mat::rows(dys, m), Mat::transposed(ws, m), false);
-        let mut dw = vec![0.0f32; k * m];
-        matmul_by_row_blocks(k, m, n, &mut dw, Mat::transposed(xs, k), Mat::rows(dys, m), false);
+        let dx = matmul_by_row_blocks(n, k, m, Mat::rows(dys, m), Mat::transposed(ws, m), None);
+        let dw = matmul_by_row_blocks(k, m, n, Mat::transposed(xs, k), Mat::rows(dys, m), None);
         // db = Σ_rows dy.
-        let mut db = vec![0.0f32; m];
-        vectorised(|| {
-            for dy in dys.chunks_exact(m.max(1)) {
-                db.iter_mut().zip(dy).for_each(|(s, g)| *s += g);
-            }
-        });
-        (tensor(dx, &[n, k]), tensor(dw, &[k, m]), tensor(db, &[m]))
+        (tensor(dx, &[n, k]), tensor(dw, &[k, m]), tensor(column_sums(dys, m), &[m]))
     }
 }
 
