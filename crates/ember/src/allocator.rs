@@ -54,6 +54,19 @@ impl Cache {
     }
 }
 
+/// Keeps freed memory in glibc's heaps (blocks below [`LARGE`]) instead of returning it to the system: a fixed mmap
+/// threshold of [`LARGE`] (bigger blocks are recycled here) and trimming only past 1 GiB of free heap. By default
+/// glibc trims free memory beyond twice its (dynamic) mmap threshold, so training the baby GPT faulted ~3,900 fresh
+/// pages into its 1.5 MB activations every step. Elsewhere nothing to tune.
+pub fn keep_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets glibc's allocation parameters; called before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, LARGE as libc::c_int);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+    }
+}
+
 /// The system allocator with large freed blocks recycled.
 pub struct Recycling {
     cache: Mutex<Cache>,

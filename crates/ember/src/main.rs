@@ -112,6 +112,7 @@ struct ImportArgs {
 }
 
 fn main() -> ExitCode {
+    allocator::keep_heap();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
