@@ -275,7 +275,6 @@ type Target<'s, 'a> = (&'s Shared<'a>, Rows);
 /// FlashAttention-2's backward by query blocks, with matrix products: P = e^(S − lse), dV += Pᵀ dO,
 /// dS = P ∘ (dO Vᵀ − D), dQ = scale · dS K, dK += scale · dSᵀ Q over the GQA group's heads. One task per (batch
 /// row, KV head); lse and D are [B, hq, tq]; the outputs must start as zeros (rows no key sees stay so).
-#[allow(clippy::too_many_arguments)]
 fn backward(
     (q, k, v, d_o): (Operand, Operand, Operand, Operand),
     lse: &[f32],
