@@ -114,13 +114,20 @@ struct ImportArgs {
 fn main() -> ExitCode {
     allocator::keep_heap();
     let cli = Cli::parse();
-    match run(cli) {
+    match on_worker(|| run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
             ExitCode::FAILURE
         }
     }
+}
+
+/// `f` run on one of rayon's worker threads, so that each kernel's parallel loop starts on the core that calls it,
+/// which keeps part of the loop while the other worker steals the rest, instead of handing the whole loop to the
+/// workers and sleeping until they finish (two more thread switches per kernel call).
+fn on_worker<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    rayon::scope(|_| f())
 }
 
 fn run(cli: Cli) -> Result<()> {

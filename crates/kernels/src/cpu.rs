@@ -4,6 +4,7 @@
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{Device, TensorData};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// The tensor with a contiguous layout (copied only when it has none).
 pub fn contiguous(t: FlexTensor) -> FlexTensor {
@@ -65,10 +66,15 @@ impl<'a> Mat<'a> {
     }
 }
 
-/// C = A·B, plus the row `bias` on every row when given, as a new contiguous m×n matrix: its rows split into one
-/// block per core (at least 16 rows each), each block initialised and multiplied on its own core.
-pub fn matmul_by_row_blocks(m: usize, n: usize, k: usize, a: Mat, b: Mat, bias: Option<&[f32]>) -> Vec<f32> {
-    let rows = m.div_ceil(rayon::current_num_threads()).max(16);
+/// C = A·B, plus the row `bias` on every row when given, as a new contiguous m×n matrix, split over the cores: one
+/// block of rows per core (at least 16 rows each), or, with fewer rows than that (a matrix–vector product when
+/// decoding one token), one block of the inner dimension per core, so that each core streams its own rows of B.
+pub fn matmul_in_blocks(m: usize, n: usize, k: usize, a: Mat, b: Mat, bias: Option<&[f32]>) -> Vec<f32> {
+    let threads = rayon::current_num_threads();
+    if m < 16 * threads && k >= 64 * threads {
+        return matmul_by_inner_blocks(m, n, k, a, b, bias);
+    }
+    let rows = m.div_ceil(threads).max(16);
     let mut c = Vec::with_capacity(m * n);
     c.spare_capacity_mut()[..m * n].par_chunks_mut(rows * n.max(1)).enumerate().for_each(|(block, c)| {
         for row in c.chunks_mut(n.max(1)) {
@@ -78,13 +84,31 @@ pub fn matmul_by_row_blocks(m: usize, n: usize, k: usize, a: Mat, b: Mat, bias: 
             }
         }
         // SAFETY: every element of the block was written just above (MaybeUninit<f32> and f32 share a layout).
-        let c = unsafe { &mut *(c as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) };
+        let c = unsafe { &mut *(c as *mut [MaybeUninit<f32>] as *mut [f32]) };
         let a = Mat { data: &a.data[block * rows * a.rs..], ..a };
         matmul(c.len() / n.max(1), n, k, c, n, a, b, 1.0, bias.is_some());
     });
     // SAFETY: the blocks cover all m·n elements, each written above.
     unsafe { c.set_len(m * n) };
     c
+}
+
+/// [`matmul_in_blocks`] as Σ_l A[:, l] B[l, :] over one block of inner indices per core (the first adds the bias),
+/// the cores' products then summed.
+fn matmul_by_inner_blocks(m: usize, n: usize, k: usize, a: Mat, b: Mat, bias: Option<&[f32]>) -> Vec<f32> {
+    let depth = k.div_ceil(rayon::current_num_threads());
+    let block = |l: usize| {
+        let first = l == 0;
+        let mut c = bias.filter(|_| first).map_or_else(|| vec![0.0f32; m * n], |bias| bias.repeat(m));
+        let (a, b) = (Mat { data: &a.data[l * a.cs..], ..a }, Mat { data: &b.data[l * b.rs..], ..b });
+        matmul(m, n, depth.min(k - l), &mut c, n, a, b, 1.0, first && bias.is_some());
+        c
+    };
+    let sum = |mut c: Vec<f32>, d: Vec<f32>| {
+        vectorised(|| c.iter_mut().zip(&d).for_each(|(c, d)| *c += d));
+        c
+    };
+    (0..k).into_par_iter().step_by(depth).map(block).reduce_with(sum).expect("k ≥ 64 · threads")
 }
 
 /// Σ over the rows of a row-major matrix with rows of `n` values, row blocks summed on the cores in parallel.

@@ -12,7 +12,7 @@ use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension,
 use burn::nn::Linear;
 use burn::tensor::{DType, Tensor};
 
-use crate::cpu::{Mat, column_sums, contiguous, floats, matmul_by_row_blocks, on_cpu, tensor};
+use crate::cpu::{Mat, column_sums, contiguous, floats, matmul_in_blocks, on_cpu, tensor};
 
 /// The fused affine map as backend operations (CPU only; other devices take Burn's).
 #[backend_extension(Flex, Autodiff)]
@@ -48,7 +48,7 @@ impl LinearOps for Flex {
         let (x, w, b) = (contiguous(x), contiguous(w), contiguous(b));
         let (n, k, m) = (x.layout().shape()[0], x.layout().shape()[1], w.layout().shape()[1]);
         let (xs, ws, bs) = (floats(&x), floats(&w), floats(&b));
-        tensor(matmul_by_row_blocks(n, m, k, Mat::rows(xs, k), Mat::rows(ws, m), Some(bs)), &[n, m])
+        tensor(matmul_in_blocks(n, m, k, Mat::rows(xs, k), Mat::rows(ws, m), Some(bs)), &[n, m])
     }
 
     fn linear_backward(
@@ -60,8 +60,8 @@ impl LinearOps for Flex {
         let (n, k, m) = (x.layout().shape()[0], x.layout().shape()[1], w.layout().shape()[1]);
         let (xs, ws, dys) = (floats(&x), floats(&w), floats(&d_y));
         // dx = dy Wᵀ; dW = xᵀ dy (its row blocks are column blocks of x).
-        let dx = matmul_by_row_blocks(n, k, m, Mat::rows(dys, m), Mat::transposed(ws, m), None);
-        let dw = matmul_by_row_blocks(k, m, n, Mat::transposed(xs, k), Mat::rows(dys, m), None);
+        let dx = matmul_in_blocks(n, k, m, Mat::rows(dys, m), Mat::transposed(ws, m), None);
+        let dw = matmul_in_blocks(k, m, n, Mat::transposed(xs, k), Mat::rows(dys, m), None);
         // db = Σ_rows dy.
         (tensor(dx, &[n, k]), tensor(dw, &[k, m]), tensor(column_sums(dys, m), &[m]))
     }
@@ -121,8 +121,16 @@ mod tests {
     fn fused_linear_equals_burns_forward_and_gradients() {
         let dev = Device::flex();
         let device = dev.clone().autodiff();
-        // Row counts below, at and above one block per core; with and without bias.
-        for (b, t, d_in, d_out, bias) in [(1, 1, 5, 3, true), (2, 7, 16, 9, false), (3, 50, 64, 96, true)] {
+        // Row counts below, at and above one block per core, and few rows by a long inner dimension (inner blocks:
+        // one token decoded, or three); with and without bias.
+        let shapes = [
+            (1, 1, 5, 3, true),
+            (2, 7, 16, 9, false),
+            (3, 50, 64, 96, true),
+            (1, 1, 64, 200, true),
+            (1, 3, 16, 300, false),
+        ];
+        for (b, t, d_in, d_out, bias) in shapes {
             let layer = LinearConfig::new(d_in, d_out).with_bias(bias).init(&device);
             let x = values(Tensor::<3>::random([b, t, d_in], Distribution::Normal(0.0, 1.0), &dev));
             let w = values(Tensor::<3>::random([b, t, d_out], Distribution::Normal(0.0, 1.0), &dev));
