@@ -121,14 +121,14 @@ mod tests {
     fn fused_linear_equals_burns_forward_and_gradients() {
         let dev = Device::flex();
         let device = dev.clone().autodiff();
-        // Row counts below, at and above one block per core, and few rows by a long inner dimension (inner blocks:
-        // one token decoded, or three); with and without bias.
+        // Row counts below, at and above one block per core, and few rows by a long inner dimension (inner blocks, k ≥
+        // 64 per core: one token decoded, or three; the second also in dx = dy Wᵀ, without bias); with and without bias.
         let shapes = [
             (1, 1, 5, 3, true),
             (2, 7, 16, 9, false),
             (3, 50, 64, 96, true),
-            (1, 1, 64, 200, true),
-            (1, 3, 16, 300, false),
+            (1, 1, 200, 64, true),
+            (1, 3, 300, 160, false),
         ];
         for (b, t, d_in, d_out, bias) in shapes {
             let layer = LinearConfig::new(d_in, d_out).with_bias(bias).init(&device);
