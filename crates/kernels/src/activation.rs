@@ -12,7 +12,7 @@ use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension,
 use burn::tensor::Tensor;
 use rayon::prelude::*;
 
-use crate::cpu::{contiguous, floats, on_cpu, tensor, vectorised};
+use crate::cpu::{contiguous, floats, keep_workers_awake, on_cpu, tensor, vectorised};
 use crate::math;
 
 /// The fused activation as backend operations (CPU only; other devices take Burn's `gelu`).
@@ -63,6 +63,7 @@ fn cdf(x: f32) -> f32 {
 
 impl GeluOps for Flex {
     fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        keep_workers_awake();
         let x = contiguous(x);
         let shape = x.layout().shape().to_vec();
         let xs = floats(&x);
@@ -74,6 +75,7 @@ impl GeluOps for Flex {
     }
 
     fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>) -> FloatTensor<Self> {
+        keep_workers_awake();
         // φ(x) = e^(−x²/2) / √(2π).
         const INV_SQRT_2PI: f32 = 0.5 * std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2;
         zip_map(x, d_y, |x, dy| dy * (cdf(x) + x * INV_SQRT_2PI * math::exp(-0.5 * x * x)))
@@ -104,6 +106,7 @@ fn sigmoid(x: f32) -> f32 {
 
 impl SwigluOps for Flex {
     fn fused_swiglu(g: FloatTensor<Self>, u: FloatTensor<Self>) -> FloatTensor<Self> {
+        keep_workers_awake();
         zip_map(g, u, |g, u| g * sigmoid(g) * u)
     }
 
@@ -112,6 +115,7 @@ impl SwigluOps for Flex {
         u: FloatTensor<Self>,
         d_y: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        keep_workers_awake();
         let (g, u, d_y) = (contiguous(g), contiguous(u), contiguous(d_y));
         let shape = g.layout().shape().to_vec();
         let (gs, us, dys) = (floats(&g), floats(&u), floats(&d_y));

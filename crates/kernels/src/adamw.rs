@@ -6,7 +6,7 @@ use burn::backend::{Backend, Dispatch, Flex, backend_extension, tensor::FloatTen
 use burn::tensor::Tensor;
 use rayon::prelude::*;
 
-use crate::cpu::{contiguous, floats, on_cpu, tensor};
+use crate::cpu::{contiguous, floats, keep_workers_awake, on_cpu, tensor};
 
 /// The constants of one update.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -79,6 +79,7 @@ impl AdamWOps for Flex {
         v: FloatTensor<Self>,
         s: AdamWStep,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        keep_workers_awake();
         let [theta, g, m, v] = [theta, g, m, v].map(contiguous);
         let n = floats(&theta).len();
         let (mut theta_out, mut m_out, mut v_out) = (vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]);

@@ -18,7 +18,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor};
 use rayon::prelude::*;
 
-use crate::cpu::{contiguous, floats, on_cpu, tensor};
+use crate::cpu::{contiguous, floats, keep_workers_awake, on_cpu, tensor};
 use crate::math;
 
 /// The fused loss as backend operations (CPU only; other devices take [`reference`]).
@@ -73,6 +73,7 @@ impl CrossEntropyOps for Flex {
         targets: IntTensor<Self>,
         epsilon: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        keep_workers_awake();
         let logits = contiguous(logits);
         let [n, v] = [logits.layout().shape()[0], logits.layout().shape()[1]];
         let (x, y) = (floats(&logits), indices(targets));
@@ -96,6 +97,7 @@ impl CrossEntropyOps for Flex {
         d_loss: FloatTensor<Self>,
         epsilon: f32,
     ) -> FloatTensor<Self> {
+        keep_workers_awake();
         let (logits, lse, d_loss) = (contiguous(logits), contiguous(lse), contiguous(d_loss));
         let shape = logits.layout().shape().to_vec();
         let v = shape[1];

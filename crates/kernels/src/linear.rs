@@ -12,7 +12,7 @@ use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension,
 use burn::nn::Linear;
 use burn::tensor::{DType, Tensor};
 
-use crate::cpu::{Mat, column_sums, contiguous, floats, matmul_in_blocks, on_cpu, tensor};
+use crate::cpu::{Mat, column_sums, contiguous, floats, keep_workers_awake, matmul_in_blocks, on_cpu, tensor};
 
 /// The fused affine map as backend operations (CPU only; other devices take Burn's).
 #[backend_extension(Flex, Autodiff)]
@@ -45,6 +45,7 @@ pub fn linear<const D: usize>(layer: &Linear, x: Tensor<D>) -> Tensor<D> {
 
 impl LinearOps for Flex {
     fn linear_forward(x: FloatTensor<Self>, w: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        keep_workers_awake();
         let (x, w, b) = (contiguous(x), contiguous(w), contiguous(b));
         let (n, k, m) = (x.layout().shape()[0], x.layout().shape()[1], w.layout().shape()[1]);
         let (xs, ws, bs) = (floats(&x), floats(&w), floats(&b));
@@ -56,6 +57,7 @@ impl LinearOps for Flex {
         w: FloatTensor<Self>,
         d_y: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        keep_workers_awake();
         let (x, w, d_y) = (contiguous(x), contiguous(w), contiguous(d_y));
         let (n, k, m) = (x.layout().shape()[0], x.layout().shape()[1], w.layout().shape()[1]);
         let (xs, ws, dys) = (floats(&x), floats(&w), floats(&d_y));

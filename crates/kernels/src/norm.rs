@@ -11,7 +11,7 @@ use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension,
 use burn::tensor::Tensor;
 use rayon::prelude::*;
 
-use crate::cpu::{contiguous, floats, on_cpu, tensor};
+use crate::cpu::{contiguous, floats, keep_workers_awake, on_cpu, tensor};
 
 /// Which normalisation, and its ε.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -91,6 +91,7 @@ impl NormOps for Flex {
         beta: FloatTensor<Self>,
         params: NormParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        keep_workers_awake();
         let (x, gamma, beta) = (contiguous(x), contiguous(gamma), contiguous(beta));
         let shape = x.layout().shape().to_vec();
         let d = shape[1];
@@ -125,6 +126,7 @@ impl NormOps for Flex {
         rstd: FloatTensor<Self>,
         params: NormParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        keep_workers_awake();
         let (x, gamma, d_y) = (contiguous(x), contiguous(gamma), contiguous(d_y));
         let (mean, rstd) = (contiguous(mean), contiguous(rstd));
         let shape = x.layout().shape().to_vec();

@@ -11,7 +11,7 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use rayon::prelude::*;
 
 use super::{FlashOps, FlashParams, KvLayout, PackedAttentionOps, PackedHeads};
-use crate::cpu::{Mat, contiguous, floats, matmul, tensor, vectorised};
+use crate::cpu::{Mat, contiguous, floats, keep_workers_awake, matmul, tensor, vectorised};
 use crate::math;
 
 /// One call's shapes: q [b, hq, tq, d], keys and values [b, hkv, tk, d] (logically).
@@ -348,6 +348,7 @@ impl FlashOps for Flex {
         v: FloatTensor<Self>,
         params: FlashParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        keep_workers_awake();
         let (q, k, v) = (contiguous(q), contiguous(k), contiguous(v));
         let (qs, ks) = (shape(&q), shape(&k));
         let (batch, hq, tq, d) = (qs[0], qs[1], qs[2], qs[3]);
@@ -380,6 +381,7 @@ impl FlashOps for Flex {
         delta: FloatTensor<Self>,
         params: FlashParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        keep_workers_awake();
         let (q, k, v) = (contiguous(q), contiguous(k), contiguous(v));
         let (d_o, lse, delta) = (contiguous(d_o), contiguous(lse), contiguous(delta));
         let (qs, ks) = (shape(&q), shape(&k));
@@ -404,6 +406,7 @@ impl FlashOps for Flex {
         v_scales: FloatTensor<Self>,
         params: FlashParams,
     ) -> FloatTensor<Self> {
+        keep_workers_awake();
         let KvLayout::Int8 { group, keys } = params.layout else { panic!("int8 decoding takes an int8 layout") };
         let q = contiguous(q);
         let qs = shape(&q);
@@ -437,6 +440,7 @@ impl PackedAttentionOps for Flex {
         heads: PackedHeads,
         params: FlashParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        keep_workers_awake();
         let qkv = contiguous(qkv);
         let (dims, [q, k, v, o]) = packed(&qkv, heads);
         let operand = |rows| Operand::of(&qkv, rows);
@@ -453,6 +457,7 @@ impl PackedAttentionOps for Flex {
         heads: PackedHeads,
         params: FlashParams,
     ) -> FloatTensor<Self> {
+        keep_workers_awake();
         let (qkv, o, lse, d_o) = (contiguous(qkv), contiguous(o), contiguous(lse), contiguous(d_o));
         let (dims, [q, k, v, o_rows]) = packed(&qkv, heads);
         let Dims { hq, tq, d, .. } = dims;
