@@ -109,6 +109,19 @@ impl<'a> Mat<'a> {
         Self { data, rs: 1, cs: rs }
     }
 
+    /// The transpose of this view (no copy).
+    pub fn t(self) -> Self {
+        Self { rs: self.cs, cs: self.rs, ..self }
+    }
+
+    /// A 2-D f32 tensor's values in place, whatever its (non-negative) strides: a transposed view is read as one.
+    pub fn of(t: &'a FlexTensor) -> Self {
+        let layout = t.layout();
+        let &[rs, cs] = layout.strides() else { panic!("a matrix has two dimensions") };
+        assert!(rs >= 0 && cs >= 0, "the CPU kernels read matrices with non-negative strides");
+        Self { data: &t.storage::<f32>()[layout.start_offset()..], rs: rs as usize, cs: cs as usize }
+    }
+
     fn covers(&self, rows: usize, cols: usize) -> bool {
         rows == 0 || cols == 0 || (rows - 1) * self.rs + (cols - 1) * self.cs < self.data.len()
     }
@@ -119,6 +132,9 @@ impl<'a> Mat<'a> {
 /// decoding one token), one block of the inner dimension per core, so that each core streams its own rows of B.
 pub fn matmul_in_blocks(m: usize, n: usize, k: usize, a: Mat, b: Mat, bias: Option<&[f32]>) -> Vec<f32> {
     let threads = rayon::current_num_threads();
+    if m < 16 * threads && a.cs == 1 && b.rs == 1 {
+        return matmul_by_dot_products(m, n, k, a, b, bias);
+    }
     if m < 16 * threads && k >= 64 * threads {
         return matmul_by_inner_blocks(m, n, k, a, b, bias);
     }
@@ -139,6 +155,42 @@ pub fn matmul_in_blocks(m: usize, n: usize, k: usize, a: Mat, b: Mat, bias: Opti
     // SAFETY: the blocks cover all m·n elements, each written above.
     unsafe { c.set_len(m * n) };
     c
+}
+
+/// [`matmul_in_blocks`] for few rows of A against a B whose columns are contiguous (a transposed view, such as a
+/// tied embedding read as the output projection): C[i, j] = b_j + A[i, :]·B[:, j], blocks of columns in parallel, so
+/// each core streams its own contiguous part of B.
+fn matmul_by_dot_products(m: usize, n: usize, k: usize, a: Mat, b: Mat, bias: Option<&[f32]>) -> Vec<f32> {
+    const COLUMNS: usize = 256;
+    // Cᵀ, column j of C at [j·m, (j + 1)·m).
+    let mut c_t = vec![0.0f32; n * m];
+    c_t.par_chunks_mut(COLUMNS * m.max(1)).enumerate().for_each(|(block, c_t)| {
+        vectorised(|| {
+            for (j, c) in (block * COLUMNS..).zip(c_t.chunks_mut(m.max(1))) {
+                let column = &b.data[j * b.cs..][..k];
+                for (i, c) in c.iter_mut().enumerate() {
+                    *c = bias.map_or(0.0, |b| b[j]) + dot(&a.data[i * a.rs..][..k], column);
+                }
+            }
+        })
+    });
+    if m <= 1 {
+        return c_t;
+    }
+    (0..m * n).map(|e| c_t[(e % n) * m + e / n]).collect()
+}
+
+/// Σ_e a_e b_e, eight partial sums so the compiler can vectorise it.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = a8.remainder().iter().zip(b8.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in a8.zip(b8) {
+        for e in 0..8 {
+            acc[e] += x[e] * y[e];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 /// [`matmul_in_blocks`] as Σ_l A[:, l] B[l, :] over one block of inner indices per core (the first adds the bias),

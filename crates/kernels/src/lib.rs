@@ -22,6 +22,6 @@ pub use attention::{
 };
 pub use cross_entropy::cross_entropy;
 pub use flash::{Int8Kv, PackedHeads, decodes_in_place, flash_attention, int8_attention, paged_attention};
-pub use linear::linear;
+pub use linear::{linear, tied_linear};
 pub use memory::{DeviceMemory, device_memory};
 pub use norm::{NormParams, norm};

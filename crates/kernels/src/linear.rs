@@ -1,6 +1,6 @@
-//! The affine map y = x W + b of every projection (W [d_in, d_out], Burn's layout). On the CPU one matrix product
-//! over all rows (batch and time folded together) into the bias rows, and a backward of two products and a column
-//! sum, rows in parallel; elsewhere Burn's `Linear::forward`.
+//! The affine map y = x W + b of every projection (W [d_in, d_out], Burn's layout), and x Eᵀ through a tied
+//! embedding E. On the CPU one matrix product over all rows (batch and time folded together) into the bias rows, and a
+//! backward of two products and a column sum, rows in parallel; elsewhere Burn's `Linear::forward` and `matmul`.
 
 use burn::backend::autodiff::{
     Autodiff,
@@ -17,7 +17,8 @@ use crate::cpu::{Mat, column_sums, contiguous, floats, keep_workers_awake, matmu
 /// The fused affine map as backend operations (CPU only; other devices take Burn's).
 #[backend_extension(Flex, Autodiff)]
 pub trait LinearOps: Backend {
-    /// y = x W + b for x [N, d_in], W [d_in, d_out], b [d_out].
+    /// y = x W + b for x [N, d_in], W [d_in, d_out] (any non-negative strides: a transposed view is read in place),
+    /// b [d_out].
     fn linear_forward(x: FloatTensor<Self>, w: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
 
     /// (dx, dW, db) = (dy Wᵀ, xᵀ dy, Σ_rows dy).
@@ -34,10 +35,28 @@ pub fn linear<const D: usize>(layer: &Linear, x: Tensor<D>) -> Tensor<D> {
     if !on_cpu(&x.device()) || w.dtype() != DType::F32 {
         return layer.forward(x);
     }
+    affine(x, w, layer.bias.as_ref().map(|b| b.val()))
+}
+
+/// x Eᵀ for E [d_out, d_in] (an embedding matrix tied to the output projection). On the CPU E is read in place
+/// through the transposed view; elsewhere as (E xᵀ)ᵀ, which reads E row-major as stored (Eᵀ would be copied).
+pub fn tied_linear<const D: usize>(e: Tensor<2>, x: Tensor<D>) -> Tensor<D> {
+    if on_cpu(&x.device()) && e.dtype() == DType::F32 {
+        return affine(x, e.transpose(), None);
+    }
+    let mut dims = x.dims();
+    let [d_out, d_in] = e.dims();
+    let rows: Tensor<2> = x.reshape([dims.iter().product::<usize>() / d_in.max(1), d_in]);
+    dims[D - 1] = d_out;
+    e.matmul(rows.transpose()).transpose().reshape(dims)
+}
+
+/// x W + b over the last dimension of x, by the CPU kernel (W [d_in, d_out], any strides).
+fn affine<const D: usize>(x: Tensor<D>, w: Tensor<2>, b: Option<Tensor<1>>) -> Tensor<D> {
     let [d_in, d_out] = w.dims();
     let mut dims = x.dims();
     let rows: Tensor<2> = x.reshape([dims.iter().product::<usize>() / d_in.max(1), d_in]);
-    let b = layer.bias.as_ref().map_or_else(|| Tensor::zeros([d_out], &rows.device()), |b| b.val());
+    let b = b.unwrap_or_else(|| Tensor::zeros([d_out], &rows.device()));
     let y = <Dispatch as LinearOps>::linear_forward(rows.into_dispatch(), w.into_dispatch(), b.into_dispatch());
     dims[D - 1] = d_out;
     Tensor::<2>::from_dispatch(y).reshape(dims)
@@ -46,10 +65,9 @@ pub fn linear<const D: usize>(layer: &Linear, x: Tensor<D>) -> Tensor<D> {
 impl LinearOps for Flex {
     fn linear_forward(x: FloatTensor<Self>, w: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
         keep_workers_awake();
-        let (x, w, b) = (contiguous(x), contiguous(w), contiguous(b));
+        let (x, b) = (contiguous(x), contiguous(b));
         let (n, k, m) = (x.layout().shape()[0], x.layout().shape()[1], w.layout().shape()[1]);
-        let (xs, ws, bs) = (floats(&x), floats(&w), floats(&b));
-        tensor(matmul_in_blocks(n, m, k, Mat::rows(xs, k), Mat::rows(ws, m), Some(bs)), &[n, m])
+        tensor(matmul_in_blocks(n, m, k, Mat::rows(floats(&x), k), Mat::of(&w), Some(floats(&b))), &[n, m])
     }
 
     fn linear_backward(
@@ -58,11 +76,11 @@ impl LinearOps for Flex {
         d_y: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         keep_workers_awake();
-        let (x, w, d_y) = (contiguous(x), contiguous(w), contiguous(d_y));
+        let (x, d_y) = (contiguous(x), contiguous(d_y));
         let (n, k, m) = (x.layout().shape()[0], x.layout().shape()[1], w.layout().shape()[1]);
-        let (xs, ws, dys) = (floats(&x), floats(&w), floats(&d_y));
+        let (xs, dys) = (floats(&x), floats(&d_y));
         // dx = dy Wᵀ; dW = xᵀ dy (its row blocks are column blocks of x).
-        let dx = matmul_in_blocks(n, k, m, Mat::rows(dys, m), Mat::transposed(ws, m), None);
+        let dx = matmul_in_blocks(n, k, m, Mat::rows(dys, m), Mat::of(&w).t(), None);
         let dw = matmul_in_blocks(k, m, n, Mat::transposed(xs, k), Mat::rows(dys, m), None);
         // db = Σ_rows dy.
         (tensor(dx, &[n, k]), tensor(dw, &[k, m]), tensor(column_sums(dys, m), &[m]))
@@ -152,6 +170,36 @@ mod tests {
                 assert_eq!(a.len(), r.len());
                 let diff = a.iter().zip(r).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
                 assert!(diff <= 1e-4, "{what} of [{b}, {t}, {d_in}] -> {d_out}: max abs error {diff}");
+            }
+        }
+    }
+
+    /// x Eᵀ through a tied embedding equals Burn's product with E transposed, forward and both gradients: E is read
+    /// in place as a strided view (row blocks, and the inner blocks of a decoded token: d = 200).
+    #[test]
+    fn tied_linear_equals_the_product_with_the_transposed_embedding() {
+        let dev = Device::flex();
+        let device = dev.clone().autodiff();
+        for (b, t, d, v) in [(2, 9, 16, 11), (1, 1, 200, 70), (3, 40, 24, 65)] {
+            let e = values(Tensor::<2>::random([v, d], Distribution::Normal(0.0, 1.0), &dev));
+            let x = values(Tensor::<3>::random([b, t, d], Distribution::Normal(0.0, 1.0), &dev));
+            let w = values(Tensor::<3>::random([b, t, v], Distribution::Normal(0.0, 1.0), &dev));
+            let run = |fused: bool| {
+                let e = Tensor::<2>::from_data(TensorData::new(e.clone(), [v, d]), &device).require_grad();
+                let x = Tensor::<3>::from_data(TensorData::new(x.clone(), [b, t, d]), &device).require_grad();
+                let w = Tensor::<3>::from_data(TensorData::new(w.clone(), [b, t, v]), &device);
+                let y = if fused {
+                    tied_linear(e.clone(), x.clone())
+                } else {
+                    x.clone().matmul(e.clone().transpose().unsqueeze())
+                };
+                let grads = (y.clone() * w).sum().backward();
+                [values(y.inner()), values(x.grad(&grads).unwrap()), values(e.grad(&grads).unwrap())]
+            };
+            for (what, (a, r)) in ["y", "dx", "dE"].iter().zip(run(true).iter().zip(&run(false))) {
+                assert_eq!(a.len(), r.len());
+                let diff = a.iter().zip(r).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
+                assert!(diff <= 1e-4, "{what} of [{b}, {t}, {d}] through E [{v}, {d}]: max abs error {diff}");
             }
         }
     }

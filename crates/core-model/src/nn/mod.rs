@@ -21,10 +21,7 @@ pub fn linear_layer(rng: &mut Rng, d_in: usize, d_out: usize, std: f64, bias: bo
     }
 }
 
-/// Logits x Eᵀ [B, T, V] of hidden states x [B, T, d] through an output projection tied to the embedding E [V, d],
-/// computed as (E xᵀ)ᵀ: E is read row-major as stored; the transposed view Eᵀ would be copied on every call.
+/// Logits x Eᵀ [B, T, V] of hidden states x [B, T, d] through an output projection tied to the embedding E [V, d].
 pub fn tied_logits(embedding: &Embedding, x: Tensor<3>) -> Tensor<3> {
-    let [b, t, d] = x.dims();
-    let v = embedding.weight.dims()[0];
-    embedding.weight.val().matmul(x.reshape([b * t, d]).transpose()).transpose().reshape([b, t, v])
+    ember_kernels::tied_linear(embedding.weight.val(), x)
 }

@@ -11,7 +11,7 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use rayon::prelude::*;
 
 use super::{FlashOps, FlashParams, KvLayout, PackedAttentionOps, PackedHeads};
-use crate::cpu::{Mat, contiguous, floats, keep_workers_awake, matmul, tensor, vectorised};
+use crate::cpu::{Mat, contiguous, dot, floats, keep_workers_awake, matmul, tensor, vectorised};
 use crate::math;
 
 /// One call's shapes: q [b, hq, tq, d], keys and values [b, hkv, tk, d] (logically).
@@ -132,19 +132,6 @@ impl<'a> Shared<'a> {
         // SAFETY: inside the buffer (asserted), exclusively this task's (the caller's contract).
         unsafe { self.ptr.add(at).copy_from_nonoverlapping(values.as_ptr(), values.len()) }
     }
-}
-
-/// Σ_e a_e b_e, eight partial sums so the compiler can vectorise it.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = a8.remainder().iter().zip(b8.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in a8.zip(b8) {
-        for e in 0..8 {
-            acc[e] += x[e] * y[e];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 /// y ← y + α x.
