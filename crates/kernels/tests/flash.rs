@@ -264,3 +264,27 @@ fn paged_decoding_reads_keys_through_the_page_table() {
         max_diff("paged o", &case, paged, reference.clone());
     }
 }
+
+/// Keys and values that are views — the first T rows of a longer cache buffer, or a token-major [B, T, H, D] buffer
+/// with its axes swapped — are read in place on the CPU and give the reference's output on their contiguous copies.
+#[test]
+fn strided_keys_and_values_equal_their_contiguous_copies() {
+    let mut draws = Draws(0x51de);
+    let (b, hq, hkv, tq, tk, cap, d) = (2, 4, 2, 3, 37, 64, 16);
+    let spec = AttentionSpec { query_offset: tk - tq, ..AttentionSpec::causal(d) };
+    let cpu = Device::flex();
+    let q = Tensor::<4>::from_data(TensorData::new(draws.normal(b * hq * tq * d), [b, hq, tq, d]), &cpu);
+    let buffer = |draws: &mut Draws, shape: [usize; 4]| {
+        Tensor::<4>::from_data(TensorData::new(draws.normal(shape.iter().product()), shape), &cpu)
+    };
+    let views = [
+        [0, 1].map(|_| buffer(&mut draws, [b, hkv, cap, d]).slice([0..b, 0..hkv, 0..tk, 0..d])),
+        [0, 1].map(|_| buffer(&mut draws, [b, tk, hkv, d]).swap_dims(1, 2)),
+    ];
+    for [k, v] in views {
+        let copy = |t: &Tensor<4>| Tensor::<4>::from_data(t.to_data(), &cpu);
+        let reference = attention_with(AttentionImpl::Naive, q.clone(), copy(&k), copy(&v), &spec);
+        let flash = attention_with(AttentionImpl::Flash, q.clone(), k, v, &spec);
+        max_diff("o", &(b, hq, hkv, tq, tk, d), flash, reference);
+    }
+}

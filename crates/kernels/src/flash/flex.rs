@@ -74,6 +74,18 @@ impl Rows {
         Self { base, batch: t * width, head: d, row: width }
     }
 
+    /// A [B, H, T, D] tensor's rows where its strides put them, when its values are unit-strided within rows: a
+    /// cache's keys read in place through a view of the first T rows of a longer buffer.
+    fn strided(t: &FlexTensor) -> Option<Self> {
+        let (layout, base) = (t.layout(), t.layout().start_offset());
+        match *layout.strides() {
+            [batch, head, row, 1] if batch >= 0 && head >= 0 && row >= 0 => {
+                Some(Self { base, batch: batch as usize, head: head as usize, row: row as usize })
+            }
+            _ => None,
+        }
+    }
+
     fn at(&self, b: usize, h: usize, i: usize) -> usize {
         self.base + b * self.batch + h * self.head + i * self.row
     }
@@ -90,6 +102,15 @@ impl<'a> Operand<'a> {
     /// A contiguous f32 tensor's values with its rows where `rows` puts them.
     fn of(t: &'a FlexTensor, rows: Rows) -> Self {
         Self { data: floats(t), rows }
+    }
+
+    /// A [B, H, T, D] tensor read in place (see [`Rows::strided`]), or else copied to a contiguous one in `copy`.
+    fn in_place(t: &'a FlexTensor, copy: &'a mut Option<FlexTensor>) -> Self {
+        let [_, h, rows, d] = shape(t)[..] else { panic!("attention operands are [B, H, T, D]") };
+        match Rows::strided(t) {
+            Some(rows) => Self { data: t.storage::<f32>(), rows },
+            None => Self::of(copy.insert(t.to_contiguous()), Rows::contiguous(h, rows, d)),
+        }
     }
 
     /// Rows i, i + 1, … of head h, batch row b as a matrix.
@@ -336,18 +357,20 @@ impl FlashOps for Flex {
         params: FlashParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         keep_workers_awake();
-        let (q, k, v) = (contiguous(q), contiguous(k), contiguous(v));
+        let q = contiguous(q);
         let (qs, ks) = (shape(&q), shape(&k));
         let (batch, hq, tq, d) = (qs[0], qs[1], qs[2], qs[3]);
         let (o, lse) = match &params.layout {
             KvLayout::Contiguous => {
                 let (hkv, tk) = (ks[1], ks[2]);
                 let dims = Dims { b: batch, hq, hkv, tq, tk, d };
-                let (q_rows, kv_rows) = (Rows::contiguous(hq, tq, d), Rows::contiguous(hkv, tk, d));
-                let (q, k, v) = (Operand::of(&q, q_rows), Operand::of(&k, kv_rows), Operand::of(&v, kv_rows));
-                forward(q, k, v, dims, &params, q_rows)
+                let q_rows = Rows::contiguous(hq, tq, d);
+                let (mut k_copy, mut v_copy) = (None, None);
+                let (k, v) = (Operand::in_place(&k, &mut k_copy), Operand::in_place(&v, &mut v_copy));
+                forward(Operand::of(&q, q_rows), k, v, dims, &params, q_rows)
             }
             KvLayout::Paged(paging) => {
+                let (k, v) = (contiguous(k), contiguous(v));
                 // Page pools [pages, Hkv, P, D]: key j of row b is slot j mod P of page table[b][⌊j / P⌋].
                 let (hkv, size) = (ks[1], paging.page_size);
                 let dims = Dims { b: batch, hq, hkv, tq, tk: paging.keys, d };
