@@ -5,6 +5,7 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::{Device, TensorData};
 use rayon::prelude::*;
 use std::cell::Cell;
+use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -127,34 +128,137 @@ impl<'a> Mat<'a> {
     }
 }
 
-/// C = A·B, plus the row `bias` on every row when given, as a new contiguous m×n matrix, split over the cores: one
-/// block of rows per core (at least 16 rows each), or, with fewer rows than that (a matrix–vector product when
-/// decoding one token), one block of the inner dimension per core, so that each core streams its own rows of B.
+/// C = A·B, plus the row `bias` on every row when given, as a new contiguous m×n matrix, split over the cores in
+/// [`Chunks`] along the longer of A's rows and the inner dimension: a chunk of rows re-reads all of B (k·n values), a
+/// chunk of the inner dimension adds its m·n products into its core's own C — or, with fewer rows than 16 per core
+/// and A's rows against B's contiguous columns (a tied output projection when decoding), by dot products.
 pub fn matmul_in_blocks(m: usize, n: usize, k: usize, a: Mat, b: Mat, bias: Option<&[f32]>) -> Vec<f32> {
     let threads = rayon::current_num_threads();
     if m < 16 * threads && a.cs == 1 && b.rs == 1 {
         return matmul_by_dot_products(m, n, k, a, b, bias);
     }
-    if m < 16 * threads && k >= 64 * threads {
-        return matmul_by_inner_blocks(m, n, k, a, b, bias);
+    if k > m && k >= 64 * threads {
+        return matmul_by_inner_chunks(m, n, k, a, b, bias);
     }
-    let rows = m.div_ceil(threads).max(16);
+    let chunks = Chunks::new(m, 64);
     let mut c = Vec::with_capacity(m * n);
-    c.spare_capacity_mut()[..m * n].par_chunks_mut(rows * n.max(1)).enumerate().for_each(|(block, c)| {
-        for row in c.chunks_mut(n.max(1)) {
-            match bias {
-                Some(bias) => row.iter_mut().zip(bias).for_each(|(c, &b)| _ = c.write(b)),
-                None => row.iter_mut().for_each(|c| _ = c.write(0.0)),
+    let out = Shared::uninit(&mut c.spare_capacity_mut()[..m * n]);
+    (0..threads).into_par_iter().for_each(|_| {
+        while let Some(rows) = chunks.claim() {
+            // SAFETY: the claimed row ranges are disjoint.
+            let c = unsafe { out.part(rows.start * n, rows.len() * n) };
+            for row in c.chunks_mut(n.max(1)) {
+                match bias {
+                    Some(bias) => row.iter_mut().zip(bias).for_each(|(c, &b)| _ = c.write(b)),
+                    None => row.iter_mut().for_each(|c| _ = c.write(0.0)),
+                }
             }
+            // SAFETY: every element of the chunk was written just above (MaybeUninit<f32> and f32 share a layout).
+            let c = unsafe { &mut *(c as *mut [MaybeUninit<f32>] as *mut [f32]) };
+            let a = Mat { data: &a.data[rows.start * a.rs..], ..a };
+            matmul(rows.len(), n, k, c, n, a, b, 1.0, bias.is_some());
         }
-        // SAFETY: every element of the block was written just above (MaybeUninit<f32> and f32 share a layout).
-        let c = unsafe { &mut *(c as *mut [MaybeUninit<f32>] as *mut [f32]) };
-        let a = Mat { data: &a.data[block * rows * a.rs..], ..a };
-        matmul(c.len() / n.max(1), n, k, c, n, a, b, 1.0, bias.is_some());
     });
-    // SAFETY: the blocks cover all m·n elements, each written above.
+    // SAFETY: the chunks cover all m rows, each written above.
     unsafe { c.set_len(m * n) };
     c
+}
+
+/// [`matmul_in_blocks`] as Σ_l A[:, l] B[l, :] over chunks of inner indices, each core adding its chunks into its
+/// own C, the cores' sums then added (with the bias).
+fn matmul_by_inner_chunks(m: usize, n: usize, k: usize, a: Mat, b: Mat, bias: Option<&[f32]>) -> Vec<f32> {
+    let chunks = Chunks::new(k, 64);
+    let core_sum = |_| {
+        let mut c = None;
+        while let Some(inner) = chunks.claim() {
+            let c = c.get_or_insert_with(|| vec![0.0f32; m * n]);
+            let (a, b) =
+                (Mat { data: &a.data[inner.start * a.cs..], ..a }, Mat { data: &b.data[inner.start * b.rs..], ..b });
+            matmul(m, n, inner.len(), c, n, a, b, 1.0, true);
+        }
+        c
+    };
+    let add = |mut c: Vec<f32>, d: Vec<f32>| {
+        vectorised(|| c.iter_mut().zip(&d).for_each(|(c, d)| *c += d));
+        c
+    };
+    let mut c = (0..rayon::current_num_threads()).into_par_iter().filter_map(core_sum).reduce_with(add).expect("k > 0");
+    if let Some(bias) = bias {
+        vectorised(|| c.chunks_mut(n.max(1)).for_each(|row| row.iter_mut().zip(bias).for_each(|(c, b)| *c += b)));
+    }
+    c
+}
+
+/// Hands out [0, len) to the cores as they ask (guided self-scheduling): each chunk is what is left divided by the
+/// number of cores, at least `least` long (or half of `len` when that is shorter), so a core slowed down by another
+/// process ends on small chunks that the others take over, rather than leaving them waiting on its half.
+struct Chunks {
+    next: AtomicUsize,
+    len: usize,
+    least: usize,
+    threads: usize,
+}
+
+impl Chunks {
+    fn new(len: usize, least: usize) -> Self {
+        let threads = rayon::current_num_threads();
+        Self { next: AtomicUsize::new(0), len, least: least.min(len.div_ceil(threads)).max(1), threads }
+    }
+
+    fn claim(&self) -> Option<std::ops::Range<usize>> {
+        let mut start = self.next.load(Ordering::Relaxed);
+        while start < self.len {
+            let left = self.len - start;
+            let size = (left / self.threads).max(self.least);
+            let size = if left - size.min(left) < self.least { left } else { size };
+            match self.next.compare_exchange_weak(start, start + size, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Some(start..start + size),
+                Err(now) => start = now,
+            }
+        }
+        None
+    }
+}
+
+/// An output buffer whose disjoint parts parallel tasks write (the heads of attention interleave in some layouts,
+/// and a product's row chunks are sized as the cores ask, so the parts cannot be split into separate slices first).
+pub struct Shared<'a> {
+    ptr: *mut f32,
+    len: usize,
+    _buffer: PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: tasks touch disjoint parts only (see `write` and `part`).
+unsafe impl Sync for Shared<'_> {}
+
+impl<'a> Shared<'a> {
+    pub fn new(buffer: &'a mut [f32]) -> Self {
+        Self { ptr: buffer.as_mut_ptr(), len: buffer.len(), _buffer: PhantomData }
+    }
+
+    /// A buffer not yet written (a vector's spare capacity).
+    pub fn uninit(buffer: &'a mut [MaybeUninit<f32>]) -> Self {
+        Self { ptr: buffer.as_mut_ptr().cast(), len: buffer.len(), _buffer: PhantomData }
+    }
+
+    /// Copies `values` to [at, at + values.len()).
+    ///
+    /// SAFETY: no other task reads or writes those elements meanwhile.
+    pub unsafe fn write(&self, at: usize, values: &[f32]) {
+        assert!(at + values.len() <= self.len, "a row outside the output");
+        // SAFETY: inside the buffer (asserted), exclusively this task's (the caller's contract).
+        unsafe { self.ptr.add(at).copy_from_nonoverlapping(values.as_ptr(), values.len()) }
+    }
+
+    /// Elements [at, at + len), perhaps not yet written.
+    ///
+    /// SAFETY: no other task reads or writes those elements while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn part(&self, at: usize, len: usize) -> &mut [MaybeUninit<f32>] {
+        assert!(at + len <= self.len, "a part outside the output");
+        // SAFETY: inside the buffer (asserted), exclusively this task's (the caller's contract).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at).cast(), len) }
+    }
 }
 
 /// [`matmul_in_blocks`] for few rows of A against a B whose columns are contiguous (a transposed view, such as a
@@ -191,24 +295,6 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + tail
-}
-
-/// [`matmul_in_blocks`] as Σ_l A[:, l] B[l, :] over one block of inner indices per core (the first adds the bias),
-/// the cores' products then summed.
-fn matmul_by_inner_blocks(m: usize, n: usize, k: usize, a: Mat, b: Mat, bias: Option<&[f32]>) -> Vec<f32> {
-    let depth = k.div_ceil(rayon::current_num_threads());
-    let block = |l: usize| {
-        let first = l == 0;
-        let mut c = bias.filter(|_| first).map_or_else(|| vec![0.0f32; m * n], |bias| bias.repeat(m));
-        let (a, b) = (Mat { data: &a.data[l * a.cs..], ..a }, Mat { data: &b.data[l * b.rs..], ..b });
-        matmul(m, n, depth.min(k - l), &mut c, n, a, b, 1.0, first && bias.is_some());
-        c
-    };
-    let sum = |mut c: Vec<f32>, d: Vec<f32>| {
-        vectorised(|| c.iter_mut().zip(&d).for_each(|(c, d)| *c += d));
-        c
-    };
-    (0..k).into_par_iter().step_by(depth).map(block).reduce_with(sum).expect("k ≥ 64 · threads")
 }
 
 /// Σ over the rows of a row-major matrix with rows of `n` values, row blocks summed on the cores in parallel.
@@ -264,8 +350,26 @@ pub fn matmul(m: usize, n: usize, k: usize, c: &mut [f32], c_rs: usize, a: Mat, 
 
 #[cfg(test)]
 mod tests {
-    use super::look_for_work;
+    use super::{Chunks, look_for_work};
     use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// The chunks follow one another over the whole range, shrinking with what is left down to the least size (the
+    /// last one takes a remainder shorter than that); a range shorter than two least chunks is split in halves.
+    #[test]
+    fn chunks_cover_the_range_once_shrinking_to_the_least() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        for (len, least, sizes) in [
+            (1000, 64, vec![500, 250, 125, 125]),
+            (16384, 1024, vec![8192, 4096, 2048, 1024, 1024]),
+            (100, 64, vec![50, 50]),
+            (1, 64, vec![1]),
+        ] {
+            let chunks = pool.install(|| Chunks::new(len, least));
+            let claimed: Vec<_> = std::iter::from_fn(|| chunks.claim()).collect();
+            assert_eq!(claimed.iter().map(|c| c.len()).collect::<Vec<_>>(), sizes, "{len} by at least {least}");
+            assert!(claimed.windows(2).all(|w| w[0].end == w[1].start) && claimed[0].start == 0);
+        }
+    }
 
     /// A looking worker runs the jobs waiting in the pool and stops once none comes; the worker that asked for help
     /// never loops (its own work waits below it).

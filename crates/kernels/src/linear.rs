@@ -141,12 +141,14 @@ mod tests {
     fn fused_linear_equals_burns_forward_and_gradients() {
         let dev = Device::flex();
         let device = dev.clone().autodiff();
-        // Row counts below, at and above one block per core, and few rows by a long inner dimension (inner blocks, k ≥
-        // 64 per core: one token decoded, or three; the second also in dx = dy Wᵀ, without bias); with and without bias.
+        // Row counts below, at and above one chunk per core, 320 rows in three chunks (and dW = xᵀ dy over three chunks
+        // of its inner dimension), and few rows by a long inner dimension (inner chunks, k ≥ 64 per core: one token
+        // decoded, or three; the second also in dx = dy Wᵀ, without bias); with and without bias.
         let shapes = [
             (1, 1, 5, 3, true),
             (2, 7, 16, 9, false),
             (3, 50, 64, 96, true),
+            (4, 80, 48, 40, true),
             (1, 1, 200, 64, true),
             (1, 3, 300, 160, false),
         ];
@@ -175,7 +177,7 @@ mod tests {
     }
 
     /// x Eᵀ through a tied embedding equals Burn's product with E transposed, forward and both gradients: E is read
-    /// in place as a strided view (row blocks, and the inner blocks of a decoded token: d = 200).
+    /// in place as a strided view (row chunks, and the inner chunks of a decoded token: d = 200).
     #[test]
     fn tied_linear_equals_the_product_with_the_transposed_embedding() {
         let dev = Device::flex();

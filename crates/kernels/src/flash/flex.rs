@@ -11,7 +11,7 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use rayon::prelude::*;
 
 use super::{FlashOps, FlashParams, KvLayout, PackedAttentionOps, PackedHeads};
-use crate::cpu::{Mat, contiguous, dot, floats, keep_workers_awake, matmul, tensor, vectorised};
+use crate::cpu::{Mat, Shared, contiguous, dot, floats, keep_workers_awake, matmul, tensor, vectorised};
 use crate::math;
 
 /// One call's shapes: q [b, hq, tq, d], keys and values [b, hkv, tk, d] (logically).
@@ -126,32 +126,6 @@ impl<'a> Operand<'a> {
     /// Row i of head h, batch row b: `d` values.
     fn row(&self, b: usize, h: usize, i: usize, d: usize) -> &'a [f32] {
         &self.data[self.rows.at(b, h, i)..][..d]
-    }
-}
-
-/// An output buffer whose disjoint rows parallel tasks write (heads interleave in some layouts, so the tasks'
-/// rows cannot be split into separate slices).
-struct Shared<'a> {
-    ptr: *mut f32,
-    len: usize,
-    _buffer: std::marker::PhantomData<&'a mut [f32]>,
-}
-
-// SAFETY: tasks write disjoint rows only (see `write`).
-unsafe impl Sync for Shared<'_> {}
-
-impl<'a> Shared<'a> {
-    fn new(buffer: &'a mut [f32]) -> Self {
-        Self { ptr: buffer.as_mut_ptr(), len: buffer.len(), _buffer: std::marker::PhantomData }
-    }
-
-    /// Copies `values` to [at, at + values.len()).
-    ///
-    /// SAFETY: no other task reads or writes those elements meanwhile.
-    unsafe fn write(&self, at: usize, values: &[f32]) {
-        assert!(at + values.len() <= self.len, "a row outside the output");
-        // SAFETY: inside the buffer (asserted), exclusively this task's (the caller's contract).
-        unsafe { self.ptr.add(at).copy_from_nonoverlapping(values.as_ptr(), values.len()) }
     }
 }
 
