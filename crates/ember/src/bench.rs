@@ -89,18 +89,22 @@ fn bench_train(args: BenchTrainArgs, device: DeviceChoice) -> Result<()> {
             trainer.step();
         }
         trainer.phases = StepPhases::default();
-        let (started, cpu_started) = (Instant::now(), cpu_seconds());
+        let (started, cpu_started, stolen_started) = (Instant::now(), cpu_seconds(), stolen_seconds());
         for _ in 0..args.steps {
             trainer.step();
         }
         let wall = started.elapsed().as_secs_f64();
         let tps = (args.steps as usize * trainer.tokens_per_step()) as f64 / wall;
         let cpu_use = 100.0 * (cpu_seconds() - cpu_started) / wall;
+        let steal = match (stolen_started, stolen_seconds()) {
+            (Some(from), Some(to)) => format!(" (steal {:.0}%)", 100.0 * (to - from) / wall),
+            _ => String::new(),
+        };
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / args.steps as f64;
         let p = trainer.phases;
         println!(
             "round {round}: ember   {tps:>10.0} tokens/s  ms/step: forward+loss {:.1}, backward {:.1}, optimizer {:.1}; \
-             CPU use {cpu_use:.0}%",
+             CPU use {cpu_use:.0}%{steal}",
             ms(p.forward),
             ms(p.backward),
             ms(p.optimizer)
@@ -166,6 +170,16 @@ fn cpu_seconds() -> f64 {
     };
     let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
     seconds(usage.ru_utime) + seconds(usage.ru_stime)
+}
+
+/// CPU time that the hypervisor gave to other machines so far (Linux's steal time, all cores), in seconds: with
+/// the process's CPU use and the idle time, it makes up the cores' 100 % each.
+fn stolen_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: f64 = stat.lines().next()?.split_whitespace().nth(8)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (ticks_per_second > 0).then(|| ticks / ticks_per_second as f64)
 }
 
 /// The process's peak resident memory (VmHWM), in MB.
