@@ -178,15 +178,23 @@ fn matmul_by_inner_chunks(m: usize, n: usize, k: usize, a: Mat, b: Mat, bias: Op
         }
         c
     };
-    let add = |mut c: Vec<f32>, d: Vec<f32>| {
-        vectorised(|| c.iter_mut().zip(&d).for_each(|(c, d)| *c += d));
-        c
-    };
-    let mut c = (0..rayon::current_num_threads()).into_par_iter().filter_map(core_sum).reduce_with(add).expect("k > 0");
+    let mut c = (0..rayon::current_num_threads()).into_par_iter().filter_map(core_sum).reduce_with(sum).expect("k > 0");
     if let Some(bias) = bias {
-        vectorised(|| c.chunks_mut(n.max(1)).for_each(|row| row.iter_mut().zip(bias).for_each(|(c, b)| *c += b)));
+        vectorised(|| c.chunks_mut(n.max(1)).for_each(|row| add_to(row, bias)));
     }
     c
+}
+
+/// y ← y + x, elementwise.
+#[inline(always)]
+fn add_to(y: &mut [f32], x: &[f32]) {
+    y.iter_mut().zip(x).for_each(|(y, x)| *y += x);
+}
+
+/// a + b, the sum of two cores' partial results.
+fn sum(mut a: Vec<f32>, b: Vec<f32>) -> Vec<f32> {
+    vectorised(|| add_to(&mut a, &b));
+    a
 }
 
 /// Hands out [0, len) to the cores as they ask (guided self-scheduling): each chunk is what is left divided by the
@@ -300,16 +308,12 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// Σ over the rows of a row-major matrix with rows of `n` values, row blocks summed on the cores in parallel.
 pub fn column_sums(x: &[f32], n: usize) -> Vec<f32> {
     let rows = (x.len() / n.max(1)).div_ceil(rayon::current_num_threads()).max(64);
-    let sum = |x: &[f32]| {
+    let block_sum = |x: &[f32]| {
         let mut s = vec![0.0f32; n];
-        vectorised(|| x.chunks_exact(n.max(1)).for_each(|row| s.iter_mut().zip(row).for_each(|(s, x)| *s += x)));
+        vectorised(|| x.chunks_exact(n.max(1)).for_each(|row| add_to(&mut s, row)));
         s
     };
-    let add = |mut a: Vec<f32>, b: Vec<f32>| {
-        a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-        a
-    };
-    x.par_chunks(rows * n.max(1)).map(sum).reduce(|| vec![0.0f32; n], add)
+    x.par_chunks(rows * n.max(1)).map(block_sum).reduce(|| vec![0.0f32; n], sum)
 }
 
 /// C ← β·A·B (or C + β·A·B with `accumulate`) for A m×k, B k×n and C m×n row-major with rows `c_rs` apart, on the
