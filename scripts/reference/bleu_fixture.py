@@ -9,7 +9,7 @@ import sys
 
 import sacrebleu
 
-data = sys.argv[1] if len(sys.argv) > 1 else "../shared/data/bible-en-es"
+data = sys.argv[1] if len(sys.argv) > 1 else "data/bible-en-es"
 refs = [line.rstrip("\n").split("\t")[1] for line in open(f"{data}/test.tsv", encoding="utf-8")][:120]
 refs += [
     "It costs $1,000.50 -- or 3-4 days' wages (roughly).",

@@ -7,7 +7,7 @@ on the same char-level corpus split. Prints `tokens_per_s=...` for timed steps (
     python3 scripts/reference/gpt_train.py RUN_CONFIG.toml [--steps N] [--warmup W] [--threads 2] [--full]
 
 For Debian's python3-torch (OpenBLAS), OpenBLAS threads are pinned to 1 so they do not fight torch's own threads
-(../shared/PEERS.md); torch uses --threads threads.
+(left alone they run at a third of the speed); torch uses --threads threads.
 """
 import argparse, math, os, sys, time, tomllib
 

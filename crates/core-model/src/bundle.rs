@@ -10,7 +10,7 @@ use safetensors::tensor::{Dtype, TensorView};
 use tokenizers::Tokenizer;
 
 use crate::params::{self, Mismatch};
-use crate::{Gpt, Invalid, ModelConfig, Rng, tokenizer};
+use crate::{Gpt, Invalid, ModelConfig, tokenizer};
 
 pub const CONFIG: &str = "config.toml";
 pub const MODEL: &str = "model.safetensors";
@@ -107,17 +107,6 @@ pub fn load_model_config(run_dir: &Path) -> Result<ModelConfig, BundleError> {
     Ok(config)
 }
 
-/// Builds a model of `config` on `device` with the tensors of `tensors` (a path → tensor map).
-pub fn model_from_tensors(
-    config: &ModelConfig,
-    tensors: &HashMap<String, TensorData>,
-    path: &Path,
-    device: &Device,
-) -> Result<Gpt, BundleError> {
-    let model = Gpt::new(config, &mut Rng::placeholder(), device);
-    params::load_state_dict(model, tensors).map_err(|cause| BundleError::Mismatch { path: path.to_path_buf(), cause })
-}
-
 /// Writes a model as a run directory: `config.toml` (its `[model]` table), `model.safetensors`, `tokenizer.json`.
 pub fn save(run_dir: &Path, config: &ModelConfig, model: &Gpt, tokenizer: &Tokenizer) -> Result<(), BundleError> {
     fs::create_dir_all(run_dir).map_err(io(run_dir))?;
@@ -141,7 +130,7 @@ pub fn load(run_dir: &Path, device: &Device) -> Result<Bundle, BundleError> {
     let config = load_model_config(run_dir)?;
     let weights = run_dir.join(MODEL);
     let (tensors, _) = load_tensors(&weights)?;
-    let model = model_from_tensors(&config, &tensors, &weights, device)?;
+    let model = Gpt::load(&config, &tensors, device).map_err(|cause| BundleError::Mismatch { path: weights, cause })?;
     let tok_path = run_dir.join(TOKENIZER);
     let tokenizer = tokenizer::load(&tok_path).map_err(|cause| BundleError::Tokenizer { path: tok_path, cause })?;
     Ok(Bundle { config, model, tokenizer })

@@ -1,7 +1,10 @@
-//! The seam between a model's incremental forward pass and the KV stores of `serve`.
+//! The seam between a model's forward pass and the KV stores of `serve`: what the new tokens attend to besides each
+//! other, and the stores themselves.
 
-use burn::tensor::Tensor;
+use burn::tensor::{Device, Tensor};
 use ember_kernels::{AttentionSpec, attention};
+
+use crate::nn::position::Positions;
 
 /// Per-layer, per-token state that decoding appends to and attends over. A layer of MHA / GQA / MQA appends
 /// `[k, v]`, each [B, g, T_new, d_h] with k already rotated at its own positions; a layer of MLA appends `[c, k_R]`,
@@ -17,7 +20,7 @@ pub trait KvCache {
     /// Forgets everything (a new sequence, or a context shift that re-fills it).
     fn clear(&mut self);
     /// Appends this step's entries of `layer` and returns everything that layer holds, [B, n, len + T_new, w] each.
-    fn append(&mut self, layer: usize, entries: Vec<Tensor<4>>) -> Vec<Tensor<4>>;
+    fn append(&mut self, layer: usize, entries: [Tensor<4>; 2]) -> [Tensor<4>; 2];
 
     /// Appends this step's k, v of an MHA / GQA / MQA `layer` and returns o = softmax(q kᵀ·scale + mask) v over
     /// everything stored. Stores whose layout a kernel reads in place (pages, int8 codes) override it.
@@ -35,7 +38,72 @@ pub fn attend_appended<C: KvCache + ?Sized>(
     v: Tensor<4>,
     spec: &AttentionSpec,
 ) -> Tensor<4> {
-    let mut kv = cache.append(layer, vec![k, v]).into_iter();
-    let (k, v) = (kv.next().expect("keys"), kv.next().expect("values"));
+    let [k, v] = cache.append(layer, [k, v]);
     attention(q, k, v, spec)
+}
+
+/// What the new tokens of a forward pass attend to besides each other; it also fixes their positions.
+pub enum Context<'a, 'c> {
+    /// Nothing: a whole sequence from position 0 (training, recomputation).
+    Full,
+    /// Everything `cache` holds: new tokens at positions `cache.len()..`, appended to it layer by layer.
+    Cached(&'a mut dyn KvCache),
+    /// One new token per row b at position `caches[b].len()`, against everything cache b holds (batched decoding).
+    Batched(&'a mut [&'c mut dyn KvCache]),
+}
+
+impl Context<'_, '_> {
+    /// The positions of `t` new tokens per row, read before any layer appends.
+    pub fn positions(&self, t: usize, device: &Device) -> Positions {
+        match self {
+            Context::Full => Positions::span(0, t, device),
+            Context::Cached(cache) => Positions::span(cache.len(), t, device),
+            Context::Batched(caches) => {
+                debug_assert_eq!(t, 1, "batched decoding takes one token per row");
+                Positions::per_row(caches.iter().map(|c| c.len()).collect(), device)
+            }
+        }
+    }
+}
+
+/// Appends row b of each entry [B, n, 1, w] to cache b of `layer` and returns every row's entries (its last `window`
+/// when set) zero-padded to the longest, [B, n, T_max, w], with the row lengths.
+pub fn append_rows(
+    caches: &mut [&mut dyn KvCache],
+    layer: usize,
+    entries: [Tensor<4>; 2],
+    window: Option<usize>,
+) -> ([Tensor<4>; 2], Vec<usize>) {
+    let mut rows: Vec<[Tensor<4>; 2]> = Vec::with_capacity(caches.len());
+    let mut lengths = Vec::with_capacity(caches.len());
+    for (b, cache) in caches.iter_mut().enumerate() {
+        let mine = entries.clone().map(|e| {
+            let [_, n, t, w] = e.dims();
+            e.slice([b..b + 1, 0..n, 0..t, 0..w])
+        });
+        let all = cache.append(layer, mine).map(|a| {
+            let [_, n, t, w] = a.dims();
+            match window {
+                Some(win) if t > win => a.slice([0..1, 0..n, t - win..t, 0..w]),
+                _ => a,
+            }
+        });
+        lengths.push(all[0].dims()[2]);
+        rows.push(all);
+    }
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    let pad = |a: Tensor<4>| {
+        let [_, n, t, w] = a.dims();
+        if t == longest {
+            a
+        } else {
+            Tensor::cat(vec![a.clone(), Tensor::zeros([1, n, longest - t, w], &a.device())], 2)
+        }
+    };
+    let (mut first, mut second) = (Vec::new(), Vec::new());
+    for [a, b] in rows {
+        first.push(pad(a));
+        second.push(pad(b));
+    }
+    ([Tensor::cat(first, 0), Tensor::cat(second, 0)], lengths)
 }

@@ -1,21 +1,25 @@
 //! The decoder-only language model. GPT-2 (learned positions, Pre-LN LayerNorm, GELU, tied output) and Llama
 //! (RoPE, RMSNorm, GQA, SwiGLU, untied output) are configs of this one model; see [`ModelConfig`].
 
+use std::collections::HashMap;
+
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Embedding, Linear};
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use ember_kernels::{AttentionSpec, linear};
+use ember_kernels::{AttentionImpl, linear};
 
-use crate::cache::KvCache;
+use crate::cache::{Context, KvCache};
 use crate::config::{AttentionKind, NormPlacement, PositionKind};
+use crate::init::Init;
 use crate::nn::attention::CausalSelfAttention;
 use crate::nn::ffn::Ffn;
-use crate::nn::mla::{MlaAttention, MlaProjections};
+use crate::nn::mla::MlaAttention;
 use crate::nn::norm::Norm;
-use crate::nn::position::{Rope, sinusoidal};
+use crate::nn::position::Positions;
 use crate::nn::residual::sublayer;
-use crate::nn::{linear_layer, tied_logits};
-use crate::{ModelConfig, Rng, init};
+use crate::nn::{embedding, linear_layer, tied_logits};
+use crate::params::Mismatch;
+use crate::{ModelConfig, Rng};
 
 /// Self-attention of one block: MHA / GQA / MQA, or multi-head latent attention.
 #[allow(clippy::large_enum_variant)] // one per block; boxing would buy nothing
@@ -26,111 +30,21 @@ pub enum Attention {
 }
 
 impl Attention {
-    fn forward(&self, x: Tensor<3>, rope: Option<&Rope>) -> Tensor<3> {
+    /// The attention sub-layer for x [B, T, d] at `positions`, against what `context` holds for `layer`.
+    fn forward(&self, x: Tensor<3>, positions: &Positions, layer: usize, context: &mut Context) -> Tensor<3> {
         match self {
-            Attention::Mha(attn) => attn.forward(x, rope),
-            Attention::Mla(mla) => mla.forward(x, rope.expect("validated: MLA uses RoPE")),
+            Attention::Mha(attn) => attn.forward(x, positions, layer, context),
+            Attention::Mla(mla) => mla.forward(x, positions, layer, context),
         }
     }
 
-    /// New queries (from position `offset`) against everything cached for `layer`, after appending this step's k, v
-    /// (or c, k_R).
-    fn forward_cached(&self, x: Tensor<3>, rope: Option<&Rope>, step: Step, cache: &mut dyn KvCache) -> Tensor<3> {
-        let Step { layer, offset } = step;
+    /// Computes attention with `implementation` from now on.
+    fn set_implementation(&mut self, implementation: AttentionImpl) {
         match self {
-            Attention::Mha(attn) => {
-                let (q, k, v) = attn.qkv(x, rope);
-                let spec = attn.spec(q.dims()[3], offset);
-                attn.project(cache.attend(layer, q, k, v, &spec))
-            }
-            Attention::Mla(mla) => {
-                let p = mla.project(x, rope.expect("validated: MLA uses RoPE"));
-                let [c, k_r] = two(cache.append(layer, vec![p.c, p.k_r]));
-                mla.attend_absorbed(MlaProjections { c, k_r, ..p }, offset)
-            }
+            Attention::Mha(attn) => attn.set_implementation(implementation),
+            Attention::Mla(mla) => mla.set_implementation(implementation),
         }
     }
-}
-
-/// Which layer a cached forward pass is in, and the position of its first new token.
-#[derive(Clone, Copy)]
-struct Step {
-    layer: usize,
-    offset: usize,
-}
-
-impl Attention {
-    /// One new token per row [B, 1, d], row b against its own cache b: keys padded to the longest row and masked by
-    /// length (a sliding window keeps each row's last w keys).
-    fn forward_batch(
-        &self,
-        x: Tensor<3>,
-        rope: Option<&Rope>,
-        layer: usize,
-        caches: &mut [&mut dyn KvCache],
-    ) -> Tensor<3> {
-        match self {
-            Attention::Mha(attn) => {
-                let (q, k, v) = attn.qkv(x, rope);
-                let ([k, v], lengths) = padded(layer, caches, [k, v], attn.window());
-                let spec =
-                    AttentionSpec { causal: false, key_lengths: Some(lengths), ..AttentionSpec::causal(q.dims()[3]) };
-                attn.attend_with(q, k, v, &spec)
-            }
-            Attention::Mla(mla) => {
-                let p = mla.project(x, rope.expect("validated: MLA uses RoPE"));
-                let ([c, k_r], lengths) = padded(layer, caches, [p.c.clone(), p.k_r.clone()], mla.window());
-                let spec = AttentionSpec { causal: false, window: None, key_lengths: Some(lengths), ..mla.spec(&p, 0) };
-                mla.attend_absorbed_with(MlaProjections { c, k_r, ..p }, &spec)
-            }
-        }
-    }
-}
-
-/// Appends row b of each entry [B, n, 1, w] to cache b of `layer` and returns every row's entries (its last `window`
-/// when set) zero-padded to the longest, [B, n, T_max, w], with the row lengths.
-fn padded(
-    layer: usize,
-    caches: &mut [&mut dyn KvCache],
-    entries: [Tensor<4>; 2],
-    window: Option<usize>,
-) -> ([Tensor<4>; 2], Vec<usize>) {
-    let mut rows: Vec<[Tensor<4>; 2]> = Vec::with_capacity(caches.len());
-    let mut lengths = Vec::with_capacity(caches.len());
-    for (b, cache) in caches.iter_mut().enumerate() {
-        let mine = entries.iter().map(|e| {
-            let [_, n, t, w] = e.dims();
-            e.clone().slice([b..b + 1, 0..n, 0..t, 0..w])
-        });
-        let all = two(cache.append(layer, mine.collect())).map(|a| {
-            let [_, n, t, w] = a.dims();
-            match window {
-                Some(win) if t > win => a.slice([0..1, 0..n, t - win..t, 0..w]),
-                _ => a,
-            }
-        });
-        lengths.push(all[0].dims()[2]);
-        rows.push(all);
-    }
-    let longest = lengths.iter().copied().max().unwrap_or(0);
-    let pad = |a: Tensor<4>| {
-        let [_, n, t, w] = a.dims();
-        if t == longest {
-            a
-        } else {
-            Tensor::cat(vec![a.clone(), Tensor::zeros([1, n, longest - t, w], &a.device())], 2)
-        }
-    };
-    let (mut first, mut second) = (Vec::new(), Vec::new());
-    for [a, b] in rows {
-        first.push(pad(a));
-        second.push(pad(b));
-    }
-    ([Tensor::cat(first, 0), Tensor::cat(second, 0)], lengths)
-}
-
-fn two(entries: Vec<Tensor<4>>) -> [Tensor<4>; 2] {
-    entries.try_into().unwrap_or_else(|e: Vec<_>| panic!("a KV cache returned {} entries for 2", e.len()))
 }
 
 #[derive(Module, Debug)]
@@ -147,45 +61,31 @@ pub struct Block {
 }
 
 impl Block {
-    fn new(config: &ModelConfig, rng: &mut Rng, device: &Device) -> Self {
-        let norm = || Norm::new(config.norm, config.d_model, config.norm_eps, config.bias, device);
+    fn new(config: &ModelConfig, init: &mut Init) -> Self {
+        let norm = |init: &mut Init, name: &str| {
+            init.scope(name, |init| Norm::new(config.norm, config.d_model, config.norm_eps, config.bias, init))
+        };
         let peri = config.norm_placement == NormPlacement::Peri;
         let attn = match config.attention {
-            AttentionKind::Mha => Attention::Mha(CausalSelfAttention::new(config, rng, device)),
-            AttentionKind::Mla => Attention::Mla(MlaAttention::new(config, rng, device)),
+            AttentionKind::Mha => Attention::Mha(init.scope("attn", |init| CausalSelfAttention::new(config, init))),
+            AttentionKind::Mla => Attention::Mla(init.scope("attn", |init| MlaAttention::new(config, init))),
         };
         Self {
-            ln_1: norm(),
+            ln_1: norm(init, "ln_1"),
             attn,
-            ln_2: norm(),
-            mlp: Ffn::new(config, rng, device),
-            ln_1_out: peri.then(norm),
-            ln_2_out: peri.then(norm),
+            ln_2: norm(init, "ln_2"),
+            mlp: init.scope("mlp", |init| Ffn::new(config, init)),
+            ln_1_out: peri.then(|| norm(init, "ln_1_out")),
+            ln_2_out: peri.then(|| norm(init, "ln_2_out")),
             placement: config.norm_placement,
         }
     }
 
-    fn forward(&self, x: Tensor<3>, rope: Option<&Rope>) -> Tensor<3> {
-        self.apply(x, |h| self.attn.forward(h, rope))
-    }
-
-    fn forward_cached(&self, x: Tensor<3>, rope: Option<&Rope>, step: Step, cache: &mut dyn KvCache) -> Tensor<3> {
-        self.apply(x, |h| self.attn.forward_cached(h, rope, step, cache))
-    }
-
-    fn forward_batch(
-        &self,
-        x: Tensor<3>,
-        rope: Option<&Rope>,
-        layer: usize,
-        caches: &mut [&mut dyn KvCache],
-    ) -> Tensor<3> {
-        self.apply(x, |h| self.attn.forward_batch(h, rope, layer, caches))
-    }
-
-    /// The block with `attn` as its attention sub-layer (full, cached or batched), then the feed-forward sub-layer.
-    fn apply(&self, x: Tensor<3>, attn: impl FnOnce(Tensor<3>) -> Tensor<3>) -> Tensor<3> {
-        let x = sublayer(self.placement, x, &self.ln_1, self.ln_1_out.as_ref(), attn);
+    /// x ← sublayer(x, Attn(x)), then sublayer(x, FFN(x)), at `positions` against what `context` holds for `layer`.
+    fn forward(&self, x: Tensor<3>, positions: &Positions, layer: usize, context: &mut Context) -> Tensor<3> {
+        let x = sublayer(self.placement, x, &self.ln_1, self.ln_1_out.as_ref(), |h| {
+            self.attn.forward(h, positions, layer, context)
+        });
         sublayer(self.placement, x, &self.ln_2, self.ln_2_out.as_ref(), |h| self.mlp.forward(h))
     }
 }
@@ -210,23 +110,50 @@ pub struct Gpt {
 impl Gpt {
     /// GPT-2 initialisation from `rng`: embeddings N(0, 0.02), norms γ = 1, β = 0.
     pub fn new(config: &ModelConfig, rng: &mut Rng, device: &Device) -> Self {
+        Self::build(config, &mut Init::draw(rng, device))
+    }
+
+    /// The model of `config` with the parameters of `tensors` (by path, as [`crate::params::state_dict`] names
+    /// them; others are ignored) on `device`.
+    pub fn load(
+        config: &ModelConfig,
+        tensors: &HashMap<String, TensorData>,
+        device: &Device,
+    ) -> Result<Self, Mismatch> {
+        let mut init = Init::read(tensors, device);
+        let model = Self::build(config, &mut init);
+        init.finish(model)
+    }
+
+    fn build(config: &ModelConfig, init: &mut Init) -> Self {
         let (d, v) = (config.d_model, config.vocab());
-        let norm = || Norm::new(config.norm, d, config.norm_eps, config.bias, device);
-        let wte = Embedding { weight: init::normal(rng, [v, d], 0.02, device) };
-        let wpe = (config.positions == PositionKind::Learned)
-            .then(|| Embedding { weight: init::normal(rng, [config.block_size, d], 0.02, device) });
-        let blocks = (0..config.n_layers).map(|_| Block::new(config, rng, device)).collect();
+        let norm = |init: &mut Init, name: &str| {
+            init.scope(name, |init| Norm::new(config.norm, d, config.norm_eps, config.bias, init))
+        };
+        let wte = embedding(init, "wte", v, d, 0.02);
+        let wpe =
+            (config.positions == PositionKind::Learned).then(|| embedding(init, "wpe", config.block_size, d, 0.02));
+        let blocks =
+            (0..config.n_layers).map(|i| init.scope(format!("blocks.{i}"), |init| Block::new(config, init))).collect();
         let placement = config.norm_placement;
         Self {
             wte,
             wpe,
-            ln_emb: (placement == NormPlacement::Peri).then(norm),
+            ln_emb: (placement == NormPlacement::Peri).then(|| norm(init, "ln_emb")),
             drop: DropoutConfig::new(config.dropout).init(),
             blocks,
-            ln_f: (placement != NormPlacement::Post).then(norm),
-            lm_head: (!config.tie_embeddings).then(|| linear_layer(rng, d, v, 0.02, false, device)),
+            ln_f: (placement != NormPlacement::Post).then(|| norm(init, "ln_f")),
+            lm_head: (!config.tie_embeddings).then(|| linear_layer(init, "lm_head", d, v, 0.02, false)),
             config: config.clone(),
         }
+    }
+
+    /// The same model with every attention layer computed by `implementation`.
+    pub fn with_attention(mut self, implementation: AttentionImpl) -> Self {
+        for block in &mut self.blocks {
+            block.attn.set_implementation(implementation);
+        }
+        self
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -235,13 +162,7 @@ impl Gpt {
 
     /// Logits [B, T, V] for token ids [B, T] (T ≤ block_size).
     pub fn forward(&self, idx: Tensor<2, Int>) -> Tensor<3> {
-        let t = idx.dims()[1];
-        let rope = self.rope(0, t, &idx.device());
-        let mut x = self.embed(idx, 0);
-        for block in &self.blocks {
-            x = block.forward(x, rope.as_ref());
-        }
-        self.logits(x)
+        self.logits(self.hidden(idx, Context::Full))
     }
 
     /// Logits [B, V] of the last of the new tokens [B, T_new] at positions `cache.len()..`: every layer appends its
@@ -249,61 +170,43 @@ impl Gpt {
     /// o_t = softmax(q_t K_{1:t}ᵀ / √d_k) V_{1:t}. Prefill is the first call with the whole prompt.
     pub fn forward_step(&self, idx: Tensor<2, Int>, cache: &mut dyn KvCache) -> Tensor<2> {
         let [b, t] = idx.dims();
-        let x = self.hidden_cached(idx, cache);
+        let x = self.hidden(idx, Context::Cached(cache));
         let d = x.dims()[2];
         self.logits(x.slice([0..b, t - 1..t, 0..d])).reshape([b, self.config.vocab()])
     }
 
     /// Logits [B, T_new, V] of every new token, through the cache (teacher forcing against a KV store).
     pub fn forward_step_all(&self, idx: Tensor<2, Int>, cache: &mut dyn KvCache) -> Tensor<3> {
-        let x = self.hidden_cached(idx, cache);
-        self.logits(x)
+        self.logits(self.hidden(idx, Context::Cached(cache)))
     }
 
     /// Logits [B, V] of one new token per sequence, each sequence with its own cache and length (batched decoding):
     /// row b is embedded and rotated at position `caches[b].len()`, appended to cache b, and attends to its own keys.
     pub fn forward_batch(&self, tokens: &[u32], caches: &mut [&mut dyn KvCache]) -> Tensor<2> {
-        let device = self.wte.weight.device();
-        let offsets: Vec<usize> = caches.iter().map(|c| c.len()).collect();
-        let rows = tokens.iter().zip(&offsets).map(|(&token, &offset)| {
-            let id = Tensor::<2, Int>::from_data(TensorData::new(vec![token as i64], [1, 1]), &device);
-            self.embed(id, offset)
-        });
-        let mut x = Tensor::cat(rows.collect(), 0);
-        let c = &self.config;
-        let rope = (c.positions == PositionKind::Rope)
-            .then(|| Rope::per_row(c.rope_theta, c.mla_rope_dim.unwrap_or(c.head_dim()), &offsets, &device));
-        for (layer, block) in self.blocks.iter().enumerate() {
-            x = block.forward_batch(x, rope.as_ref(), layer, caches);
-        }
-        self.logits(x).reshape([tokens.len(), c.vocab()])
+        let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
+        let idx = Tensor::<2, Int>::from_data(TensorData::new(ids, [tokens.len(), 1]), &self.wte.weight.device());
+        self.logits(self.hidden(idx, Context::Batched(caches))).reshape([tokens.len(), self.config.vocab()])
     }
 
-    /// The last block's output for new tokens at positions `cache.len()..`, appending to `cache` layer by layer.
-    fn hidden_cached(&self, idx: Tensor<2, Int>, cache: &mut dyn KvCache) -> Tensor<3> {
-        let t = idx.dims()[1];
-        let offset = cache.len();
-        let rope = self.rope(offset, t, &idx.device());
-        let mut x = self.embed(idx, offset);
+    /// The last block's output [B, T, d] for new tokens [B, T] against `context`: their positions are fixed once,
+    /// then every block runs with them.
+    fn hidden(&self, idx: Tensor<2, Int>, mut context: Context) -> Tensor<3> {
+        let positions = context.positions(idx.dims()[1], &idx.device());
+        let mut x = self.embed(idx, &positions);
         for (layer, block) in self.blocks.iter().enumerate() {
-            x = block.forward_cached(x, rope.as_ref(), Step { layer, offset }, cache);
+            x = block.forward(x, &positions, layer, &mut context);
         }
         x
     }
 
-    /// h₀ = E[x] (+ P[offset..offset + T] learned, or + PE·(E[x]·√d) sinusoidal), normalised for Peri-LN.
-    pub fn embed(&self, idx: Tensor<2, Int>, offset: usize) -> Tensor<3> {
-        let [_, t] = idx.dims();
-        let device = idx.device();
+    /// h₀ = E[x] + P[positions] (learned), E[x]·√d + PE(positions) (sinusoidal) or E[x], normalised for Peri-LN.
+    fn embed(&self, idx: Tensor<2, Int>, positions: &Positions) -> Tensor<3> {
         let e = self.wte.forward(idx);
         let x = match (&self.wpe, self.config.positions) {
-            (Some(wpe), _) => {
-                let pos = Tensor::<1, Int>::arange(offset as i64..(offset + t) as i64, &device).reshape([1, t]);
-                e + wpe.forward(pos)
-            }
+            (Some(wpe), _) => e + wpe.forward(positions.ids()),
             (None, PositionKind::Sinusoidal) => {
                 let d = self.config.d_model;
-                e * (d as f64).sqrt() + sinusoidal(offset, t, d, &device).unsqueeze()
+                e * (d as f64).sqrt() + positions.sinusoidal(d)
             }
             _ => e,
         };
@@ -312,13 +215,6 @@ impl Gpt {
             None => x,
         };
         self.drop.forward(x)
-    }
-
-    /// The rotation tables for positions `offset..offset + t` when the model uses RoPE (width d_R for MLA).
-    pub fn rope(&self, offset: usize, t: usize, device: &Device) -> Option<Rope> {
-        let c = &self.config;
-        let width = c.mla_rope_dim.unwrap_or(c.head_dim());
-        (c.positions == PositionKind::Rope).then(|| Rope::new(c.rope_theta, width, offset, t, device))
     }
 
     /// Logits = norm_f(h) Wᵀ_out, W_out = E when tied.
@@ -341,5 +237,72 @@ impl Gpt {
     /// Whether the parameter at `path` is an embedding table (weight decay on these is configurable).
     pub fn is_embedding(path: &str) -> bool {
         path.starts_with("wte.") || path.starts_with("wpe.")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{FfnKind, NormKind};
+    use crate::params::state_dict;
+
+    fn layouts() -> Vec<ModelConfig> {
+        let gpt = ModelConfig::gpt(50, 2, 4, 32, 16);
+        let llama = ModelConfig { tie_embeddings: false, ..gpt.clone().llama_style(2) };
+        let mla = ModelConfig {
+            attention: AttentionKind::Mla,
+            mla_latent_dim: Some(16),
+            mla_rope_dim: Some(4),
+            n_kv_heads: None,
+            ..llama.clone()
+        };
+        let peri =
+            ModelConfig { norm_placement: NormPlacement::Peri, positions: PositionKind::Sinusoidal, ..gpt.clone() };
+        let post = ModelConfig { norm_placement: NormPlacement::Post, norm: NormKind::RmsNorm, ..gpt.clone() };
+        let relu = ModelConfig { ffn: FfnKind::Relu, positions: PositionKind::None, bias: false, ..gpt.clone() };
+        vec![gpt, llama, mla, peri, post, relu]
+    }
+
+    #[test]
+    fn load_reads_back_every_parameter_of_every_layout() {
+        let device = Device::flex();
+        for config in layouts() {
+            let model = Gpt::new(&config, &mut Rng::new(1), &device);
+            let saved = state_dict(&model);
+            let loaded = Gpt::load(&config, &saved.iter().cloned().collect(), &device).unwrap();
+            assert_eq!(state_dict(&loaded), saved, "{config:?}");
+        }
+    }
+
+    #[test]
+    fn load_reports_a_missing_or_misshapen_parameter() {
+        let device = Device::flex();
+        let config = ModelConfig::gpt(50, 2, 4, 32, 16);
+        let saved: HashMap<String, TensorData> =
+            state_dict(&Gpt::new(&config, &mut Rng::new(1), &device)).into_iter().collect();
+        let mut missing = saved.clone();
+        missing.remove("blocks.1.mlp.c_fc.bias");
+        let err = Gpt::load(&config, &missing, &device).unwrap_err();
+        assert_eq!(err, Mismatch::Missing("blocks.1.mlp.c_fc.bias".into()));
+        let mut misshapen = saved;
+        misshapen.insert("ln_f.gamma".into(), TensorData::new(vec![1.0f32; 31], [31]));
+        let err = Gpt::load(&config, &misshapen, &device).unwrap_err();
+        assert_eq!(err, Mismatch::Shape { path: "ln_f.gamma".into(), expected: vec![32], found: vec![31] });
+    }
+
+    #[test]
+    fn every_attention_implementation_gives_the_same_logits() {
+        let device = Device::flex();
+        let ids: Vec<i64> = (0..24).map(|i| i * 7 % 50).collect();
+        let idx = Tensor::<2, Int>::from_data(TensorData::new(ids, [2, 12]), &device);
+        for config in layouts() {
+            let model = Gpt::new(&config, &mut Rng::new(2), &device);
+            let auto = model.forward(idx.clone());
+            for implementation in [AttentionImpl::Naive, AttentionImpl::Burn] {
+                let model = Gpt::new(&config, &mut Rng::new(2), &device).with_attention(implementation);
+                let diff: f32 = (model.forward(idx.clone()) - auto.clone()).abs().max().into_scalar();
+                assert!(diff <= 1e-5, "{implementation:?}, {config:?}: {diff}");
+            }
+        }
     }
 }

@@ -1,22 +1,102 @@
-//! Parameter initialisation from Ember's own generator, so the same seed gives the same weights on every device.
+//! Where a model's parameters come from while it is built: Ember's own generator, so the same seed gives the same
+//! weights on every device, or stored tensors by name.
 
-use burn::module::Param;
+use std::collections::HashMap;
+
+use burn::module::{Param, ParamId};
 use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::Rng;
+use crate::params::Mismatch;
 
-/// A parameter drawn from N(0, std²) (zeros from a placeholder generator).
-pub fn normal<const D: usize>(rng: &mut Rng, shape: [usize; D], std: f64, device: &Device) -> Param<Tensor<D>> {
-    if rng.is_placeholder() {
-        return constant(shape, 0.0, device);
-    }
-    let n = shape.iter().product();
-    let values: Vec<f32> = (0..n).map(|_| (rng.normal() * std) as f32).collect();
-    Param::from_data(TensorData::new(values, shape), device)
+/// The parameters of a module under construction, each drawn or read at its dotted path
+/// ("blocks.0.attn.c_attn.weight", as [`crate::params::state_dict`] names it).
+pub struct Init<'a> {
+    source: Source<'a>,
+    device: Device,
+    path: Vec<String>,
+    error: Option<Mismatch>,
 }
 
-/// A parameter filled with one value (zeros for biases, ones for norm gains).
-pub fn constant<const D: usize>(shape: [usize; D], value: f32, device: &Device) -> Param<Tensor<D>> {
-    let n = shape.iter().product();
-    Param::from_data(TensorData::new(vec![value; n], shape), device)
+enum Source<'a> {
+    Draw(&'a mut Rng),
+    Read(&'a HashMap<String, TensorData>),
+}
+
+impl<'a> Init<'a> {
+    /// Parameters drawn from `rng` in construction order, on `device`.
+    pub fn draw(rng: &'a mut Rng, device: &Device) -> Self {
+        Self { source: Source::Draw(rng), device: device.clone(), path: Vec::new(), error: None }
+    }
+
+    /// Parameters read from `tensors` by path, on `device`; [`Init::finish`] reports the first missing or misshapen.
+    pub fn read(tensors: &'a HashMap<String, TensorData>, device: &Device) -> Self {
+        Self { source: Source::Read(tensors), device: device.clone(), path: Vec::new(), error: None }
+    }
+
+    /// `build` run with the same source inside the sub-module `name`: its parameters' paths are prefixed with it.
+    pub fn scope<T>(&mut self, name: impl Into<String>, build: impl FnOnce(&mut Self) -> T) -> T {
+        self.path.push(name.into());
+        let built = build(self);
+        self.path.pop();
+        built
+    }
+
+    /// A parameter drawn from N(0, std²), or the stored tensor at `name`.
+    pub fn normal<const D: usize>(&mut self, name: &str, shape: [usize; D], std: f64) -> Param<Tensor<D>> {
+        match self.source {
+            Source::Draw(ref mut rng) => {
+                let n = shape.iter().product();
+                let values: Vec<f32> = (0..n).map(|_| (rng.normal() * std) as f32).collect();
+                Param::from_data(TensorData::new(values, shape), &self.device)
+            }
+            Source::Read(tensors) => self.stored(tensors, name, shape),
+        }
+    }
+
+    /// A parameter filled with `value` (zeros for biases, ones for norm gains), or the stored tensor at `name`.
+    pub fn constant<const D: usize>(&mut self, name: &str, shape: [usize; D], value: f32) -> Param<Tensor<D>> {
+        match self.source {
+            Source::Draw(_) => {
+                Param::from_data(TensorData::new(vec![value; shape.iter().product()], shape), &self.device)
+            }
+            Source::Read(tensors) => self.stored(tensors, name, shape),
+        }
+    }
+
+    /// `module` when every parameter was found with its shape, else the first that was not.
+    pub fn finish<M>(self, module: M) -> Result<M, Mismatch> {
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(module),
+        }
+    }
+
+    /// The tensor at `name` in the current scope; after a mismatch, a parameter that is never materialised.
+    fn stored<const D: usize>(
+        &mut self,
+        tensors: &HashMap<String, TensorData>,
+        name: &str,
+        shape: [usize; D],
+    ) -> Param<Tensor<D>> {
+        let path = self.path.iter().map(String::as_str).chain([name]).collect::<Vec<_>>().join(".");
+        if self.error.is_none() {
+            match tensors.get(&path) {
+                Some(data) if data.shape().as_slice() == shape.as_slice() => {
+                    return Param::from_data(data.clone(), &self.device);
+                }
+                Some(data) => {
+                    self.error = Some(Mismatch::Shape { path, expected: shape.to_vec(), found: data.shape().to_vec() })
+                }
+                None => self.error = Some(Mismatch::Missing(path)),
+            }
+        }
+        Param::uninitialized(
+            ParamId::new(),
+            move |device, _| Tensor::zeros(shape, device),
+            self.device.clone(),
+            false,
+            shape.into(),
+        )
+    }
 }

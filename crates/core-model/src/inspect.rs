@@ -61,7 +61,7 @@ mod tests {
     use burn::tensor::Device;
 
     #[test]
-    fn the_seeds_worked_table_mha_4gib_gqa_1gib_mqa_128mib() {
+    fn llama2_7b_at_8k_tokens_mha_4gib_gqa_1gib_mqa_128mib() {
         // 32 layers, h = 32, d_h = 128, T = 8192, 2 bytes per element.
         let mha = ModelConfig::gpt(32_000, 32, 32, 4096, 8192);
         let gib = 1u64 << 30;

@@ -6,24 +6,11 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rng {
     state: u64,
-    /// Set by [`Rng::placeholder`]: parameter initialisation fills zeros instead of drawing.
-    #[serde(skip)]
-    placeholder: bool,
 }
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Self { state: seed, placeholder: false }
-    }
-
-    /// For a model whose weights are loaded right after it is built: its parameters start as zeros, so building it
-    /// costs no draws (135M normals take seconds).
-    pub fn placeholder() -> Self {
-        Self { state: 0, placeholder: true }
-    }
-
-    pub fn is_placeholder(&self) -> bool {
-        self.placeholder
+        Self { state: seed }
     }
 
     pub fn next_u64(&mut self) -> u64 {

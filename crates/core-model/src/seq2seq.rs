@@ -3,21 +3,26 @@
 //! FFN; each sub-layer wrapped Post-LN (the paper), Pre-LN or Peri-LN. Embeddings are scaled by √d and summed with
 //! sinusoidal positions (or RoPE rotates self-attention's q and k); the output projection may share the embedding.
 
+use std::collections::HashMap;
+
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Embedding, Linear};
-use burn::tensor::{Device, Int, Tensor};
-use ember_kernels::{AttentionSpec, linear};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use ember_kernels::{AttentionImpl, AttentionSpec, linear};
 
-use crate::cache::KvCache;
+use crate::ModelConfig;
+use crate::Rng;
+use crate::cache::{Context, KvCache};
 use crate::config::{NormPlacement, PositionKind};
+use crate::init::Init;
 use crate::nn::attention::CausalSelfAttention;
 use crate::nn::cross_attention::{CrossAttention, Memory};
 use crate::nn::ffn::Ffn;
 use crate::nn::norm::Norm;
-use crate::nn::position::{Rope, sinusoidal};
+use crate::nn::position::Positions;
 use crate::nn::residual::sublayer;
-use crate::nn::{linear_layer, tied_logits};
-use crate::{ModelConfig, Rng, init};
+use crate::nn::{embedding, linear_layer, tied_logits};
+use crate::params::Mismatch;
 
 /// An encoder–decoder model: layer shapes, norms, FFN and positions from `model` (its `n_layers` and `vocab_size`
 /// are not used), stack depths and vocabularies here.
@@ -33,8 +38,9 @@ pub struct Seq2SeqConfig {
     pub share_embeddings: bool,
 }
 
-fn norm(config: &ModelConfig, device: &Device) -> Norm {
-    Norm::new(config.norm, config.d_model, config.norm_eps, config.bias, device)
+/// The norm of `config` named `name`: γ = 1, β = 0.
+fn norm(config: &ModelConfig, init: &mut Init, name: &str) -> Norm {
+    init.scope(name, |init| Norm::new(config.norm, config.d_model, config.norm_eps, config.bias, init))
 }
 
 #[derive(Module, Debug)]
@@ -50,29 +56,29 @@ pub struct EncoderLayer {
 }
 
 impl EncoderLayer {
-    fn new(config: &ModelConfig, rng: &mut Rng, device: &Device) -> Self {
+    fn new(config: &ModelConfig, init: &mut Init) -> Self {
         let peri = config.norm_placement == NormPlacement::Peri;
         Self {
-            ln_1: norm(config, device),
-            self_attn: CausalSelfAttention::new(config, rng, device),
-            ln_2: norm(config, device),
-            mlp: Ffn::new(config, rng, device),
-            ln_1_out: peri.then(|| norm(config, device)),
-            ln_2_out: peri.then(|| norm(config, device)),
+            ln_1: norm(config, init, "ln_1"),
+            self_attn: init.scope("self_attn", |init| CausalSelfAttention::new(config, init)),
+            ln_2: norm(config, init, "ln_2"),
+            mlp: init.scope("mlp", |init| Ffn::new(config, init)),
+            ln_1_out: peri.then(|| norm(config, init, "ln_1_out")),
+            ln_2_out: peri.then(|| norm(config, init, "ln_2_out")),
             placement: config.norm_placement,
         }
     }
 
     /// x ← sublayer(x, SelfAttn(x) over the source's real tokens), then sublayer(x, FFN(x)).
-    fn forward(&self, x: Tensor<3>, lengths: &[usize], rope: Option<&Rope>) -> Tensor<3> {
+    fn forward(&self, x: Tensor<3>, lengths: &[usize], positions: &Positions) -> Tensor<3> {
         let x = sublayer(self.placement, x, &self.ln_1, self.ln_1_out.as_ref(), |h| {
-            let (q, k, v) = self.self_attn.qkv(h, rope);
+            let (q, k, v) = self.self_attn.qkv(h, positions);
             let spec = AttentionSpec {
                 causal: false,
                 key_lengths: Some(lengths.to_vec()),
                 ..self.self_attn.spec(q.dims()[3], 0)
             };
-            self.self_attn.attend_with(q, k, v, &spec)
+            self.self_attn.attend(q, k, v, &spec)
         });
         sublayer(self.placement, x, &self.ln_2, self.ln_2_out.as_ref(), |h| self.mlp.forward(h))
     }
@@ -94,25 +100,36 @@ pub struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    fn new(config: &ModelConfig, rng: &mut Rng, device: &Device) -> Self {
+    /// Its self-attention splits heads in every pass, so translation trains with the split heads' gradients.
+    fn new(config: &ModelConfig, init: &mut Init) -> Self {
         let peri = config.norm_placement == NormPlacement::Peri;
         Self {
-            ln_1: norm(config, device),
-            self_attn: CausalSelfAttention::new(config, rng, device),
-            ln_2: norm(config, device),
-            cross: CrossAttention::new(config, rng, device),
-            ln_3: norm(config, device),
-            mlp: Ffn::new(config, rng, device),
-            ln_1_out: peri.then(|| norm(config, device)),
-            ln_2_out: peri.then(|| norm(config, device)),
-            ln_3_out: peri.then(|| norm(config, device)),
+            ln_1: norm(config, init, "ln_1"),
+            self_attn: init.scope("self_attn", |init| CausalSelfAttention::new(config, init).with_split_heads()),
+            ln_2: norm(config, init, "ln_2"),
+            cross: init.scope("cross", |init| CrossAttention::new(config, init)),
+            ln_3: norm(config, init, "ln_3"),
+            mlp: init.scope("mlp", |init| Ffn::new(config, init)),
+            ln_1_out: peri.then(|| norm(config, init, "ln_1_out")),
+            ln_2_out: peri.then(|| norm(config, init, "ln_2_out")),
+            ln_3_out: peri.then(|| norm(config, init, "ln_3_out")),
             placement: config.norm_placement,
         }
     }
 
-    /// Causal self-attention (`self_attn` given the normed input), cross-attention to `memory`, then FFN.
-    fn apply(&self, x: Tensor<3>, memory: &Memory, self_attn: impl FnOnce(Tensor<3>) -> Tensor<3>) -> Tensor<3> {
-        let x = sublayer(self.placement, x, &self.ln_1, self.ln_1_out.as_ref(), self_attn);
+    /// Causal self-attention at `positions` against what `context` holds for `layer`, cross-attention to `memory`,
+    /// then FFN.
+    fn forward(
+        &self,
+        x: Tensor<3>,
+        memory: &Memory,
+        positions: &Positions,
+        layer: usize,
+        context: &mut Context,
+    ) -> Tensor<3> {
+        let x = sublayer(self.placement, x, &self.ln_1, self.ln_1_out.as_ref(), |h| {
+            self.self_attn.forward(h, positions, layer, context)
+        });
         let x = sublayer(self.placement, x, &self.ln_2, self.ln_2_out.as_ref(), |h| self.cross.forward(h, memory));
         sublayer(self.placement, x, &self.ln_3, self.ln_3_out.as_ref(), |h| self.mlp.forward(h))
     }
@@ -138,14 +155,33 @@ pub struct Seq2Seq {
 impl Seq2Seq {
     /// Embeddings N(0, d^−½) (they are scaled by √d), other weights as in the decoder-only model.
     pub fn new(config: &Seq2SeqConfig, rng: &mut Rng, device: &Device) -> Self {
+        Self::build(config, &mut Init::draw(rng, device))
+    }
+
+    /// The model of `config` with the parameters of `tensors` (by path, as [`crate::params::state_dict`] names
+    /// them; others are ignored) on `device`.
+    pub fn load(
+        config: &Seq2SeqConfig,
+        tensors: &HashMap<String, TensorData>,
+        device: &Device,
+    ) -> Result<Self, Mismatch> {
+        let mut init = Init::read(tensors, device);
+        let model = Self::build(config, &mut init);
+        init.finish(model)
+    }
+
+    fn build(config: &Seq2SeqConfig, init: &mut Init) -> Self {
         let m = &config.model;
         let d = m.d_model;
         let std = 1.0 / (d as f64).sqrt();
-        let embedding = |rng: &mut Rng, v: usize| Embedding { weight: init::normal(rng, [v, d], std, device) };
-        let src_emb = embedding(rng, config.src_vocab);
-        let tgt_emb = (!config.share_embeddings).then(|| embedding(rng, config.tgt_vocab));
-        let encoder = (0..config.encoder_layers).map(|_| EncoderLayer::new(m, rng, device)).collect();
-        let decoder = (0..config.decoder_layers).map(|_| DecoderLayer::new(m, rng, device)).collect();
+        let src_emb = embedding(init, "src_emb", config.src_vocab, d, std);
+        let tgt_emb = (!config.share_embeddings).then(|| embedding(init, "tgt_emb", config.tgt_vocab, d, std));
+        let encoder = (0..config.encoder_layers)
+            .map(|i| init.scope(format!("encoder.{i}"), |init| EncoderLayer::new(m, init)))
+            .collect();
+        let decoder = (0..config.decoder_layers)
+            .map(|i| init.scope(format!("decoder.{i}"), |init| DecoderLayer::new(m, init)))
+            .collect();
         let final_norm = m.norm_placement != NormPlacement::Post;
         Self {
             src_emb,
@@ -153,11 +189,23 @@ impl Seq2Seq {
             drop: DropoutConfig::new(m.dropout).init(),
             encoder,
             decoder,
-            enc_norm: final_norm.then(|| norm(m, device)),
-            dec_norm: final_norm.then(|| norm(m, device)),
-            out: (!m.tie_embeddings).then(|| linear_layer(rng, d, config.tgt_vocab, std, false, device)),
+            enc_norm: final_norm.then(|| norm(m, init, "enc_norm")),
+            dec_norm: final_norm.then(|| norm(m, init, "dec_norm")),
+            out: (!m.tie_embeddings).then(|| linear_layer(init, "out", d, config.tgt_vocab, std, false)),
             config: config.clone(),
         }
+    }
+
+    /// The same model with every attention layer computed by `implementation`.
+    pub fn with_attention(mut self, implementation: AttentionImpl) -> Self {
+        for layer in &mut self.encoder {
+            layer.self_attn.set_implementation(implementation);
+        }
+        for layer in &mut self.decoder {
+            layer.self_attn.set_implementation(implementation);
+            layer.cross.set_implementation(implementation);
+        }
+        self
     }
 
     pub fn config(&self) -> &Seq2SeqConfig {
@@ -168,32 +216,24 @@ impl Seq2Seq {
         self.tgt_emb.as_ref().unwrap_or(&self.src_emb)
     }
 
-    /// E[tokens]·√d + PE(offset..), dropped out.
-    fn embed(&self, embedding: &Embedding, tokens: Tensor<2, Int>, offset: usize) -> Tensor<3> {
-        let [_, t] = tokens.dims();
+    /// E[tokens]·√d + PE(positions), dropped out.
+    fn embed(&self, embedding: &Embedding, tokens: Tensor<2, Int>, positions: &Positions) -> Tensor<3> {
         let d = self.config.model.d_model;
-        let device = tokens.device();
         let x = embedding.forward(tokens) * (d as f64).sqrt();
         let x = match self.config.model.positions {
-            PositionKind::Sinusoidal => x + sinusoidal(offset, t, d, &device).unsqueeze(),
+            PositionKind::Sinusoidal => x + positions.sinusoidal(d),
             _ => x,
         };
         self.drop.forward(x)
     }
 
-    fn rope(&self, offset: usize, t: usize, device: &Device) -> Option<Rope> {
-        let m = &self.config.model;
-        (m.positions == PositionKind::Rope).then(|| Rope::new(m.rope_theta, m.head_dim(), offset, t, device))
-    }
-
     /// The encoder over source tokens [B, S] whose rows hold `lengths` real tokens (padding after them), then each
     /// decoder layer's cross-attention keys and values of it: computed once per sentence.
     pub fn encode(&self, src: Tensor<2, Int>, lengths: &[usize]) -> Vec<Memory> {
-        let s = src.dims()[1];
-        let rope = self.rope(0, s, &src.device());
-        let mut x = self.embed(&self.src_emb, src, 0);
+        let positions = Positions::span(0, src.dims()[1], &src.device());
+        let mut x = self.embed(&self.src_emb, src, &positions);
         for layer in &self.encoder {
-            x = layer.forward(x, lengths, rope.as_ref());
+            x = layer.forward(x, lengths, &positions);
         }
         if let Some(ln) = &self.enc_norm {
             x = ln.forward(x);
@@ -203,16 +243,7 @@ impl Seq2Seq {
 
     /// Logits [B, T, V_tgt] for target inputs [B, T] (teacher forcing) against the encoded source.
     pub fn decode(&self, memories: &[Memory], tgt: Tensor<2, Int>) -> Tensor<3> {
-        let t = tgt.dims()[1];
-        let rope = self.rope(0, t, &tgt.device());
-        let mut x = self.embed(self.tgt_embedding(), tgt, 0);
-        for (layer, memory) in self.decoder.iter().zip(memories) {
-            x = layer.apply(x, memory, |h| {
-                let (q, k, v) = layer.self_attn.qkv(h, rope.as_ref());
-                layer.self_attn.attend(q, k, v, 0)
-            });
-        }
-        self.logits(x)
+        self.logits(self.decoded(memories, tgt, Context::Full))
     }
 
     /// Logits [B, T, V_tgt] of target inputs [B, T] given source tokens [B, S] with `src_lengths` real tokens.
@@ -224,21 +255,22 @@ impl Seq2Seq {
     /// self-attention keys and values are appended to `cache`, cross-attention reads the encoded `memories`.
     pub fn decode_step(&self, memories: &[Memory], tgt: Tensor<2, Int>, cache: &mut dyn KvCache) -> Tensor<2> {
         let [b, t] = tgt.dims();
-        let offset = cache.len();
-        let rope = self.rope(offset, t, &tgt.device());
-        let mut x = self.embed(self.tgt_embedding(), tgt, offset);
-        for (layer_index, (layer, memory)) in self.decoder.iter().zip(memories).enumerate() {
-            x = layer.apply(x, memory, |h| {
-                let (q, k, v) = layer.self_attn.qkv(h, rope.as_ref());
-                let spec = layer.self_attn.spec(q.dims()[3], offset);
-                layer.self_attn.project(cache.attend(layer_index, q, k, v, &spec))
-            });
-        }
+        let x = self.decoded(memories, tgt, Context::Cached(cache));
         let d = x.dims()[2];
-        let last = x.slice([0..b, t - 1..t, 0..d]);
-        let logits = self.logits(last);
+        let logits = self.logits(x.slice([0..b, t - 1..t, 0..d]));
         let v = logits.dims()[2];
         logits.reshape([b, v])
+    }
+
+    /// The last decoder layer's output [B, T, d] for target tokens [B, T] against `context`: their positions are
+    /// fixed once, then every layer runs with them.
+    fn decoded(&self, memories: &[Memory], tgt: Tensor<2, Int>, mut context: Context) -> Tensor<3> {
+        let positions = context.positions(tgt.dims()[1], &tgt.device());
+        let mut x = self.embed(self.tgt_embedding(), tgt, &positions);
+        for (index, (layer, memory)) in self.decoder.iter().zip(memories).enumerate() {
+            x = layer.forward(x, memory, &positions, index, &mut context);
+        }
+        x
     }
 
     /// Final norm, then the output projection (x Eᵀ when tied).
@@ -250,6 +282,37 @@ impl Seq2Seq {
         match &self.out {
             Some(out) => linear(out, x),
             None => tied_logits(self.tgt_embedding(), x),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::state_dict;
+
+    #[test]
+    fn load_reads_back_every_parameter_with_shared_or_separate_embeddings() {
+        let device = Device::flex();
+        let model = ModelConfig { positions: PositionKind::Sinusoidal, ..ModelConfig::gpt(30, 1, 2, 16, 32) };
+        let shared = Seq2SeqConfig {
+            model,
+            encoder_layers: 2,
+            decoder_layers: 1,
+            src_vocab: 30,
+            tgt_vocab: 30,
+            share_embeddings: true,
+        };
+        let separate = Seq2SeqConfig {
+            model: ModelConfig { tie_embeddings: false, ..shared.model.clone().llama_style(1) },
+            tgt_vocab: 20,
+            share_embeddings: false,
+            ..shared.clone()
+        };
+        for config in [shared, separate] {
+            let saved = state_dict(&Seq2Seq::new(&config, &mut Rng::new(3), &device));
+            let loaded = Seq2Seq::load(&config, &saved.iter().cloned().collect(), &device).unwrap();
+            assert_eq!(state_dict(&loaded), saved, "{config:?}");
         }
     }
 }

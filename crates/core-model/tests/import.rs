@@ -3,9 +3,9 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use ember_core_model::bundle::{self, load_tensors};
+use ember_core_model::bundle::load_tensors;
 use ember_core_model::import;
-use ember_core_model::tokenizer;
+use ember_core_model::{Gpt, tokenizer};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf")
@@ -16,7 +16,7 @@ fn logits_match(name: &str) {
     let dir = fixtures().join(name);
     let device = Device::flex();
     let (config, tensors) = import::hf::load(&dir).unwrap();
-    let model = bundle::model_from_tensors(&config, &tensors, &dir, &device).unwrap();
+    let model = Gpt::load(&config, &tensors, &device).unwrap();
     let (expected, _) = load_tensors(&dir.join("expected.safetensors")).unwrap();
     let ids: Vec<i64> = expected["input_ids"].as_slice::<f32>().unwrap().iter().map(|&x| x as i64).collect();
     let shape = expected["input_ids"].shape().to_vec();
@@ -24,8 +24,7 @@ fn logits_match(name: &str) {
     let logits = model.forward(idx).into_data();
     let want = expected["logits"].as_slice::<f32>().unwrap();
     let got = logits.as_slice::<f32>().unwrap();
-    assert_eq!(got.len(), want.len());
-    let diff = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+    let diff = ember_test_support::max_abs_diff(got, want);
     assert!(diff <= 1e-4, "{name}: max |Ember − HF| = {diff}");
 }
 
@@ -52,6 +51,7 @@ fn a_directory_that_is_no_model_is_a_clear_error() {
 /// The real SmolLM2-135M-Instruct GGUF (Q4_1, dequantized): `scripts/prepare-data.sh smollm2` fetches it, and
 /// scripts/test.sh runs that before the tests.
 #[test]
+#[ignore = "needs the SmolLM2 GGUF: scripts/prepare-data.sh smollm2 (scripts/test.sh runs it)"]
 fn smollm2_gguf_tokenizes_and_continues_greedily_as_hugging_face() {
     let gguf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(gguf.is_file(), "{} is missing: run scripts/prepare-data.sh smollm2", gguf.display());

@@ -7,7 +7,6 @@ use std::path::Path;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_core_model::bundle::load_tensors;
 use ember_core_model::config::{FfnKind, NormPlacement, PositionKind};
-use ember_core_model::params::load_state_dict;
 use ember_core_model::seq2seq::{Seq2Seq, Seq2SeqConfig};
 use ember_core_model::{ModelConfig, Rng};
 use serde_json::Value;
@@ -56,7 +55,7 @@ fn logits_equal_torch_nn_transformer_within_1e_4() {
     let config = paper_config(n("vocab"), n("d_model"), n("n_heads"), n("d_ff"), n("layers"));
     let device = Device::flex();
     let (tensors, _) = load_tensors(&weights).unwrap();
-    let model = load_state_dict(Seq2Seq::new(&config, &mut Rng::new(0), &device), &tensors).unwrap();
+    let model = Seq2Seq::load(&config, &tensors, &device).unwrap();
     let ((src, src_shape), (tgt, tgt_shape)) = (ids(&json["src"]), ids(&json["tgt"]));
     let lengths: Vec<usize> =
         json["src_lengths"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
@@ -71,8 +70,7 @@ fn logits_equal_torch_nn_transformer_within_1e_4() {
             s.as_array().unwrap().iter().flat_map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32))
         })
         .collect();
-    assert_eq!(logits.len(), expected.len());
-    let diff = logits.iter().zip(&expected).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+    let diff = ember_test_support::max_abs_diff(&logits, &expected);
     let scale = expected.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     assert!(diff <= 1e-4, "max |ember − torch| = {diff} (logits up to {scale})");
 }

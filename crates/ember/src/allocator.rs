@@ -1,5 +1,5 @@
-//! The global allocator: the system's, except that freed blocks of 4 MiB and more are kept (up to a budget) and
-//! handed back to the next request of the same size and alignment. glibc maps blocks above its mmap threshold
+//! The global allocator: the system's, except that freed blocks of 4 MiB and more are kept (up to a budget, set by
+//! `EMBER_ALLOC_CACHE_MIB`, 0 to keep none) and handed back to the next request of the same size and alignment. glibc maps blocks above its mmap threshold
 //! (at most 32 MiB) directly and unmaps them on free, and returns the top of its heap to the system when more than
 //! twice that is free, so each step of training at nanoGPT's shape (activations of 25 and 100 MB) page-faulted and
 //! zeroed its tensors afresh: a fifth of the step's time for the 100 MB ones, ~200,000 faults per step for the
@@ -7,11 +7,14 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Blocks at least this large are recycled.
 const LARGE: usize = 4 << 20;
-/// At most this many bytes wait in the cache (the oldest go back to the system first).
+/// At most this many bytes wait in the cache by default (the oldest go back to the system first).
 const BUDGET: usize = 4 << 30;
+/// The environment variable that sets the budget in MiB.
+pub const BUDGET_VARIABLE: &str = "EMBER_ALLOC_CACHE_MIB";
 /// At most this many blocks wait in the cache.
 const SLOTS: usize = 256;
 
@@ -33,13 +36,13 @@ impl Cache {
         Some(ptr as *mut u8)
     }
 
-    /// Keeps the block, returning the oldest kept blocks to the system while the cache is over its slots or budget;
-    /// false (the caller frees it) for a block larger than the whole budget.
-    fn keep(&mut self, ptr: *mut u8, layout: Layout) -> bool {
-        if layout.size() > BUDGET {
+    /// Keeps the block, returning the oldest kept blocks to the system while the cache is over its slots or
+    /// `budget`; false (the caller frees it) for a block larger than the whole budget.
+    fn keep(&mut self, ptr: *mut u8, layout: Layout, budget: usize) -> bool {
+        if layout.size() > budget {
             return false;
         }
-        while self.len == SLOTS || self.bytes + layout.size() > BUDGET {
+        while self.len == SLOTS || self.bytes + layout.size() > budget {
             let (size, align, old) = self.blocks[0];
             self.blocks.copy_within(1..self.len, 0);
             self.len -= 1;
@@ -70,11 +73,34 @@ pub fn keep_heap() {
 /// The system allocator with large freed blocks recycled.
 pub struct Recycling {
     cache: Mutex<Cache>,
+    budget: AtomicUsize,
 }
 
 impl Recycling {
     pub const fn new() -> Self {
-        Self { cache: Mutex::new(Cache { blocks: [(0, 0, 0); SLOTS], len: 0, bytes: 0 }) }
+        Self {
+            cache: Mutex::new(Cache { blocks: [(0, 0, 0); SLOTS], len: 0, bytes: 0 }),
+            budget: AtomicUsize::new(BUDGET),
+        }
+    }
+
+    /// Bytes of freed blocks kept at most from now on (blocks kept beyond it go back as others are freed).
+    pub fn set_budget(&self, bytes: usize) {
+        self.budget.store(bytes, Ordering::Relaxed);
+    }
+
+    /// The budget [`BUDGET_VARIABLE`] asks for, in MiB; an error names a value that is not a whole number.
+    pub fn budget_from_env() -> Result<Option<usize>, String> {
+        match std::env::var(BUDGET_VARIABLE) {
+            Err(_) => Ok(None),
+            Ok(v) => v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .and_then(|mib| mib.checked_mul(1 << 20))
+                .map(Some)
+                .ok_or_else(|| format!("{BUDGET_VARIABLE}={v}: expected a whole number of MiB")),
+        }
     }
 
     fn reuse(&self, layout: Layout) -> Option<*mut u8> {
@@ -119,7 +145,10 @@ unsafe impl GlobalAlloc for Recycling {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        let kept = layout.size() >= LARGE && self.cache.lock().is_ok_and(|mut cache| cache.keep(ptr, layout));
+        let budget = self.budget.load(Ordering::Relaxed);
+        let kept = layout.size() >= LARGE
+            && budget >= LARGE
+            && self.cache.lock().is_ok_and(|mut cache| cache.keep(ptr, layout, budget));
         if !kept {
             // SAFETY: ptr came from System (directly or through the cache) with this layout.
             unsafe { System.dealloc(ptr, layout) }
@@ -163,6 +192,24 @@ mod tests {
             assert_eq!((cache.len, cache.bytes), (SLOTS, SLOTS * LARGE));
             assert!(cache.bytes <= BUDGET);
             assert!(cache.blocks.iter().all(|&(_, _, at)| at != blocks[0] as usize), "the oldest went back");
+        }
+    }
+
+    #[test]
+    fn a_budget_of_zero_keeps_nothing_and_a_small_one_keeps_what_fits() {
+        let recycling = Recycling::new();
+        let big = Layout::from_size_align(LARGE, 64).unwrap();
+        // SAFETY: as above.
+        unsafe {
+            recycling.set_budget(0);
+            let block = recycling.alloc(big);
+            recycling.dealloc(block, big);
+            assert_eq!(recycling.cache.lock().unwrap().len, 0);
+            recycling.set_budget(2 * LARGE);
+            let blocks: Vec<*mut u8> = (0..3).map(|_| recycling.alloc(big)).collect();
+            blocks.iter().for_each(|&b| recycling.dealloc(b, big));
+            let cache = recycling.cache.lock().unwrap();
+            assert_eq!((cache.len, cache.bytes), (2, 2 * LARGE));
         }
     }
 }

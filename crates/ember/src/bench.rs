@@ -1,13 +1,13 @@
 //! `ember bench train`: tokens/s and peak memory of training steps, optionally side by side with the PyTorch
 //! reference script (alternating rounds, medians, ratio).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
-use ember_kernels::{AttentionImpl, set_attention_impl};
+use ember_kernels::AttentionImpl;
 use ember_train::{StepPhases, Trainer, corpus};
 
 use crate::config::RunConfig;
@@ -43,11 +43,14 @@ pub struct BenchTrainArgs {
     /// Rounds; with --pytorch, Ember and PyTorch alternate.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// A Python with torch: runs scripts/reference/gpt_train.py on the same config, same machine, in turns.
+    /// A Python with torch: runs the PyTorch reference trainer on the same config, same machine, in turns.
     #[arg(long, value_name = "PYTHON")]
     pytorch: Option<String>,
-    /// Attention implementation: auto (Ember's kernels: WGSL on wgpu, Rust on the CPU), flash, burn (Burn's
-    /// built-in) or naive.
+    /// The PyTorch reference trainer to run (default: the copy of scripts/reference/gpt_train.py built in).
+    #[arg(long, value_name = "FILE", requires = "pytorch")]
+    script: Option<PathBuf>,
+    /// Attention implementation: auto (Ember's kernels: WGSL on wgpu, Rust on the CPU), burn (Burn's built-in) or
+    /// naive.
     #[arg(long, default_value = "auto")]
     attention: AttentionImpl,
 }
@@ -72,7 +75,6 @@ fn bench_train(args: BenchTrainArgs, device: DeviceChoice) -> Result<()> {
     let resolved = scratch.path().join("config.toml");
     std::fs::write(&resolved, RunConfig { model: model_config.clone(), ..config.clone() }.to_toml())?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    set_attention_impl(args.attention);
     println!(
         "bench train: {} on {description}, {} warm-up + {} timed steps per round, {threads} threads, attention {:?}",
         args.config.display(),
@@ -81,10 +83,12 @@ fn bench_train(args: BenchTrainArgs, device: DeviceChoice) -> Result<()> {
         args.attention
     );
 
+    let script = crate::reference::GPT_TRAIN.script(args.script.as_deref())?;
     let (mut ember, mut torch) = (Vec::new(), Vec::new());
     for round in 1..=args.rounds {
         let mut trainer =
             Trainer::new(model_config.clone(), config.train.clone(), corpus.clone(), scratch.path(), &device);
+        trainer.model = trainer.model.with_attention(args.attention);
         for _ in 0..args.warmup {
             trainer.step();
         }
@@ -111,7 +115,7 @@ fn bench_train(args: BenchTrainArgs, device: DeviceChoice) -> Result<()> {
         );
         ember.push(tps);
         if let Some(python) = &args.pytorch {
-            let tps = pytorch_round(python, &resolved, &args, threads)?;
+            let tps = pytorch_round(python, script.path(), &resolved, &args, threads)?;
             println!("round {round}: pytorch {tps:>10.0} tokens/s");
             torch.push(tps);
         }
@@ -126,10 +130,9 @@ fn bench_train(args: BenchTrainArgs, device: DeviceChoice) -> Result<()> {
     Ok(())
 }
 
-fn pytorch_round(python: &str, config: &std::path::Path, args: &BenchTrainArgs, threads: usize) -> Result<f64> {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/reference/gpt_train.py");
+fn pytorch_round(python: &str, script: &Path, config: &Path, args: &BenchTrainArgs, threads: usize) -> Result<f64> {
     let out = Command::new(python)
-        .arg(&script)
+        .arg(script)
         .arg(config)
         .args([
             "--steps",

@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use burn::tensor::{Device, Distribution, Tensor};
 use clap::{Args, ValueEnum};
-use ember_kernels::{AttentionImpl, AttentionSpec, device_memory, set_attention_impl};
+use ember_kernels::{AttentionImpl, AttentionSpec, device_memory};
 
 use crate::bench::median;
 use crate::devices::{self, DeviceChoice};
@@ -35,7 +35,7 @@ pub struct BenchAttentionArgs {
 }
 
 const IMPLS: [(&str, AttentionImpl); 3] =
-    [("ember", AttentionImpl::Flash), ("burn", AttentionImpl::Burn), ("naive", AttentionImpl::Naive)];
+    [("ember", AttentionImpl::Auto), ("burn", AttentionImpl::Burn), ("naive", AttentionImpl::Naive)];
 
 pub fn bench_attention(args: BenchAttentionArgs, choice: DeviceChoice) -> Result<()> {
     if let Some(one) = &args.one {
@@ -115,9 +115,8 @@ fn measure_one(args: &BenchAttentionArgs, one: &str, choice: DeviceChoice) -> Re
     let imp = IMPLS.iter().find(|(n, _)| *n == name).map(|&(_, i)| i).context("unknown path")?;
     let (t, d): (usize, usize) = (t.parse()?, d.parse()?);
     let (device, _) = devices::select(choice)?;
-    set_attention_impl(imp);
     let shape = [args.batch, args.heads, t, d];
-    let spec = AttentionSpec::causal(d);
+    let spec = AttentionSpec::causal(d).with_implementation(imp);
     let x = |device: &Device| Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), device);
     let (q, k, v) = (x(&device), x(&device), x(&device));
     let forward = time(args.iters, || {

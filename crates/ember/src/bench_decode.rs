@@ -38,6 +38,9 @@ pub struct BenchDecodeArgs {
     /// decode tokens/s over the longest length.
     #[arg(long, value_name = "PYTHON", requires = "model")]
     transformers: Option<String>,
+    /// The transformers reference to run (default: the copy of scripts/reference/hf_generate.py built in).
+    #[arg(long, value_name = "FILE", requires = "transformers")]
+    script: Option<std::path::PathBuf>,
 }
 
 pub fn bench_decode(args: BenchDecodeArgs, device: DeviceChoice) -> Result<()> {
@@ -58,6 +61,8 @@ pub fn bench_decode(args: BenchDecodeArgs, device: DeviceChoice) -> Result<()> {
     if let Some(python) = &args.transformers {
         let path = args.model.as_deref().expect("clap: --transformers requires --model");
         let n = args.lengths.iter().copied().max().unwrap_or(128);
+        let script = crate::reference::HF_GENERATE.script(args.script.as_deref())?;
+        let python = (python.as_str(), script.path());
         return against_transformers(&model, python, path, args.prompt_tokens, n, args.rounds, &device, &description);
     }
     if model.block_size() < longest {
@@ -87,7 +92,7 @@ pub fn bench_decode(args: BenchDecodeArgs, device: DeviceChoice) -> Result<()> {
 #[allow(clippy::too_many_arguments)]
 fn against_transformers(
     model: &Gpt,
-    python: &str,
+    (python, script): (&str, &std::path::Path),
     path: &std::path::Path,
     prompt_tokens: usize,
     n: usize,
@@ -97,7 +102,6 @@ fn against_transformers(
 ) -> Result<()> {
     let vocab = model.config().vocab();
     let prompt: Vec<u32> = (0..prompt_tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/reference/hf_generate.py");
     println!(
         "bench decode: {} on {description}, {prompt_tokens}-token prompt + {n} new tokens, greedy",
         path.display()
@@ -108,7 +112,7 @@ fn against_transformers(
         println!("ember:        time to first token {ttft:.3} s, decode {decode:.2} tokens/s");
         ember.push((ttft, decode));
         let out = std::process::Command::new(python)
-            .arg(&script)
+            .arg(script)
             .arg(path)
             .args(["--prompt-tokens", &prompt_tokens.to_string(), "--new-tokens", &n.to_string()])
             .output()

@@ -11,6 +11,7 @@ mod devices;
 mod eval;
 mod inspect;
 mod progress;
+mod reference;
 mod serve;
 mod train;
 mod translate;
@@ -113,8 +114,21 @@ struct ImportArgs {
 
 fn main() -> ExitCode {
     allocator::keep_heap();
+    match allocator::Recycling::budget_from_env() {
+        Ok(Some(bytes)) => ALLOCATOR.set_budget(bytes),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let cli = Cli::parse();
-    match on_worker(|| run(cli)) {
+    let command = || {
+        // The CPU kernels keep rayon's workers looking for work between kernels for the whole command.
+        let _awake = ember_kernels::keep_workers_awake();
+        run(cli)
+    };
+    match on_worker(command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", format!("{e:#}").replace('\n', " "));

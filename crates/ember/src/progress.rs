@@ -1,4 +1,5 @@
-//! The training progress bar: step, loss, learning rate, tokens/s and ETA; evaluations and checkpoints as lines.
+//! The training progress bar of every `ember train` run (language model or translator): step, loss, learning rate,
+//! tokens/s and ETA; evaluations as lines.
 
 use ember_train::{EvalReport, Observer, StepReport};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -23,6 +24,20 @@ impl Progress {
     }
 }
 
+/// "step 200: train loss 2.4426, val loss 2.4912" or, for a translator, "step 6: val loss 5.1234, val BLEU (greedy)
+/// 0.42" (its BLEU is scored on greedy translations).
+fn eval_line(r: &EvalReport) -> String {
+    let mut line = format!("step {}: ", r.step);
+    if let Some(train) = r.train_loss {
+        line += &format!("train loss {train:.4}, ");
+    }
+    line += &format!("val loss {:.4}", r.val_loss);
+    if let Some(bleu) = r.val_bleu {
+        line += &format!(", val BLEU (greedy) {bleu:.2}");
+    }
+    line
+}
+
 impl Observer for Progress {
     fn on_step(&mut self, r: &StepReport) {
         self.bar.set_position(r.step);
@@ -31,6 +46,19 @@ impl Observer for Progress {
 
     fn on_eval(&mut self, r: &EvalReport) {
         // suspend, not println: the line must reach a log file too, where the bar itself is hidden.
-        self.bar.suspend(|| println!("step {}: train loss {:.4}, val loss {:.4}", r.step, r.train_loss, r.val_loss));
+        self.bar.suspend(|| println!("{}", eval_line(r)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_evaluation_line_shows_what_the_task_measured() {
+        let lm = EvalReport { step: 200, train_loss: Some(2.44258), val_loss: 2.5, val_bleu: None };
+        assert_eq!(eval_line(&lm), "step 200: train loss 2.4426, val loss 2.5000");
+        let mt = EvalReport { step: 6, train_loss: None, val_loss: 5.0, val_bleu: Some(0.4242) };
+        assert_eq!(eval_line(&mt), "step 6: val loss 5.0000, val BLEU (greedy) 0.42");
     }
 }

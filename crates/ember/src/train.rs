@@ -1,11 +1,9 @@
 //! `ember train`: config → data (prepared when missing) → tokenizer → Trainer → run directory → a sample.
 
-use std::fs;
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use burn::module::Module;
 use burn::tensor::Device;
 use clap::Args;
@@ -41,6 +39,9 @@ pub fn train(args: TrainArgs, device: DeviceChoice) -> Result<()> {
         (_, Some(run_dir)) => {
             if !run_dir.join(bundle::CHECKPOINT).exists() {
                 bail!("{} has no checkpoint to resume from (expected {})", run_dir.display(), bundle::CHECKPOINT);
+            }
+            if crate::config::is_translation(&run_dir.join(bundle::CONFIG)) {
+                return crate::translate::resume(run_dir, &args.overrides, device);
             }
             (run_dir.join(bundle::CONFIG), Some(run_dir.clone()))
         }
@@ -91,25 +92,23 @@ pub fn train(args: TrainArgs, device: DeviceChoice) -> Result<()> {
         "training {} parameters on {description}: {} tokens/step, steps {}..{}, run directory {}",
         params,
         trainer.tokens_per_step(),
-        trainer.state.step,
+        trainer.step,
         config.train.max_steps,
         run_dir.display()
     );
     let started = std::time::Instant::now();
-    let mut progress = Progress::new(trainer.state.step, config.train.max_steps);
+    let mut progress = Progress::new(trainer.step, config.train.max_steps);
     let last = trainer.run(&mut progress);
     progress.finish();
     let last = last?;
     let secs = started.elapsed().as_secs_f64();
-    if let Some(e) = last {
-        println!(
-            "done in {secs:.1} s: train loss {:.4}, val loss {:.4}; wrote {} and {}",
-            e.train_loss,
-            e.val_loss,
-            run_dir.join(bundle::MODEL).display(),
-            run_dir.join(bundle::LOSS_PLOT).display()
-        );
-    }
+    println!(
+        "done in {secs:.1} s: train loss {:.4}, val loss {:.4}; wrote {} and {}",
+        last.train_loss.unwrap_or(f32::NAN),
+        last.val_loss,
+        run_dir.join(bundle::MODEL).display(),
+        run_dir.join(bundle::LOSS_PLOT).display()
+    );
     if !args.no_sample {
         let inner = device.clone();
         let model = trainer.model.valid();
@@ -118,43 +117,19 @@ pub fn train(args: TrainArgs, device: DeviceChoice) -> Result<()> {
     Ok(())
 }
 
-/// Runs `scripts/prepare-data.sh` for a known dataset whose corpus file is missing.
+/// A missing corpus of a known dataset is an error that names the step which builds it (nothing is downloaded here).
 fn ensure_corpus(config: &RunConfig) -> Result<()> {
     let corpus = &config.data.corpus;
-    if corpus.exists() {
-        return Ok(());
+    match config.data.dataset.as_deref().filter(|d| KNOWN_DATASETS.contains(d)) {
+        Some(dataset) if !corpus.exists() => bail!(
+            "{} is missing: build it with `scripts/prepare-data.sh {dataset}` from the Ember repository \
+             (EMBER_DATA_DIR chooses where it writes)",
+            corpus.display()
+        ),
+        _ => Ok(()), // corpus::prepare names any other missing file
     }
-    let Some(dataset) = config.data.dataset.as_deref().filter(|d| KNOWN_DATASETS.contains(d)) else {
-        return Ok(()); // corpus::prepare names the missing file
-    };
-    let script = [
-        Path::new("scripts/prepare-data.sh").to_path_buf(),
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/prepare-data.sh"),
-    ]
-    .into_iter()
-    .find(|p| p.exists())
-    .context("scripts/prepare-data.sh not found (run from the Ember checkout)")?;
-    let dir = corpus.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    println!("{} is missing: preparing the {dataset} dataset with {}", corpus.display(), script.display());
-    let status = Command::new("bash")
-        .arg(&script)
-        .arg(dataset)
-        .env("EMBER_DATA_DIR", dir)
-        .status()
-        .context("running prepare-data.sh")?;
-    if !status.success() {
-        bail!("preparing dataset {dataset} failed ({status})");
-    }
-    let prepared = dir.join(format!("{dataset}.txt"));
-    if prepared != *corpus {
-        fs::rename(&prepared, corpus)
-            .with_context(|| format!("moving {} to {}", prepared.display(), corpus.display()))?;
-    }
-    Ok(())
 }
 
-/// Streams a sample to standard output.
 /// Streams the prompt and its continuation to stdout.
 pub fn print_sample(
     model: &Gpt,

@@ -1,4 +1,4 @@
-//! Translation commands: training from a `[seq2seq]` config, `ember translate` (streams, keeps input order),
+//! Translation commands: training from a `[seq2seq]` config (and resuming it), `ember translate` (streams, keeps input order),
 //! `ember average` (checkpoint averaging) and `ember eval --model --data` (BLEU on a TSV test set).
 
 use std::io::{BufRead, IsTerminal, Write};
@@ -7,15 +7,17 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
 use clap::Args;
+use ember_core_model::bundle;
 use ember_core_model::seq2seq::Seq2Seq;
 use ember_serve::beam::{BeamConfig, translate_batch};
 use ember_train::bleu::corpus_bleu;
 use ember_train::parallel::{BOS, EOS, Vocabularies, encode, read_tsv, source_batch};
-use ember_train::translation::{self, Progress, TranslationConfig, TranslationTrainer};
-use indicatif::{ProgressBar, ProgressStyle};
+use ember_train::trainer::BleuError;
+use ember_train::translation::{self, BleuOf, TranslationConfig, TranslationTrainer};
 
 use crate::config::load_table;
 use crate::devices::{self, DeviceChoice};
+use crate::progress::Progress;
 
 /// Sentences translated together.
 const CHUNK: usize = 32;
@@ -161,50 +163,69 @@ fn translate_all(
     Ok(hyps)
 }
 
+/// Greedy BLEU of a model on validation pairs, as training evaluates it.
+fn greedy_bleu(device: &Device) -> Box<BleuOf> {
+    let device = device.clone();
+    Box::new(move |model: &Seq2Seq, vocab: &Vocabularies, pairs: &[(String, String)]| -> Result<f64, BleuError> {
+        let hyps = translate_all(model, vocab, pairs, beam(1, 0.6), &device)?;
+        Ok(corpus_bleu(hyps.iter().map(String::as_str), pairs.iter().map(|(_, r)| r.as_str())).score)
+    })
+}
+
+fn load_config(path: &Path, overrides: &[String]) -> Result<TranslationConfig> {
+    let config: TranslationConfig = load_table(path, overrides)?;
+    config.validate().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(config)
+}
+
 /// `ember train` on a translation config: trains, then scores the test set (when configured) with beam 4.
 pub fn train(config_path: &Path, overrides: &[String], choice: DeviceChoice) -> Result<()> {
-    let config: TranslationConfig = load_table(config_path, overrides)?;
-    config.validate().map_err(|e| anyhow::anyhow!("{}: {e}", config_path.display()))?;
-    if config.train.out_dir.join(ember_core_model::bundle::MODEL).exists() {
-        bail!("{} already holds a model; choose another train.out_dir", config.train.out_dir.display());
+    let config = load_config(config_path, overrides)?;
+    let run_dir = &config.train.out_dir;
+    if run_dir.join(bundle::MODEL).exists() {
+        bail!(
+            "{} already holds a model; continue it with --resume {0} or choose another train.out_dir",
+            run_dir.display()
+        );
     }
     let (device, description) = devices::select(choice)?;
     println!("training translation model from {} on {description}", config_path.display());
-    let mut trainer = TranslationTrainer::new(config.clone(), &device)?;
-    let vocabularies = match trainer.vocab.sizes() {
-        (joint, _) if trainer.vocab.joint => format!("joint vocabulary {joint}"),
+    let trainer = TranslationTrainer::new(config, &device, greedy_bleu(&device))?;
+    run(trainer, choice)
+}
+
+/// `ember train --resume RUN_DIR` of a translation run: continues from its checkpoint, with its config.toml and
+/// vocabularies (`overrides` may raise `train.max_steps`).
+pub fn resume(run_dir: &Path, overrides: &[String], choice: DeviceChoice) -> Result<()> {
+    let config = load_config(&run_dir.join(bundle::CONFIG), overrides)?;
+    let (device, description) = devices::select(choice)?;
+    println!("resuming translation run {} on {description}", run_dir.display());
+    let trainer = TranslationTrainer::resume(config, run_dir, &device, greedy_bleu(&device))?;
+    run(trainer, choice)
+}
+
+fn run(mut trainer: TranslationTrainer, choice: DeviceChoice) -> Result<()> {
+    let task = &trainer.task;
+    let vocabularies = match task.vocab.sizes() {
+        (joint, _) if task.vocab.joint => format!("joint vocabulary {joint}"),
         (source, target) => format!("vocabularies {source} (source) and {target} (target)"),
     };
     println!(
-        "{} training pairs ({} longer than {} tokens left out), {} validation pairs, {vocabularies}",
-        trainer.train.len(),
-        trainer.dropped,
-        config.data.max_len,
-        trainer.valid.len(),
+        "{} training pairs ({} longer than {} tokens left out), {} validation pairs, {vocabularies}; steps {}..{}",
+        task.train.len(),
+        task.dropped,
+        task.config.data.max_len,
+        task.valid.len(),
+        trainer.step,
+        trainer.config.max_steps,
     );
-    let bar = ProgressBar::new(config.train.max_steps);
-    bar.set_style(ProgressStyle::with_template("{bar:30} step {pos}/{len} {msg} ETA {eta}").expect("a template"));
-    let vocab = trainer.vocab.clone();
-    let inner = device.clone();
-    let mut bleu = |model: &Seq2Seq, pairs: &[(String, String)]| {
-        let hyps = translate_all(model, &vocab, pairs, beam(1, 0.6), &inner).unwrap_or_default();
-        corpus_bleu(hyps.iter().map(String::as_str), pairs.iter().map(|(_, r)| r.as_str())).score
-    };
-    let mut progress = |p: Progress| match p {
-        Progress::Step { step, loss, lr, tokens_per_s } => {
-            bar.set_position(step);
-            bar.set_message(format!("loss {loss:.4} lr {lr:.2e} {tokens_per_s:.0} tok/s"));
-        }
-        Progress::Eval { step, val_loss, bleu } => {
-            bar.suspend(|| println!("step {step}: val loss {val_loss:.4}, val BLEU (greedy) {bleu:.2}"));
-        }
-        Progress::Checkpoint { .. } => {}
-    };
-    trainer.run(&mut bleu, &mut progress)?;
-    bar.finish();
-    println!("run directory: {}", config.train.out_dir.display());
-    if let Some(test) = &config.data.test {
-        evaluate(&config.train.out_dir, test, 4, 0.6, choice)?;
+    let mut progress = Progress::new(trainer.step, trainer.config.max_steps);
+    let result = trainer.run(&mut progress);
+    progress.finish();
+    result?;
+    println!("run directory: {}", trainer.run_dir.display());
+    if let Some(test) = &trainer.task.config.data.test {
+        evaluate(&trainer.run_dir, test, 4, 0.6, choice)?;
     }
     Ok(())
 }

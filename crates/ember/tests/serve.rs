@@ -225,12 +225,10 @@ fn ctrl_c_lets_requests_in_flight_finish() {
 
 /// The official client, streaming and not: scripts/test.sh provides a Python with `openai` in EMBER_OPENAI_PYTHON.
 #[test]
+#[ignore = "needs a Python with the openai package in EMBER_OPENAI_PYTHON (scripts/test.sh makes one)"]
 fn the_openai_python_client_completes_and_streams() {
-    let Some(python) = std::env::var_os("EMBER_OPENAI_PYTHON") else {
-        assert!(std::env::var_os("CI").is_none(), "CI requires EMBER_OPENAI_PYTHON (scripts/test.sh sets it)");
-        eprintln!("EMBER_OPENAI_PYTHON not set: skipped outside CI");
-        return;
-    };
+    let python = std::env::var_os("EMBER_OPENAI_PYTHON")
+        .expect("EMBER_OPENAI_PYTHON is not set: run scripts/test.sh, which makes a venv with the openai package");
     let dir = tempfile::tempdir().unwrap();
     let (run, prompts) = tiny_model(dir.path());
     let server = Server::start(&run);

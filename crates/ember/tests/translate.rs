@@ -97,7 +97,7 @@ fn train_translate_average_and_evaluate() {
     assert!(warnings.contains("line 3") && warnings.contains("cut"), "{warnings}");
     let (beam_cpu, _) = translate("cpu", "4");
     assert_eq!(beam_cpu.lines().count(), 4);
-    if ember_kernels::wgpu_test_device().is_some() {
+    if ember_test_support::wgpu_test_device().is_some() {
         let (greedy_gpu, _) = translate("wgpu", "1");
         assert_eq!(greedy_gpu, greedy_cpu, "greedy translations on wgpu and on the CPU");
     }

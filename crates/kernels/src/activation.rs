@@ -12,7 +12,7 @@ use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension,
 use burn::tensor::Tensor;
 use rayon::prelude::*;
 
-use crate::cpu::{contiguous, floats, keep_workers_awake, on_cpu, tensor, vectorised};
+use crate::cpu::{contiguous, floats, multiversion, on_cpu, stay_awake, tensor};
 use crate::math;
 
 /// The fused activation as backend operations (CPU only; other devices take Burn's `gelu`).
@@ -61,39 +61,50 @@ fn cdf(x: f32) -> f32 {
     0.5 * (1.0 + math::erf(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
+/// 1/√(2π), for φ(x) = e^(−x²/2) / √(2π).
+const INV_SQRT_2PI: f32 = 0.5 * std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2;
+
+multiversion! {
+    /// y = GELU(x) = x Φ(x), elementwise.
+    fn gelu_chunk(y: &mut [f32], x: &[f32]) {
+        y.iter_mut().zip(x).for_each(|(y, &x)| *y = x * cdf(x));
+    }
+}
+
+multiversion! {
+    /// dx = dy ⊙ (Φ(x) + x φ(x)), elementwise.
+    fn gelu_backward_chunk(dx: &mut [f32], x: &[f32], dy: &[f32]) {
+        for ((dx, &x), &dy) in dx.iter_mut().zip(x).zip(dy) {
+            *dx = dy * (cdf(x) + x * INV_SQRT_2PI * math::exp(-0.5 * x * x));
+        }
+    }
+}
+
 impl GeluOps for Flex {
     fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        keep_workers_awake();
+        stay_awake();
         let x = contiguous(x);
         let shape = x.layout().shape().to_vec();
         let xs = floats(&x);
         let mut y = vec![0.0f32; xs.len()];
-        y.par_chunks_mut(CHUNK)
-            .zip(xs.par_chunks(CHUNK))
-            .for_each(|(y, x)| vectorised(|| y.iter_mut().zip(x).for_each(|(y, &x)| *y = x * cdf(x))));
+        y.par_chunks_mut(CHUNK).zip(xs.par_chunks(CHUNK)).for_each(|(y, x)| gelu_chunk(y, x));
         tensor(y, &shape)
     }
 
     fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>) -> FloatTensor<Self> {
-        keep_workers_awake();
-        // φ(x) = e^(−x²/2) / √(2π).
-        const INV_SQRT_2PI: f32 = 0.5 * std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2;
-        zip_map(x, d_y, |x, dy| dy * (cdf(x) + x * INV_SQRT_2PI * math::exp(-0.5 * x * x)))
+        stay_awake();
+        zip_map(x, d_y, gelu_backward_chunk)
     }
 }
 
-/// f(a_i, b_i) elementwise over two tensors of one shape, chunks in parallel.
-fn zip_map(a: FlexTensor, b: FlexTensor, f: impl Fn(f32, f32) -> f32 + Sync) -> FlexTensor {
+/// `chunk(out, a, b)` over two tensors of one shape, chunks in parallel.
+fn zip_map(a: FlexTensor, b: FlexTensor, chunk: fn(&mut [f32], &[f32], &[f32])) -> FlexTensor {
     let (a, b) = (contiguous(a), contiguous(b));
     let shape = a.layout().shape().to_vec();
     let (xs, ys) = (floats(&a), floats(&b));
     let mut out = vec![0.0f32; xs.len()];
     out.par_chunks_mut(CHUNK).zip(xs.par_chunks(CHUNK).zip(ys.par_chunks(CHUNK))).for_each(|(out, (xs, ys))| {
-        vectorised(|| {
-            for ((o, &x), &y) in out.iter_mut().zip(xs).zip(ys) {
-                *o = f(x, y);
-            }
-        })
+        chunk(out, xs, ys);
     });
     tensor(out, &shape)
 }
@@ -104,10 +115,30 @@ fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + math::exp(-x))
 }
 
+multiversion! {
+    /// y = g σ(g) u, elementwise.
+    fn swiglu_chunk(y: &mut [f32], g: &[f32], u: &[f32]) {
+        for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
+            *y = g * sigmoid(g) * u;
+        }
+    }
+}
+
+multiversion! {
+    /// (dg, du) = (dy ⊙ u ⊙ σ(g) (1 + g (1 − σ(g))), dy ⊙ g σ(g)), elementwise.
+    fn swiglu_backward_chunk(dg: &mut [f32], du: &mut [f32], g: &[f32], u: &[f32], dy: &[f32]) {
+        for i in 0..g.len() {
+            let s = sigmoid(g[i]);
+            dg[i] = dy[i] * u[i] * s * (1.0 + g[i] * (1.0 - s));
+            du[i] = dy[i] * g[i] * s;
+        }
+    }
+}
+
 impl SwigluOps for Flex {
     fn fused_swiglu(g: FloatTensor<Self>, u: FloatTensor<Self>) -> FloatTensor<Self> {
-        keep_workers_awake();
-        zip_map(g, u, |g, u| g * sigmoid(g) * u)
+        stay_awake();
+        zip_map(g, u, swiglu_chunk)
     }
 
     fn fused_swiglu_backward(
@@ -115,23 +146,14 @@ impl SwigluOps for Flex {
         u: FloatTensor<Self>,
         d_y: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        keep_workers_awake();
+        stay_awake();
         let (g, u, d_y) = (contiguous(g), contiguous(u), contiguous(d_y));
         let shape = g.layout().shape().to_vec();
         let (gs, us, dys) = (floats(&g), floats(&u), floats(&d_y));
         let (mut dg, mut du) = (vec![0.0f32; gs.len()], vec![0.0f32; gs.len()]);
         let outs = dg.par_chunks_mut(CHUNK).zip(du.par_chunks_mut(CHUNK));
-        outs.zip(gs.par_chunks(CHUNK).zip(us.par_chunks(CHUNK)).zip(dys.par_chunks(CHUNK))).for_each(
-            |((dg, du), ((g, u), dy))| {
-                vectorised(|| {
-                    for i in 0..g.len() {
-                        let s = sigmoid(g[i]);
-                        dg[i] = dy[i] * u[i] * s * (1.0 + g[i] * (1.0 - s));
-                        du[i] = dy[i] * g[i] * s;
-                    }
-                })
-            },
-        );
+        outs.zip(gs.par_chunks(CHUNK).zip(us.par_chunks(CHUNK)).zip(dys.par_chunks(CHUNK)))
+            .for_each(|((dg, du), ((g, u), dy))| swiglu_backward_chunk(dg, du, g, u, dy));
         (tensor(dg, &shape), tensor(du, &shape))
     }
 }
@@ -211,10 +233,7 @@ impl<B: GeluOps, C: CheckpointStrategy> GeluOps for Autodiff<B, C> {
 mod tests {
     use super::*;
     use burn::tensor::{Device, Distribution, TensorData};
-
-    fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-        t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
-    }
+    use ember_test_support::{max_abs_diff, values};
 
     #[test]
     fn fused_gelu_equals_burns_forward_and_backward() {
@@ -231,7 +250,7 @@ mod tests {
                 [values(y.inner()), values(x.grad(&grads).unwrap())]
             };
             for (what, (a, b)) in ["y", "dx"].iter().zip(run(true).iter().zip(&run(false))) {
-                let diff = a.iter().zip(b).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
+                let diff = max_abs_diff(a, b);
                 assert!(diff <= 1e-4, "{what}, n {n}: max abs error {diff}");
             }
         }
@@ -258,7 +277,7 @@ mod tests {
                 [values(y.inner()), values(g.grad(&grads).unwrap()), values(u.grad(&grads).unwrap())]
             };
             for (what, (a, b)) in ["y", "dg", "du"].iter().zip(run(true).iter().zip(&run(false))) {
-                let diff = a.iter().zip(b).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
+                let diff = max_abs_diff(a, b);
                 assert!(diff <= 1e-4, "{what}, n {n}: max abs error {diff}");
             }
         }

@@ -6,7 +6,7 @@ use burn::backend::{Backend, Dispatch, Flex, backend_extension, tensor::FloatTen
 use burn::tensor::Tensor;
 use rayon::prelude::*;
 
-use crate::cpu::{contiguous, floats, keep_workers_awake, on_cpu, tensor};
+use crate::cpu::{contiguous, floats, multiversion, on_cpu, stay_awake, tensor};
 
 /// The constants of one update.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -71,6 +71,31 @@ pub fn reference(
 
 const CHUNK: usize = 16_384;
 
+multiversion! {
+    /// The update of one chunk: (θ, m, v) into the outputs, with the step's constants
+    /// [η, β₁, β₂, ε, 1 − ηλ, 1 − β₁ᵗ, 1 − β₂ᵗ, c].
+    fn update_chunk(
+        t_out: &mut [f32],
+        m_out: &mut [f32],
+        v_out: &mut [f32],
+        t: &[f32],
+        g: &[f32],
+        m: &[f32],
+        v: &[f32],
+        constants: [f32; 8],
+    ) {
+        let [lr, b1, b2, eps, decay, bc1, bc2, c] = constants;
+        for i in 0..t.len() {
+            let g = c * g[i];
+            let m = b1 * m[i] + (1.0 - b1) * g;
+            let v = b2 * v[i] + (1.0 - b2) * g * g;
+            t_out[i] = t[i] * decay - lr * (m / bc1) / ((v / bc2).sqrt() + eps);
+            m_out[i] = m;
+            v_out[i] = v;
+        }
+    }
+}
+
 impl AdamWOps for Flex {
     fn adamw_update(
         theta: FloatTensor<Self>,
@@ -79,24 +104,16 @@ impl AdamWOps for Flex {
         v: FloatTensor<Self>,
         s: AdamWStep,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        keep_workers_awake();
+        stay_awake();
         let [theta, g, m, v] = [theta, g, m, v].map(contiguous);
         let n = floats(&theta).len();
         let (mut theta_out, mut m_out, mut v_out) = (vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]);
-        let [lr, b1, b2, eps, decay, bc1, bc2, c] =
-            [s.lr, s.beta1, s.beta2, s.eps, s.decay, s.bc1, s.bc2, s.grad_scale].map(|x| x as f32);
+        let constants = [s.lr, s.beta1, s.beta2, s.eps, s.decay, s.bc1, s.bc2, s.grad_scale].map(|x| x as f32);
         let outs = theta_out.par_chunks_mut(CHUNK).zip(m_out.par_chunks_mut(CHUNK)).zip(v_out.par_chunks_mut(CHUNK));
         let ins = floats(&theta).par_chunks(CHUNK).zip(floats(&g).par_chunks(CHUNK));
         let moments = floats(&m).par_chunks(CHUNK).zip(floats(&v).par_chunks(CHUNK));
         outs.zip(ins.zip(moments)).for_each(|(((t_out, m_out), v_out), ((t, g), (m, v)))| {
-            for i in 0..t.len() {
-                let g = c * g[i];
-                let m = b1 * m[i] + (1.0 - b1) * g;
-                let v = b2 * v[i] + (1.0 - b2) * g * g;
-                t_out[i] = t[i] * decay - lr * (m / bc1) / ((v / bc2).sqrt() + eps);
-                m_out[i] = m;
-                v_out[i] = v;
-            }
+            update_chunk(t_out, m_out, v_out, t, g, m, v, constants);
         });
         (tensor(theta_out, &[n]), tensor(m_out, &[n]), tensor(v_out, &[n]))
     }
@@ -106,6 +123,7 @@ impl AdamWOps for Flex {
 mod tests {
     use super::*;
     use burn::tensor::{Device, Distribution};
+    use ember_test_support::max_abs_diff_tensors;
 
     #[test]
     fn the_fused_update_equals_the_reference_over_several_steps() {
@@ -131,7 +149,7 @@ mod tests {
             fused = adamw(fused.0, g, fused.1, fused.2, step);
         }
         for (a, b) in [(fused.0, plain.0), (fused.1, plain.1), (fused.2, plain.2)] {
-            let diff = (a - b).abs().max().into_scalar::<f32>();
+            let diff = max_abs_diff_tensors(a, b);
             assert!(diff <= 1e-6, "max abs error {diff}");
         }
     }

@@ -29,14 +29,3 @@ pub fn wgpu_adapters() -> Vec<Adapter> {
         })
         .collect()
 }
-
-/// The default wgpu device for tests: None without an adapter (the test skips), except under CI, where a missing
-/// adapter fails the test instead.
-pub fn wgpu_test_device() -> Option<burn::tensor::Device> {
-    if wgpu_adapters().is_empty() {
-        assert!(std::env::var_os("CI").is_none(), "CI requires a wgpu adapter (install mesa-vulkan-drivers)");
-        eprintln!("no wgpu adapter: skipped outside CI");
-        return None;
-    }
-    Some(burn::tensor::Device::wgpu(burn::tensor::DeviceKind::DefaultDevice))
-}

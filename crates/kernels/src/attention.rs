@@ -1,8 +1,6 @@
 //! Scaled dot-product attention, o = softmax(q kᵀ · scale + mask) v, for q [B, Hq, Tq, D] and k, v [B, Hkv, Tk, D]
 //! with Hq a multiple of Hkv (GQA: query head r reads KV head ⌊r / (Hq/Hkv)⌋).
 
-use std::sync::atomic::{AtomicU8, Ordering};
-
 use burn::tensor::activation::softmax;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Distribution, Int, Tensor, TensorData};
@@ -25,6 +23,8 @@ pub struct AttentionSpec {
     /// Dropout on the probabilities p while training (on autodiff devices), as in Vaswani et al. (2017) and
     /// nanoGPT; it runs the reference path.
     pub dropout: f64,
+    /// Which implementation computes it.
+    pub implementation: AttentionImpl,
 }
 
 impl AttentionSpec {
@@ -37,6 +37,7 @@ impl AttentionSpec {
             window: None,
             key_lengths: None,
             dropout: 0.0,
+            implementation: AttentionImpl::Auto,
         }
     }
 
@@ -44,20 +45,23 @@ impl AttentionSpec {
     pub fn with_window(self, window: Option<usize>) -> Self {
         Self { window, ..self }
     }
+
+    /// The same attention computed by `implementation`.
+    pub fn with_implementation(self, implementation: AttentionImpl) -> Self {
+        Self { implementation, ..self }
+    }
 }
 
 /// Which implementation [`attention`] runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AttentionImpl {
-    /// Ember's kernels: WGSL on wgpu, Rust on the CPU (the default).
-    Auto = 0,
+    /// Ember's FlashAttention kernels: WGSL on wgpu, Rust on the CPU (the default).
+    #[default]
+    Auto,
     /// The T×T score matrix, masked and soft-maxed with ordinary tensor ops.
-    Naive = 1,
+    Naive,
     /// Burn's `attention` module op (fused kernels where the backend has them).
-    Burn = 2,
-    /// Ember's FlashAttention kernels (the same as `Auto`).
-    Flash = 3,
+    Burn,
 }
 
 impl std::str::FromStr for AttentionImpl {
@@ -68,40 +72,18 @@ impl std::str::FromStr for AttentionImpl {
             "auto" => Ok(Self::Auto),
             "naive" => Ok(Self::Naive),
             "burn" => Ok(Self::Burn),
-            "flash" => Ok(Self::Flash),
-            _ => Err(format!("unknown attention {s:?}: expected auto, naive, burn or flash")),
+            _ => Err(format!("unknown attention {s:?}: expected auto, naive or burn")),
         }
     }
 }
 
-static IMPL: AtomicU8 = AtomicU8::new(AttentionImpl::Auto as u8);
-
-/// Selects the implementation for every later call (tests and benchmarks compare them).
-pub fn set_attention_impl(imp: AttentionImpl) {
-    IMPL.store(imp as u8, Ordering::Relaxed);
-}
-
-fn current() -> AttentionImpl {
-    match IMPL.load(Ordering::Relaxed) {
-        1 => AttentionImpl::Naive,
-        2 => AttentionImpl::Burn,
-        3 => AttentionImpl::Flash,
-        _ => AttentionImpl::Auto,
-    }
-}
-
-/// o = softmax(q kᵀ · scale + mask) v, with the implementation chosen by [`set_attention_impl`].
+/// o = softmax(q kᵀ · scale + mask) v, computed by `spec.implementation`.
 pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> {
-    attention_with(current(), q, k, v, spec)
-}
-
-/// o = softmax(q kᵀ · scale + mask) v with a given implementation.
-pub fn attention_with(imp: AttentionImpl, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> {
     let [_, hq, _, d] = q.dims();
     let width = d.max(v.dims()[3]);
     let dropping = spec.dropout > 0.0 && q.device().is_autodiff();
     let kernels = (supports_head_dim(width) && on_wgpu(&q)) || on_flex(&q);
-    if matches!(imp, AttentionImpl::Auto | AttentionImpl::Flash) && !dropping && kernels {
+    if spec.implementation == AttentionImpl::Auto && !dropping && kernels {
         // Values narrower than queries (MLA's q, k = [q_C; q_R]) are padded with zero columns, and the output cut
         // back; queries and keys narrower than values get zero columns too, which leave q kᵀ unchanged.
         let dv = v.dims()[3];
@@ -109,17 +91,19 @@ pub fn attention_with(imp: AttentionImpl, q: Tensor<4>, k: Tensor<4>, v: Tensor<
         return if dv < width { o.narrow(3, 0, dv) } else { o };
     }
     let (k, v) = (repeat_kv(k, hq), repeat_kv(v, hq));
-    match imp {
+    match spec.implementation {
         AttentionImpl::Burn
             if !dropping && spec.query_offset == 0 && spec.window.is_none() && spec.key_lengths.is_none() =>
         {
+            // Burn runs its fused kernel only for its default scale 1/√d, which it takes as None.
+            let scale = (spec.scale != 1.0 / (d as f64).sqrt()).then_some(spec.scale);
             burn::tensor::module::attention(
                 q,
                 k,
                 v,
                 None,
                 None,
-                AttentionModuleOptions { scale: Some(spec.scale), softcap: None, is_causal: spec.causal },
+                AttentionModuleOptions { scale, softcap: None, is_causal: spec.causal },
             )
         }
         _ => naive(q, k, v, spec),
@@ -131,8 +115,7 @@ pub fn attention_with(imp: AttentionImpl, q: Tensor<4>, k: Tensor<4>, v: Tensor<
 /// elsewhere, with dropout, or with another implementation chosen, the heads are split, attended and merged.
 pub fn packed_attention(qkv: Tensor<3>, heads: PackedHeads, spec: &AttentionSpec) -> Tensor<3> {
     let dropping = spec.dropout > 0.0 && qkv.device().is_autodiff();
-    if matches!(current(), AttentionImpl::Auto | AttentionImpl::Flash) && !dropping && crate::cpu::on_cpu(&qkv.device())
-    {
+    if spec.implementation == AttentionImpl::Auto && !dropping && crate::cpu::on_cpu(&qkv.device()) {
         return packed_flash_attention(qkv, heads, spec);
     }
     let (q, k, v) = split_heads(qkv, heads);
@@ -231,12 +214,7 @@ fn repeat_kv(x: Tensor<4>, hq: usize) -> Tensor<4> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn max_diff(a: Tensor<4>, b: Tensor<4>) -> f32 {
-        let a = a.into_data().try_to_vec::<f32>().unwrap();
-        let b = b.into_data().try_to_vec::<f32>().unwrap();
-        a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
-    }
+    use ember_test_support::max_abs_diff_tensors as max_diff;
 
     #[test]
     fn causal_row_zero_attends_only_to_key_zero() {
@@ -269,7 +247,7 @@ mod tests {
         let v = Tensor::<4>::random([2, 2, 7, 8], Distribution::Normal(0.0, 1.0), &dev);
         let spec = AttentionSpec::causal(8);
         let reference = naive(q.clone(), repeat_kv(k.clone(), 4), repeat_kv(v.clone(), 4), &spec);
-        let fused = attention_with(AttentionImpl::Burn, q.clone(), k.clone(), v.clone(), &spec);
+        let fused = attention(q.clone(), k.clone(), v.clone(), &spec.clone().with_implementation(AttentionImpl::Burn));
         assert!(max_diff(fused, reference.clone()) < 1e-5);
         // Query head 3 reads KV head 1.
         let one = naive(

@@ -1,13 +1,14 @@
-//! What the CPU kernels share: burn-flex tensors as contiguous f32 slices and back, whether a device is the CPU, and
-//! matrix products on slices.
+//! What the CPU kernels share: burn-flex tensors as contiguous f32 slices and back, whether a device is the CPU,
+//! matrix products on slices, their loops compiled for AVX2 where the CPU has it, and keeping rayon's workers awake
+//! between kernels when the program asks for it.
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{Device, TensorData};
 use rayon::prelude::*;
 use std::cell::Cell;
-use std::marker::PhantomData;
-use std::mem::MaybeUninit;
+use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The tensor with a contiguous layout (copied only when it has none).
@@ -30,30 +31,92 @@ pub fn on_cpu(device: &Device) -> bool {
     matches!(device.as_dispatch().clone().inner(), burn::backend::DispatchDevice::Flex(_))
 }
 
-/// `f()` compiled for AVX2 and FMA when the CPU has them (eight f32 lanes where the x86-64 baseline has four), for
-/// the kernels' elementwise loops; elsewhere `f()` as built.
-#[inline(always)]
-pub fn vectorised<R>(f: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-        #[target_feature(enable = "avx2,fma")]
-        fn avx2<R>(f: impl FnOnce() -> R) -> R {
-            f()
-        }
-        // SAFETY: the CPU has the features the function is compiled for (checked above).
-        return unsafe { avx2(f) };
-    }
-    f()
+/// Whether the CPU has AVX2 and FMA (checked once).
+#[cfg(target_arch = "x86_64")]
+pub fn has_avx2_fma() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"))
 }
 
-/// How long a worker kept awake by [`keep_workers_awake`] goes on looking for work after the last job it ran.
+/// `fn name(args) -> R { body }` for the kernels' elementwise loops, defined twice from the one body: compiled for
+/// AVX2 and FMA (eight f32 lanes where the x86-64 baseline has four), called when the CPU has them
+/// ([`has_avx2_fma`]), and as built otherwise. The body is written out in each version, so its loops get the features
+/// whatever the inliner decides; the `#[inline(always)]` helpers it calls are inlined into either. Both versions do
+/// the same operations in the same order (no multiply-add is fused), so their results are identical. Arguments are
+/// `name: Type` (no patterns, no generics).
+macro_rules! multiversion {
+    ($(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$attr])*
+        #[allow(clippy::too_many_arguments)]
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                fn avx2($($arg: $ty),*) $(-> $ret)? $body
+                if $crate::cpu::has_avx2_fma() {
+                    // SAFETY: the CPU has the features `avx2` is compiled for (checked just above).
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            #[allow(clippy::too_many_arguments)]
+            fn baseline($($arg: $ty),*) $(-> $ret)? $body
+            baseline($($arg),*)
+        }
+    };
+}
+pub(crate) use multiversion;
+
+/// Live [`KeepWorkersAwake`] guards: the kernels keep idle workers looking for work only while there is one.
+static GUARDS: AtomicUsize = AtomicUsize::new(0);
+
+/// Looking loops spawned so far (read by the tests).
+static LOOPS_SPAWNED: AtomicUsize = AtomicUsize::new(0);
+
+/// While one lives, the CPU kernels keep rayon's other workers looking for work between kernels, yielding their
+/// core between looks, until none has come for [`AWAKE`], instead of falling asleep a few microseconds after their
+/// last job: the next kernel's parallel loop then starts on every core without a thread wake-up (~0.1 ms, against
+/// kernels of 0.2–1 ms when training a small model or decoding one token). The price is cores spinning between
+/// kernels, so it is the program's choice: the `ember` binary holds one for its whole command; without one (a
+/// library's caller, the tests) the kernels leave rayon's workers to sleep as usual.
+#[must_use = "the workers are kept awake only while the guard lives"]
+pub struct KeepWorkersAwake {
+    _private: (),
+}
+
+impl KeepWorkersAwake {
+    pub fn new() -> Self {
+        GUARDS.fetch_add(1, Ordering::Relaxed);
+        Self { _private: () }
+    }
+}
+
+impl Default for KeepWorkersAwake {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for KeepWorkersAwake {
+    fn drop(&mut self) {
+        GUARDS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A [`KeepWorkersAwake`] guard: rayon's workers are kept looking for work between CPU kernels until it is dropped.
+pub fn keep_workers_awake() -> KeepWorkersAwake {
+    KeepWorkersAwake::new()
+}
+
+/// How long a worker kept awake by [`stay_awake`] goes on looking for work after the last job it ran.
 const AWAKE: Duration = Duration::from_millis(2);
 
-/// Keeps rayon's other workers looking for work, yielding their core between looks, until none has come for
-/// [`AWAKE`], instead of falling asleep a few microseconds after their last job: the next kernel's parallel loop then
-/// starts on every core without a thread wake-up (~0.1 ms, against kernels of 0.2–1 ms when training a small model
-/// or decoding one token). Each CPU kernel calls it first.
-pub fn keep_workers_awake() {
+/// Each CPU kernel calls it first: while a [`KeepWorkersAwake`] guard lives, sets rayon's other workers looking for
+/// work ([`look_for_work`], one looking loop per worker); without one, nothing.
+pub fn stay_awake() {
+    if GUARDS.load(Ordering::Relaxed) == 0 {
+        return;
+    }
     static AWAKE_WORKERS: AtomicUsize = AtomicUsize::new(0);
     let wanted = rayon::current_num_threads().saturating_sub(1);
     let mut awake = AWAKE_WORKERS.load(Ordering::Relaxed);
@@ -61,6 +124,7 @@ pub fn keep_workers_awake() {
         match AWAKE_WORKERS.compare_exchange_weak(awake, awake + 1, Ordering::Relaxed, Ordering::Relaxed) {
             Ok(_) => {
                 let origin = rayon::current_thread_index();
+                LOOPS_SPAWNED.fetch_add(1, Ordering::Relaxed);
                 rayon::spawn(move || {
                     look_for_work(origin);
                     AWAKE_WORKERS.fetch_sub(1, Ordering::Relaxed);
@@ -140,26 +204,25 @@ pub fn matmul_in_blocks(m: usize, n: usize, k: usize, a: Mat, b: Mat, bias: Opti
     if k > m && k >= 64 * threads {
         return matmul_by_inner_chunks(m, n, k, a, b, bias);
     }
-    let chunks = Chunks::new(m, 64);
+    // The core that claims a chunk of rows writes its first values (the bias, or zeros) and then the product into
+    // it, so no core fills the whole output first (a recycled block of the allocator is not zeroed again).
     let mut c = Vec::with_capacity(m * n);
-    let out = Shared::uninit(&mut c.spare_capacity_mut()[..m * n]);
+    let chunks = RowChunks::new(&mut c.spare_capacity_mut()[..m * n], n, Chunks::new(m, 64));
     (0..threads).into_par_iter().for_each(|_| {
-        while let Some(rows) = chunks.claim() {
-            // SAFETY: the claimed row ranges are disjoint.
-            let c = unsafe { out.part(rows.start * n, rows.len() * n) };
+        while let Some((rows, c)) = chunks.claim() {
             for row in c.chunks_mut(n.max(1)) {
                 match bias {
                     Some(bias) => row.iter_mut().zip(bias).for_each(|(c, &b)| _ = c.write(b)),
                     None => row.iter_mut().for_each(|c| _ = c.write(0.0)),
                 }
             }
-            // SAFETY: every element of the chunk was written just above (MaybeUninit<f32> and f32 share a layout).
-            let c = unsafe { &mut *(c as *mut [MaybeUninit<f32>] as *mut [f32]) };
+            // SAFETY: every element of the chunk was written just above.
+            let c = unsafe { c.assume_init_mut() };
             let a = Mat { data: &a.data[rows.start * a.rs..], ..a };
             matmul(rows.len(), n, k, c, n, a, b, 1.0, bias.is_some());
         }
     });
-    // SAFETY: the chunks cover all m rows, each written above.
+    // SAFETY: the chunks cover all m rows, each initialised above.
     unsafe { c.set_len(m * n) };
     c
 }
@@ -180,7 +243,7 @@ fn matmul_by_inner_chunks(m: usize, n: usize, k: usize, a: Mat, b: Mat, bias: Op
     };
     let mut c = (0..rayon::current_num_threads()).into_par_iter().filter_map(core_sum).reduce_with(sum).expect("k > 0");
     if let Some(bias) = bias {
-        vectorised(|| c.chunks_mut(n.max(1)).for_each(|row| add_to(row, bias)));
+        add_to_each_row(&mut c, bias);
     }
     c
 }
@@ -191,9 +254,30 @@ fn add_to(y: &mut [f32], x: &[f32]) {
     y.iter_mut().zip(x).for_each(|(y, x)| *y += x);
 }
 
+multiversion! {
+    /// y ← y + x, elementwise.
+    fn add_assign(y: &mut [f32], x: &[f32]) {
+        add_to(y, x);
+    }
+}
+
+multiversion! {
+    /// Each row of `rows` (rows of x.len() values) ← row + x.
+    fn add_to_each_row(rows: &mut [f32], x: &[f32]) {
+        rows.chunks_mut(x.len().max(1)).for_each(|row| add_to(row, x));
+    }
+}
+
+multiversion! {
+    /// y ← y + Σ of the rows of `rows` (rows of y.len() values), added in order.
+    fn add_each_row_to(y: &mut [f32], rows: &[f32]) {
+        rows.chunks_exact(y.len().max(1)).for_each(|row| add_to(y, row));
+    }
+}
+
 /// a + b, the sum of two cores' partial results.
 fn sum(mut a: Vec<f32>, b: Vec<f32>) -> Vec<f32> {
-    vectorised(|| add_to(&mut a, &b));
+    add_assign(&mut a, &b);
     a
 }
 
@@ -213,59 +297,54 @@ impl Chunks {
         Self { next: AtomicUsize::new(0), len, least: least.min(len.div_ceil(threads)).max(1), threads }
     }
 
-    fn claim(&self) -> Option<std::ops::Range<usize>> {
+    /// The chunk that starts at `start`, none past the end.
+    fn starting_at(&self, start: usize) -> Option<Range<usize>> {
+        if start >= self.len {
+            return None;
+        }
+        let left = self.len - start;
+        let size = (left / self.threads).max(self.least);
+        let size = if left - size.min(left) < self.least { left } else { size };
+        Some(start..start + size)
+    }
+
+    fn claim(&self) -> Option<Range<usize>> {
         let mut start = self.next.load(Ordering::Relaxed);
-        while start < self.len {
-            let left = self.len - start;
-            let size = (left / self.threads).max(self.least);
-            let size = if left - size.min(left) < self.least { left } else { size };
-            match self.next.compare_exchange_weak(start, start + size, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return Some(start..start + size),
+        loop {
+            let chunk = self.starting_at(start)?;
+            match self.next.compare_exchange_weak(start, chunk.end, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Some(chunk),
                 Err(now) => start = now,
             }
         }
-        None
     }
 }
 
-/// An output buffer whose disjoint parts parallel tasks write (the heads of attention interleave in some layouts,
-/// and a product's row chunks are sized as the cores ask, so the parts cannot be split into separate slices first).
-pub struct Shared<'a> {
-    ptr: *mut f32,
-    len: usize,
-    _buffer: PhantomData<&'a mut [f32]>,
+/// [`Chunks`] of the rows of an output, each claim handing out its rows' part of the output: the part not yet
+/// claimed waits behind a lock, and each claim splits its rows off the front (the chunks follow one another, so each
+/// is one contiguous slice, and the slices are disjoint by construction).
+struct RowChunks<'a, T> {
+    chunks: Chunks,
+    /// The first unclaimed row and the output from it on.
+    rest: Mutex<(usize, &'a mut [T])>,
+    row_len: usize,
 }
 
-// SAFETY: tasks touch disjoint parts only (see `write` and `part`).
-unsafe impl Sync for Shared<'_> {}
-
-impl<'a> Shared<'a> {
-    pub fn new(buffer: &'a mut [f32]) -> Self {
-        Self { ptr: buffer.as_mut_ptr(), len: buffer.len(), _buffer: PhantomData }
+impl<'a, T> RowChunks<'a, T> {
+    /// `out`, rows of `row_len` values, in `chunks` of rows.
+    fn new(out: &'a mut [T], row_len: usize, chunks: Chunks) -> Self {
+        assert_eq!(out.len(), chunks.len * row_len, "the output holds the rows");
+        Self { chunks, rest: Mutex::new((0, out)), row_len }
     }
 
-    /// A buffer not yet written (a vector's spare capacity).
-    pub fn uninit(buffer: &'a mut [MaybeUninit<f32>]) -> Self {
-        Self { ptr: buffer.as_mut_ptr().cast(), len: buffer.len(), _buffer: PhantomData }
-    }
-
-    /// Copies `values` to [at, at + values.len()).
-    ///
-    /// SAFETY: no other task reads or writes those elements meanwhile.
-    pub unsafe fn write(&self, at: usize, values: &[f32]) {
-        assert!(at + values.len() <= self.len, "a row outside the output");
-        // SAFETY: inside the buffer (asserted), exclusively this task's (the caller's contract).
-        unsafe { self.ptr.add(at).copy_from_nonoverlapping(values.as_ptr(), values.len()) }
-    }
-
-    /// Elements [at, at + len), perhaps not yet written.
-    ///
-    /// SAFETY: no other task reads or writes those elements while the slice lives.
-    #[allow(clippy::mut_from_ref)]
-    pub unsafe fn part(&self, at: usize, len: usize) -> &mut [MaybeUninit<f32>] {
-        assert!(at + len <= self.len, "a part outside the output");
-        // SAFETY: inside the buffer (asserted), exclusively this task's (the caller's contract).
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at).cast(), len) }
+    /// The next chunk of rows and its part of the output; none once all are claimed.
+    fn claim(&self) -> Option<(Range<usize>, &'a mut [T])> {
+        let mut rest = self.rest.lock().unwrap_or_else(PoisonError::into_inner);
+        let (next, out) = &mut *rest;
+        let rows = self.chunks.starting_at(*next)?;
+        let (part, after) = std::mem::take(out).split_at_mut(rows.len() * self.row_len);
+        (*next, *out) = (rows.end, after);
+        Some((rows, part))
     }
 }
 
@@ -276,24 +355,38 @@ fn matmul_by_dot_products(m: usize, n: usize, k: usize, a: Mat, b: Mat, bias: Op
     const COLUMNS: usize = 256;
     // Cᵀ, column j of C at [j·m, (j + 1)·m).
     let mut c_t = vec![0.0f32; n * m];
-    c_t.par_chunks_mut(COLUMNS * m.max(1)).enumerate().for_each(|(block, c_t)| {
-        vectorised(|| {
-            for (j, c) in (block * COLUMNS..).zip(c_t.chunks_mut(m.max(1))) {
-                let column = &b.data[j * b.cs..][..k];
-                for (i, c) in c.iter_mut().enumerate() {
-                    *c = bias.map_or(0.0, |b| b[j]) + dot(&a.data[i * a.rs..][..k], column);
-                }
-            }
-        })
-    });
+    c_t.par_chunks_mut(COLUMNS * m.max(1))
+        .enumerate()
+        .for_each(|(block, c_t)| columns_by_dot_products(c_t, block * COLUMNS, m, k, a, b, bias));
     if m <= 1 {
         return c_t;
     }
     (0..m * n).map(|e| c_t[(e % n) * m + e / n]).collect()
 }
 
+multiversion! {
+    /// Columns `first`, `first` + 1, … of C = A·B (+ bias) for [`matmul_by_dot_products`], into `c_t` (Cᵀ's rows).
+    fn columns_by_dot_products(
+        c_t: &mut [f32],
+        first: usize,
+        m: usize,
+        k: usize,
+        a: Mat<'_>,
+        b: Mat<'_>,
+        bias: Option<&[f32]>,
+    ) {
+        for (j, c) in (first..).zip(c_t.chunks_mut(m.max(1))) {
+            let column = &b.data[j * b.cs..][..k];
+            for (i, c) in c.iter_mut().enumerate() {
+                *c = bias.map_or(0.0, |b| b[j]) + dot_lanes(&a.data[i * a.rs..][..k], column);
+            }
+        }
+    }
+}
+
 /// Σ_e a_e b_e, eight partial sums so the compiler can vectorise it.
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+#[inline(always)]
+fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = a8.remainder().iter().zip(b8.remainder()).map(|(x, y)| x * y).sum();
@@ -305,12 +398,19 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+multiversion! {
+    /// Σ_e a_e b_e, eight partial sums so the compiler can vectorise it.
+    pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+        dot_lanes(a, b)
+    }
+}
+
 /// Σ over the rows of a row-major matrix with rows of `n` values, row blocks summed on the cores in parallel.
 pub fn column_sums(x: &[f32], n: usize) -> Vec<f32> {
     let rows = (x.len() / n.max(1)).div_ceil(rayon::current_num_threads()).max(64);
     let block_sum = |x: &[f32]| {
         let mut s = vec![0.0f32; n];
-        vectorised(|| x.chunks_exact(n.max(1)).for_each(|row| add_to(&mut s, row)));
+        add_each_row_to(&mut s, x);
         s
     };
     x.par_chunks(rows * n.max(1)).map(block_sum).reduce(|| vec![0.0f32; n], sum)
@@ -354,7 +454,7 @@ pub fn matmul(m: usize, n: usize, k: usize, c: &mut [f32], c_rs: usize, a: Mat, 
 
 #[cfg(test)]
 mod tests {
-    use super::{Chunks, look_for_work};
+    use super::{Chunks, LOOPS_SPAWNED, RowChunks, keep_workers_awake, look_for_work, stay_awake};
     use std::sync::atomic::{AtomicBool, Ordering};
 
     /// The chunks follow one another over the whole range, shrinking with what is left down to the least size (the
@@ -372,6 +472,15 @@ mod tests {
             let claimed: Vec<_> = std::iter::from_fn(|| chunks.claim()).collect();
             assert_eq!(claimed.iter().map(|c| c.len()).collect::<Vec<_>>(), sizes, "{len} by at least {least}");
             assert!(claimed.windows(2).all(|w| w[0].end == w[1].start) && claimed[0].start == 0);
+            // The same chunks by row, each with its rows' part of the output.
+            let mut out: Vec<f32> = (0..len * 3).map(|e| e as f32).collect();
+            let rows = RowChunks::new(&mut out, 3, pool.install(|| Chunks::new(len, least)));
+            for (chunk, (range, part)) in claimed.iter().zip(std::iter::from_fn(|| rows.claim())) {
+                assert_eq!(*chunk, range);
+                assert_eq!(part.len(), range.len() * 3);
+                assert_eq!(part[0], (range.start * 3) as f32);
+            }
+            assert!(rows.claim().is_none());
         }
     }
 
@@ -393,5 +502,25 @@ mod tests {
             assert_eq!(ran_before_scope_end, expect_ran, "origin is the calling worker: {origin_is_self}");
             assert!(ran.load(Ordering::Relaxed));
         }
+    }
+
+    /// Without a guard the kernels spawn no looking loops; while one lives they do, and once it is dropped they stop.
+    /// (This is the only test that makes a guard, so no other can spawn loops meanwhile.)
+    #[test]
+    fn workers_are_kept_awake_only_while_a_guard_lives() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let spawned = || LOOPS_SPAWNED.load(Ordering::Relaxed);
+        let before = spawned();
+        pool.install(stay_awake);
+        stay_awake();
+        assert_eq!(spawned(), before, "no guard, no looking loop");
+        let guard = keep_workers_awake();
+        pool.install(stay_awake);
+        let during = spawned();
+        assert!(during > before, "a guard lives: the other worker is set looking");
+        drop(guard);
+        pool.install(stay_awake);
+        stay_awake();
+        assert_eq!(spawned(), during, "the guard is dropped: no more looking loops");
     }
 }

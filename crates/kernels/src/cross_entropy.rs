@@ -18,7 +18,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor};
 use rayon::prelude::*;
 
-use crate::cpu::{contiguous, floats, keep_workers_awake, on_cpu, tensor};
+use crate::cpu::{contiguous, floats, multiversion, on_cpu, stay_awake, tensor};
 use crate::math;
 
 /// The fused loss as backend operations (CPU only; other devices take [`reference`]).
@@ -67,25 +67,43 @@ fn indices(targets: FlexTensor) -> Vec<usize> {
     targets.into_data().iter::<i64>().map(|y| y as usize).collect()
 }
 
+multiversion! {
+    /// (ℓ, lse) of one row of logits against target y.
+    fn row_loss(row: &[f32], y: usize, epsilon: f32) -> (f32, f32) {
+        let v = row.len();
+        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f32 = row.iter().map(|&a| math::exp(a - m)).sum();
+        let lse = m + sum.ln();
+        let mean = row.iter().sum::<f32>() / v as f32;
+        ((1.0 - epsilon) * (lse - row[y]) + epsilon * (lse - mean), lse)
+    }
+}
+
+multiversion! {
+    /// ∂L/∂x of one row: g (p − q) with q = (1 − ε) one_hot(y) + ε/V, p from the row's lse.
+    fn row_gradient(dx: &mut [f32], row: &[f32], y: usize, g: f32, lse: f32, epsilon: f32) {
+        let v = row.len();
+        for (d, &a) in dx.iter_mut().zip(row) {
+            *d = g * (math::exp(a - lse) - epsilon / v as f32);
+        }
+        dx[y] -= g * (1.0 - epsilon);
+    }
+}
+
 impl CrossEntropyOps for Flex {
     fn cross_entropy_forward(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
         epsilon: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        keep_workers_awake();
+        stay_awake();
         let logits = contiguous(logits);
         let [n, v] = [logits.layout().shape()[0], logits.layout().shape()[1]];
         let (x, y) = (floats(&logits), indices(targets));
         let mut loss = vec![0.0f32; n];
         let mut lse = vec![0.0f32; n];
         loss.par_iter_mut().zip(lse.par_iter_mut()).enumerate().for_each(|(r, (loss, lse))| {
-            let row = &x[r * v..][..v];
-            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let sum: f32 = row.iter().map(|&a| math::exp(a - m)).sum();
-            *lse = m + sum.ln();
-            let mean = row.iter().sum::<f32>() / v as f32;
-            *loss = (1.0 - epsilon) * (*lse - row[y[r]]) + epsilon * (*lse - mean);
+            (*loss, *lse) = row_loss(&x[r * v..][..v], y[r], epsilon);
         });
         (tensor(loss, &[n]), tensor(lse, &[n]))
     }
@@ -97,19 +115,14 @@ impl CrossEntropyOps for Flex {
         d_loss: FloatTensor<Self>,
         epsilon: f32,
     ) -> FloatTensor<Self> {
-        keep_workers_awake();
+        stay_awake();
         let (logits, lse, d_loss) = (contiguous(logits), contiguous(lse), contiguous(d_loss));
         let shape = logits.layout().shape().to_vec();
         let v = shape[1];
         let (x, y, lse, dl) = (floats(&logits), indices(targets), floats(&lse), floats(&d_loss));
         let mut dx = vec![0.0f32; x.len()];
         dx.par_chunks_mut(v.max(1)).enumerate().for_each(|(r, dx)| {
-            let (row, g) = (&x[r * v..][..v], dl[r]);
-            // p − q with q = (1 − ε) one_hot(y) + ε/V.
-            for (d, &a) in dx.iter_mut().zip(row) {
-                *d = g * (math::exp(a - lse[r]) - epsilon / v as f32);
-            }
-            dx[y[r]] -= g * (1.0 - epsilon);
+            row_gradient(dx, &x[r * v..][..v], y[r], dl[r], lse[r], epsilon);
         });
         tensor(dx, &shape)
     }
@@ -162,10 +175,7 @@ impl<B: CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Autodiff<B, 
 mod tests {
     use super::*;
     use burn::tensor::{Device, Distribution, TensorData};
-
-    fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-        t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
-    }
+    use ember_test_support::{max_abs_diff, values};
 
     /// Per-row losses and the gradient of Σ w ⊙ ℓ for the logits, fused or by the reference.
     fn run(fused: bool, x: &[f32], y: &[i64], w: &[f32], [n, v]: [usize; 2], epsilon: f64) -> [Vec<f32>; 2] {
@@ -193,7 +203,7 @@ mod tests {
                 let fused = run(true, &x, &y, &w, [n, v], epsilon);
                 let reference = run(false, &x, &y, &w, [n, v], epsilon);
                 for (what, (a, b)) in ["loss", "dlogits"].iter().zip(fused.iter().zip(&reference)) {
-                    let diff = a.iter().zip(b).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
+                    let diff = max_abs_diff(a, b);
                     assert!(diff <= 1e-4, "{what}, N {n}, V {v}, ε {epsilon}: max abs error {diff}");
                 }
             }

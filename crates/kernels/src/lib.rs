@@ -15,11 +15,9 @@ pub mod norm;
 
 pub use activation::{gelu, swiglu};
 pub use adamw::{AdamWStep, adamw};
-pub use adapters::{Adapter, wgpu_adapters, wgpu_test_device};
-pub use attention::{
-    AttentionImpl, AttentionSpec, attention, attention_with, merge_heads, packed_attention, set_attention_impl,
-    split_heads,
-};
+pub use adapters::{Adapter, wgpu_adapters};
+pub use attention::{AttentionImpl, AttentionSpec, attention, merge_heads, packed_attention, split_heads};
+pub use cpu::{KeepWorkersAwake, keep_workers_awake};
 pub use cross_entropy::cross_entropy;
 pub use flash::{Int8Kv, PackedHeads, decodes_in_place, flash_attention, int8_attention, paged_attention};
 pub use linear::{linear, tied_linear};

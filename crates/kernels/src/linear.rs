@@ -12,7 +12,7 @@ use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension,
 use burn::nn::Linear;
 use burn::tensor::{DType, Tensor};
 
-use crate::cpu::{Mat, column_sums, contiguous, floats, keep_workers_awake, matmul_in_blocks, on_cpu, tensor};
+use crate::cpu::{Mat, column_sums, contiguous, floats, matmul_in_blocks, on_cpu, stay_awake, tensor};
 
 /// The fused affine map as backend operations (CPU only; other devices take Burn's).
 #[backend_extension(Flex, Autodiff)]
@@ -64,7 +64,7 @@ fn affine<const D: usize>(x: Tensor<D>, w: Tensor<2>, b: Option<Tensor<1>>) -> T
 
 impl LinearOps for Flex {
     fn linear_forward(x: FloatTensor<Self>, w: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
-        keep_workers_awake();
+        stay_awake();
         let (x, b) = (contiguous(x), contiguous(b));
         let (n, k, m) = (x.layout().shape()[0], x.layout().shape()[1], w.layout().shape()[1]);
         tensor(matmul_in_blocks(n, m, k, Mat::rows(floats(&x), k), Mat::of(&w), Some(floats(&b))), &[n, m])
@@ -75,7 +75,7 @@ impl LinearOps for Flex {
         w: FloatTensor<Self>,
         d_y: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        keep_workers_awake();
+        stay_awake();
         let (x, d_y) = (contiguous(x), contiguous(d_y));
         let (n, k, m) = (x.layout().shape()[0], x.layout().shape()[1], w.layout().shape()[1]);
         let (xs, dys) = (floats(&x), floats(&d_y));
@@ -132,10 +132,7 @@ mod tests {
     use super::*;
     use burn::nn::LinearConfig;
     use burn::tensor::{Device, Distribution, TensorData};
-
-    fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-        t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
-    }
+    use ember_test_support::{max_abs_diff, values};
 
     #[test]
     fn fused_linear_equals_burns_forward_and_gradients() {
@@ -169,8 +166,7 @@ mod tests {
                 out
             };
             for (what, (a, r)) in ["y", "dx", "dW", "db"].iter().zip(run(true).iter().zip(&run(false))) {
-                assert_eq!(a.len(), r.len());
-                let diff = a.iter().zip(r).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
+                let diff = max_abs_diff(a, r);
                 assert!(diff <= 1e-4, "{what} of [{b}, {t}, {d_in}] -> {d_out}: max abs error {diff}");
             }
         }
@@ -199,8 +195,7 @@ mod tests {
                 [values(y.inner()), values(x.grad(&grads).unwrap()), values(e.grad(&grads).unwrap())]
             };
             for (what, (a, r)) in ["y", "dx", "dE"].iter().zip(run(true).iter().zip(&run(false))) {
-                assert_eq!(a.len(), r.len());
-                let diff = a.iter().zip(r).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
+                let diff = max_abs_diff(a, r);
                 assert!(diff <= 1e-4, "{what} of [{b}, {t}, {d}] through E [{v}, {d}]: max abs error {diff}");
             }
         }

@@ -11,7 +11,7 @@ use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension,
 use burn::tensor::Tensor;
 use rayon::prelude::*;
 
-use crate::cpu::{contiguous, floats, keep_workers_awake, on_cpu, tensor};
+use crate::cpu::{contiguous, floats, multiversion, on_cpu, stay_awake, tensor};
 
 /// Which normalisation, and its ε.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -84,6 +84,71 @@ fn rows_per_task(n: usize, d: usize) -> usize {
     (16_384 / d.max(1)).clamp(1, n.max(1))
 }
 
+multiversion! {
+    /// The forward of rows of `d` values: y = γ ⊙ x̂ + β with each row's μ and 1/σ, for the rows of x from its start.
+    fn norm_rows(
+        y: &mut [f32],
+        mean: &mut [f32],
+        rstd: &mut [f32],
+        xs: &[f32],
+        g: &[f32],
+        b: &[f32],
+        d: usize,
+        params: NormParams,
+    ) {
+        for (r, y) in y.chunks_mut(d).enumerate() {
+            let x = &xs[r * d..][..d];
+            // μ and σ² (biased) of the row; RMSNorm: μ = 0, σ² = mean(x²).
+            let mu = if params.rms { 0.0 } else { x.iter().sum::<f32>() / d as f32 };
+            let var = x.iter().map(|v| (v - mu) * (v - mu)).sum::<f32>() / d as f32;
+            let s = 1.0 / (var + params.eps as f32).sqrt();
+            for e in 0..d {
+                y[e] = (x[e] - mu) * s * g[e] + b[e];
+            }
+            (mean[r], rstd[r]) = (mu, s);
+        }
+    }
+}
+
+/// What the backward reads: x, dy, γ, the saved μ and 1/σ per row, rows of `d` values.
+#[derive(Clone, Copy)]
+struct Saved<'a> {
+    xs: &'a [f32],
+    dys: &'a [f32],
+    g: &'a [f32],
+    mus: &'a [f32],
+    ss: &'a [f32],
+    d: usize,
+}
+
+multiversion! {
+    /// dx of the rows from `first` on (as many as `dx` holds), and their sums for dγ and dβ.
+    fn norm_backward_rows(dx: &mut [f32], first: usize, saved: Saved<'_>, params: NormParams) -> (Vec<f32>, Vec<f32>) {
+        let Saved { xs, dys, g, mus, ss, d } = saved;
+        let (mut dg, mut db) = (vec![0.0f32; d], vec![0.0f32; d]);
+        let mut xhat = vec![0.0f32; d];
+        for (r, dx) in dx.chunks_mut(d).enumerate() {
+            let row = first + r;
+            let (x, dy, mu, s) = (&xs[row * d..][..d], &dys[row * d..][..d], mus[row], ss[row]);
+            let (mut sum_g, mut sum_gx) = (0.0f32, 0.0f32);
+            for e in 0..d {
+                xhat[e] = (x[e] - mu) * s;
+                let gh = dy[e] * g[e];
+                sum_g += gh;
+                sum_gx += gh * xhat[e];
+                dg[e] += dy[e] * xhat[e];
+                db[e] += dy[e];
+            }
+            let mean_g = if params.rms { 0.0 } else { sum_g / d as f32 };
+            let mean_gx = sum_gx / d as f32;
+            for e in 0..d {
+                dx[e] = s * (dy[e] * g[e] - mean_g - xhat[e] * mean_gx);
+            }
+        }
+        (dg, db)
+    }
+}
+
 impl NormOps for Flex {
     fn norm_forward(
         x: FloatTensor<Self>,
@@ -91,7 +156,7 @@ impl NormOps for Flex {
         beta: FloatTensor<Self>,
         params: NormParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        keep_workers_awake();
+        stay_awake();
         let (x, gamma, beta) = (contiguous(x), contiguous(gamma), contiguous(beta));
         let shape = x.layout().shape().to_vec();
         let d = shape[1];
@@ -102,17 +167,7 @@ impl NormOps for Flex {
         let rows = rows_per_task(shape[0], d);
         let tasks = y.par_chunks_mut(rows * d).zip(mean.par_chunks_mut(rows)).zip(rstd.par_chunks_mut(rows));
         tasks.enumerate().for_each(|(task, ((y, mean), rstd))| {
-            for (r, y) in y.chunks_mut(d).enumerate() {
-                let x = &xs[(task * rows + r) * d..][..d];
-                // μ and σ² (biased) of the row; RMSNorm: μ = 0, σ² = mean(x²).
-                let mu = if params.rms { 0.0 } else { x.iter().sum::<f32>() / d as f32 };
-                let var = x.iter().map(|v| (v - mu) * (v - mu)).sum::<f32>() / d as f32;
-                let s = 1.0 / (var + params.eps as f32).sqrt();
-                for e in 0..d {
-                    y[e] = (x[e] - mu) * s * g[e] + b[e];
-                }
-                (mean[r], rstd[r]) = (mu, s);
-            }
+            norm_rows(y, mean, rstd, &xs[task * rows * d..], g, b, d, params);
         });
         let n = shape[0];
         (tensor(y, &shape), tensor(mean, &[n]), tensor(rstd, &[n]))
@@ -126,7 +181,7 @@ impl NormOps for Flex {
         rstd: FloatTensor<Self>,
         params: NormParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        keep_workers_awake();
+        stay_awake();
         let (x, gamma, d_y) = (contiguous(x), contiguous(gamma), contiguous(d_y));
         let (mean, rstd) = (contiguous(mean), contiguous(rstd));
         let shape = x.layout().shape().to_vec();
@@ -134,34 +189,13 @@ impl NormOps for Flex {
         let (xs, g, dys, mus, ss) = (floats(&x), floats(&gamma), floats(&d_y), floats(&mean), floats(&rstd));
         let mut dx = vec![0.0f32; xs.len()];
         let rows = rows_per_task(shape[0], d);
+        let saved = Saved { xs, dys, g, mus, ss, d };
         // dx = s (ĝ − mean(ĝ) − x̂ mean(ĝ ⊙ x̂)) with ĝ = dy ⊙ γ (RMSNorm: no mean(ĝ) term); dγ = Σ dy ⊙ x̂,
         // dβ = Σ dy, summed per task and then over tasks.
         let partial: Vec<(Vec<f32>, Vec<f32>)> = dx
             .par_chunks_mut(rows * d)
             .enumerate()
-            .map(|(task, dx)| {
-                let (mut dg, mut db) = (vec![0.0f32; d], vec![0.0f32; d]);
-                let mut xhat = vec![0.0f32; d];
-                for (r, dx) in dx.chunks_mut(d).enumerate() {
-                    let row = task * rows + r;
-                    let (x, dy, mu, s) = (&xs[row * d..][..d], &dys[row * d..][..d], mus[row], ss[row]);
-                    let (mut sum_g, mut sum_gx) = (0.0f32, 0.0f32);
-                    for e in 0..d {
-                        xhat[e] = (x[e] - mu) * s;
-                        let gh = dy[e] * g[e];
-                        sum_g += gh;
-                        sum_gx += gh * xhat[e];
-                        dg[e] += dy[e] * xhat[e];
-                        db[e] += dy[e];
-                    }
-                    let mean_g = if params.rms { 0.0 } else { sum_g / d as f32 };
-                    let mean_gx = sum_gx / d as f32;
-                    for e in 0..d {
-                        dx[e] = s * (dy[e] * g[e] - mean_g - xhat[e] * mean_gx);
-                    }
-                }
-                (dg, db)
-            })
+            .map(|(task, dx)| norm_backward_rows(dx, task * rows, saved, params))
             .collect();
         let (mut dg, mut db) = (vec![0.0f32; d], vec![0.0f32; d]);
         for (pg, pb) in partial {
@@ -234,15 +268,7 @@ impl<B: NormOps, C: CheckpointStrategy> NormOps for Autodiff<B, C> {
 mod tests {
     use super::*;
     use burn::tensor::{Device, Distribution, TensorData};
-
-    fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-        t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
-    }
-
-    fn max_diff(a: Vec<f32>, b: Vec<f32>) -> f32 {
-        assert_eq!(a.len(), b.len());
-        a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
-    }
+    use ember_test_support::{max_abs_diff, values};
 
     /// y and the gradients of Σ w ⊙ y for x, γ, β, by the fused path or the reference.
     fn run(
@@ -287,7 +313,7 @@ mod tests {
                 let fused = run(true, rms, bias, &x, &w, &g, &b);
                 let reference = run(false, rms, bias, &x, &w, &g, &b);
                 for (i, (a, r)) in fused.into_iter().zip(reference).enumerate() {
-                    let diff = max_diff(a, r);
+                    let diff = max_abs_diff(&a, &r);
                     assert!(diff <= 1e-4, "rows {rows}, d {d}, rms {rms}, output {i}: max abs error {diff}");
                 }
             }

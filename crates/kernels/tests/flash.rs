@@ -5,9 +5,9 @@
 
 use burn::tensor::{Device, Tensor, TensorData};
 use ember_kernels::{
-    AttentionImpl, AttentionSpec, PackedHeads, attention_with, merge_heads, packed_attention, paged_attention,
-    split_heads, wgpu_test_device,
+    AttentionImpl, AttentionSpec, PackedHeads, attention, merge_heads, packed_attention, paged_attention, split_heads,
 };
+use ember_test_support::{max_abs_diff_tensors, wgpu_test_device};
 
 const TOLERANCE: f32 = 1e-4;
 
@@ -68,10 +68,7 @@ impl Case {
 }
 
 fn max_diff<const D: usize>(what: &str, case: &impl std::fmt::Debug, a: Tensor<D>, b: Tensor<D>) -> f32 {
-    let a = a.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
-    let b = b.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
-    assert_eq!(a.len(), b.len(), "{what}: sizes differ in {case:?}");
-    let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+    let diff = max_abs_diff_tensors(a, b);
     assert!(diff.is_finite() && diff <= TOLERANCE, "{what}: max abs error {diff:e} > {TOLERANCE:e} in {case:?}");
     diff
 }
@@ -81,7 +78,7 @@ fn run(imp: AttentionImpl, case: &Case, x: &Inputs, device: &Device) -> [Tensor<
     let device = device.clone().autodiff();
     let [q, k, v, w] = case.tensors(x, &device);
     let (q, k, v) = (q.require_grad(), k.require_grad(), v.require_grad());
-    let o = attention_with(imp, q.clone(), k.clone(), v.clone(), &case.spec);
+    let o = attention(q.clone(), k.clone(), v.clone(), &case.spec.clone().with_implementation(imp));
     let grads = (o.clone() * w).sum().backward();
     let grad = |t: &Tensor<4>| t.grad(&grads).expect("a gradient");
     [o.inner(), grad(&q), grad(&k), grad(&v)]
@@ -90,7 +87,7 @@ fn run(imp: AttentionImpl, case: &Case, x: &Inputs, device: &Device) -> [Tensor<
 fn check(case: &Case, draws: &mut Draws, device: &Device) -> f32 {
     let x = case.inputs(draws);
     let reference = run(AttentionImpl::Naive, case, &x, &Device::flex());
-    let flash = run(AttentionImpl::Flash, case, &x, device);
+    let flash = run(AttentionImpl::Auto, case, &x, device);
     let names = ["o", "dq", "dk", "dv"];
     let mut worst = 0.0f32;
     for ((name, a), b) in names.iter().zip(flash).zip(reference) {
@@ -118,6 +115,7 @@ fn random_case(draws: &mut Draws, d: usize, group: usize) -> Case {
         window,
         key_lengths,
         dropout: 0.0,
+        implementation: AttentionImpl::Auto,
     };
     Case { b, hq: hkv * group, hkv, tq, tk, d, spec }
 }
@@ -191,7 +189,7 @@ fn packed_attention_equals_the_reference_on_split_heads() {
             let x = Tensor::<3>::from_data(TensorData::new(qkv.clone(), [b, t, width]), &device).require_grad();
             let o = if reference {
                 let (q, k, v) = split_heads(x.clone(), heads);
-                merge_heads(attention_with(AttentionImpl::Naive, q, k, v, &spec))
+                merge_heads(attention(q, k, v, &spec.clone().with_implementation(AttentionImpl::Naive)))
             } else {
                 packed_attention(x.clone(), heads, &spec)
             };
@@ -244,12 +242,11 @@ fn paged_decoding_reads_keys_through_the_page_table() {
         Tensor::<4>::from_data(TensorData::new(data, shape), device)
     };
     let cpu = Device::flex();
-    let reference = attention_with(
-        AttentionImpl::Naive,
+    let reference = attention(
         tensor(q.clone(), [2, hq, 1, d], &cpu),
         tensor(gather(&k_pool), [2, hkv, tk, d], &cpu),
         tensor(gather(&v_pool), [2, hkv, tk, d], &cpu),
-        &spec,
+        &spec.clone().with_implementation(AttentionImpl::Naive),
     );
     let case = Case { b: 2, hq, hkv, tq: 1, tk, d, spec: spec.clone() };
     for device in kernel_devices() {
@@ -283,8 +280,9 @@ fn strided_keys_and_values_equal_their_contiguous_copies() {
     ];
     for [k, v] in views {
         let copy = |t: &Tensor<4>| Tensor::<4>::from_data(t.to_data(), &cpu);
-        let reference = attention_with(AttentionImpl::Naive, q.clone(), copy(&k), copy(&v), &spec);
-        let flash = attention_with(AttentionImpl::Flash, q.clone(), k, v, &spec);
+        let naive = spec.clone().with_implementation(AttentionImpl::Naive);
+        let reference = attention(q.clone(), copy(&k), copy(&v), &naive);
+        let flash = attention(q.clone(), k, v, &spec);
         max_diff("o", &(b, hq, hkv, tq, tk, d), flash, reference);
     }
 }

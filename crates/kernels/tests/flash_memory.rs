@@ -3,15 +3,17 @@
 //! device's allocation high-water mark is this test's alone.
 
 use burn::tensor::{Distribution, Tensor};
-use ember_kernels::{AttentionImpl, AttentionSpec, attention_with, device_memory, wgpu_test_device};
+use ember_kernels::{AttentionSpec, attention, device_memory};
+use ember_test_support::wgpu_test_device;
 
 #[test]
+#[ignore = "needs a wgpu adapter: a GPU driver or lavapipe (scripts/test.sh installs mesa-vulkan-drivers)"]
 fn attention_at_16k_tokens_allocates_o_of_t_d() {
     let Some(gpu) = wgpu_test_device() else { return };
     let (t, d) = (16384, 64);
     let x = || Tensor::<4>::random([1, 1, t, d], Distribution::Normal(0.0, 1.0), &gpu);
     let (q, k, v) = (x(), x(), x());
-    let o = attention_with(AttentionImpl::Flash, q, k, v.clone(), &AttentionSpec::causal(d));
+    let o = attention(q, k, v.clone(), &AttentionSpec::causal(d));
     // Row 0 sees key 0 only.
     let first = (o.clone().narrow(2, 0, 1) - v.narrow(2, 0, 1)).abs().max().into_scalar::<f32>();
     assert!(first < 1e-5, "row 0 should equal v_0, differs by {first}");

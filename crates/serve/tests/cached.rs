@@ -12,6 +12,7 @@ use ember_core_model::{Gpt, ModelConfig, Rng};
 use ember_serve::kv::{Bits, ContiguousCache, PagePool, PagedCache, QuantizedCache};
 use ember_serve::sampling::argmax;
 use ember_serve::{Decoder, KvKind, KvSpec};
+use ember_test_support::max_abs_diff as max_diff;
 
 fn configs() -> Vec<(&'static str, ModelConfig)> {
     let gpt = ModelConfig::gpt(50, 2, 4, 32, 96);
@@ -38,10 +39,6 @@ fn sharpened(model: Gpt) -> Gpt {
         })
         .collect();
     load_state_dict(model, &scaled).unwrap()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 /// Greedy decoding of `steps` tokens after `prompt` with a store and by recomputation; returns the largest logit
@@ -96,7 +93,7 @@ fn int8_and_int4_stores_stay_close_and_int8_closer() {
 }
 
 #[test]
-fn contiguous_bytes_follow_the_seeds_formula() {
+fn contiguous_bytes_are_two_b_l_t_g_dh_floats() {
     let device = Device::flex();
     let ids = Tensor::<2, Int>::from_data(TensorData::new((0..24i64).collect::<Vec<_>>(), [2, 12]), &device);
     for (name, config) in configs() {

@@ -3,8 +3,9 @@
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_core_model::Rng;
-use ember_kernels::{AttentionImpl, AttentionSpec, Int8Kv, attention_with, int8_attention, wgpu_test_device};
+use ember_kernels::{AttentionImpl, AttentionSpec, Int8Kv, attention, int8_attention};
 use ember_serve::kv::{Bits, dequantize, quantize};
+use ember_test_support::{max_abs_diff, wgpu_test_device};
 
 #[test]
 fn int8_decoding_equals_the_reference_on_dequantized_keys() {
@@ -39,10 +40,10 @@ fn int8_decoding_equals_the_reference_on_dequantized_keys() {
             let heads =
                 |x: Vec<f32>| Tensor::<3>::from_data(TensorData::new(x, [t, hkv, d]), &cpu).swap_dims(0, 1).unsqueeze();
             let (k, v) = (heads(dequantize(&kq, &ks, group)), heads(dequantize(&vq, &vs, group)));
-            let reference = attention_with(AttentionImpl::Naive, query(&cpu), k, v, &spec);
+            let reference = attention(query(&cpu), k, v, &spec.clone().with_implementation(AttentionImpl::Naive));
             let (a, b) =
                 (kernel.into_data().try_to_vec::<f32>().unwrap(), reference.into_data().try_to_vec::<f32>().unwrap());
-            let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+            let diff = max_abs_diff(&a, &b);
             assert!(diff <= 1e-4, "hq {hq}, hkv {hkv}, d {d}, t {t}, group {group}, tq {tq}: max abs error {diff}");
         }
     }

@@ -1,25 +1,26 @@
-//! Checkpoints: model weights, AdamW moments, step, sampler and RNG state in one safetensors file written
-//! atomically, so a process killed mid-write leaves the previous checkpoint loadable.
+//! Checkpoints: model weights, AdamW moments, step and the task's data position (sampler or batch-order RNG state)
+//! in one safetensors file written atomically, so a process killed mid-write leaves the previous checkpoint loadable.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::TensorData;
 use ember_core_model::bundle::{self, BundleError};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-
-use crate::corpus::Sampler;
 
 const STATE_KEY: &str = "ember.train_state";
 
-/// Everything besides tensors that resuming needs.
+/// Everything besides tensors that resuming needs: the loop's counters and the task's own state `S` (its fields sit
+/// beside `step` and `tokens` in the JSON, so a language model's state reads `{"step", "tokens", "sampler"}`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TrainState {
+pub struct TrainState<S> {
     /// Optimizer steps completed.
     pub step: u64,
-    pub sampler: Sampler,
     /// Training tokens consumed so far.
     pub tokens: u64,
+    #[serde(flatten)]
+    pub task: S,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -33,28 +34,28 @@ pub enum CheckpointError {
 }
 
 /// A loaded checkpoint: model tensors by parameter path, optimizer tensors, and the training state.
-pub struct Checkpoint {
+pub struct Checkpoint<S> {
     pub model: HashMap<String, TensorData>,
     pub optim: HashMap<String, TensorData>,
-    pub state: TrainState,
+    pub state: TrainState<S>,
 }
 
 /// Writes the weights alone as `model.safetensors`, then `checkpoint.safetensors` (model under "model.", optimizer
 /// under "optim."), each atomically, so a run killed at any moment has both files loadable.
-pub fn save(
+pub fn save<S: Serialize>(
     run_dir: &Path,
-    model: Vec<(String, TensorData)>,
+    model: &[(String, TensorData)],
     optim: Vec<(String, TensorData)>,
-    state: &TrainState,
+    state: &TrainState<S>,
 ) -> Result<(), BundleError> {
     let state_json = serde_json::to_string(state).expect("training state serialises");
     let mut all: Vec<(String, TensorData)> = model.iter().map(|(k, v)| (format!("model.{k}"), v.clone())).collect();
     all.extend(optim.into_iter().map(|(k, v)| (format!("optim.{k}"), v)));
-    bundle::save_tensors(&run_dir.join(bundle::MODEL), &model, HashMap::new())?;
+    bundle::save_tensors(&run_dir.join(bundle::MODEL), model, HashMap::new())?;
     bundle::save_tensors(&run_dir.join(bundle::CHECKPOINT), &all, HashMap::from([(STATE_KEY.to_string(), state_json)]))
 }
 
-pub fn load(run_dir: &Path) -> Result<Checkpoint, CheckpointError> {
+pub fn load<S: DeserializeOwned>(run_dir: &Path) -> Result<Checkpoint<S>, CheckpointError> {
     let path = run_dir.join(bundle::CHECKPOINT);
     if !path.exists() {
         return Err(CheckpointError::Missing(run_dir.to_path_buf(), bundle::CHECKPOINT));
@@ -62,7 +63,7 @@ pub fn load(run_dir: &Path) -> Result<Checkpoint, CheckpointError> {
     let (tensors, metadata) = bundle::load_tensors(&path)?;
     let bad = |reason: String| CheckpointError::State { path: path.clone(), reason };
     let json = metadata.get(STATE_KEY).ok_or_else(|| bad(format!("no {STATE_KEY} entry")))?;
-    let state: TrainState = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
+    let state: TrainState<S> = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
     let (mut model, mut optim) = (HashMap::new(), HashMap::new());
     for (name, data) in tensors {
         if let Some(rest) = name.strip_prefix("model.") {

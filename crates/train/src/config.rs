@@ -88,6 +88,9 @@ pub struct TrainConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seq_len: Option<usize>,
     pub max_steps: u64,
+    /// Stop after this many minutes of training (evaluating and checkpointing first); unset: train to `max_steps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_minutes: Option<f64>,
     /// Micro-batches whose gradients are summed into one optimizer step.
     #[serde(default = "one")]
     pub grad_accum: usize,
@@ -128,7 +131,7 @@ pub struct TrainConfig {
 pub(crate) fn default_seed() -> u64 {
     1337
 }
-fn one() -> usize {
+pub(crate) fn one() -> usize {
     1
 }
 pub(crate) fn yes() -> bool {
@@ -160,6 +163,9 @@ impl TrainConfig {
             )?;
         }
         require(self.max_steps >= 1, "train.max_steps", self.max_steps, "at least 1")?;
+        if let Some(m) = self.max_minutes {
+            require(m.is_finite() && m > 0.0, "train.max_minutes", m, "a finite number > 0")?;
+        }
         require(self.grad_accum >= 1, "train.grad_accum", self.grad_accum, "at least 1")?;
         require(self.lr > 0.0 && self.lr.is_finite(), "train.lr", self.lr, "a finite number > 0")?;
         require(

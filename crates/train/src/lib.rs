@@ -1,11 +1,14 @@
 //! Training: corpora and batching, the causal-LM loss, AdamW with parameter groups and global-norm clipping,
-//! learning-rate schedules, checkpoints, and the loop that ties them together.
+//! learning-rate schedules, checkpoints, metrics, and the one loop ([`trainer`]) that trains both the language model
+//! ([`lm`]) and the translator ([`translation`]).
 
 pub mod bleu;
 pub mod checkpoint;
 pub mod config;
 pub mod corpus;
+pub mod lm;
 pub mod loss;
+pub mod metrics;
 pub mod optim;
 pub mod parallel;
 pub mod plot;
@@ -14,4 +17,7 @@ pub mod trainer;
 pub mod translation;
 
 pub use config::{DataConfig, TrainConfig};
-pub use trainer::{EvalReport, Observer, StepPhases, StepReport, TrainError, Trainer};
+pub use lm::{LanguageModel, Trainer};
+pub use metrics::MetricsWriter;
+pub use trainer::{BatchLoss, EvalReport, LoopConfig, Observer, StepPhases, StepReport, Task, TrainError, TrainLoop};
+pub use translation::{Translation, TranslationTrainer};

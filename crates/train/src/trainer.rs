@@ -1,27 +1,26 @@
-//! The training loop: sample windows, causal-LM loss, backward, global-norm clipping, AdamW, schedule,
-//! evaluation, metrics and checkpoints.
+//! The training loop every task shares: the learning-rate schedule, backward, gradient accumulation, global-norm
+//! clipping, AdamW, the non-finite-loss stop, evaluation and checkpoint cadence, the time budget, `metrics.jsonl`,
+//! the observer and the loss curve. A [`Task`] (the language model in [`crate::lm`], the translator in
+//! [`crate::translation`]) supplies the model, the loss of each next batch, its evaluation and its data position.
 
 use std::collections::HashSet;
-use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::Device;
-use ember_core_model::bundle::{self, BundleError};
+use burn::tensor::{Device, Tensor, TensorData};
+use ember_core_model::bundle::BundleError;
 use ember_core_model::params::{self, Mismatch, ParamInfo};
-use ember_core_model::{Gpt, ModelConfig, Rng};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, CheckpointError, TrainState};
-use crate::config::TrainConfig;
-use crate::corpus::{Corpus, Sampler};
-use crate::loss::lm_loss;
+use crate::metrics::{self, MetricsWriter};
 use crate::optim::{AdamW, AdamWConfig, clip_scale, global_grad_norm};
-use crate::plot::{Series, loss_svg};
-use crate::schedule::learning_rate;
+
+/// How a BLEU scorer failed (decoding, detokenising).
+pub type BleuError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
@@ -35,24 +34,35 @@ pub enum TrainError {
     Io { path: PathBuf, cause: std::io::Error },
     #[error("the loss became {loss} at step {step}; the last checkpoint in {run_dir} is intact")]
     NonFinite { loss: f32, step: u64, run_dir: PathBuf },
+    #[error("scoring validation BLEU at step {step} failed: {cause}")]
+    Bleu { step: u64, cause: BleuError },
+    #[error("{run_dir}: cannot resume: {reason}")]
+    Resume { run_dir: PathBuf, reason: String },
 }
 
 /// One optimizer step, as the progress bar and `metrics.jsonl` see it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StepReport {
     pub step: u64,
+    /// Mean training loss of the step's batches.
     pub loss: f32,
     pub lr: f64,
+    /// Global gradient norm before clipping.
     pub grad_norm: f64,
+    /// Training tokens of this step over its wall time.
     pub tokens_per_s: f64,
 }
 
-/// Mean losses over `eval_iters` batches of each split.
+/// An evaluation after `step` optimizer steps: what the task measures (a language model: mean train and val losses
+/// over fixed batches; a translator: val loss and greedy BLEU).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct EvalReport {
     pub step: u64,
-    pub train_loss: f32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_loss: Option<f32>,
     pub val_loss: f32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_bleu: Option<f64>,
 }
 
 /// What the loop tells its caller; the library itself never prints.
@@ -62,18 +72,61 @@ pub trait Observer {
     fn on_checkpoint(&mut self, _step: u64) {}
 }
 
-pub struct Trainer {
-    pub model_config: ModelConfig,
-    pub config: TrainConfig,
-    pub run_dir: PathBuf,
-    device: Device,
-    pub model: Gpt,
-    optim: AdamW,
-    params: Vec<ParamInfo>,
-    corpus: Corpus,
-    pub state: TrainState,
-    /// Where the steps' time went so far.
-    pub phases: StepPhases,
+/// An observer that hears nothing.
+impl Observer for () {}
+
+/// The loss of one training batch, and the training tokens it covers.
+pub struct BatchLoss {
+    /// A scalar on the autodiff device, the mean loss per token of the batch.
+    pub loss: Tensor<1>,
+    pub tokens: usize,
+}
+
+/// What a kind of training brings to the loop.
+pub trait Task {
+    /// The model being trained.
+    type Model: Module;
+    /// The data position a checkpoint records (sampler or batch-order generator), so that a resumed run draws
+    /// exactly the batches an uninterrupted one would. Serialised as a JSON object beside the step count.
+    type State: Serialize + DeserializeOwned;
+
+    /// The learning rate of optimizer step `step` (counted from 0).
+    fn learning_rate(&self, step: u64) -> f64;
+    /// Whether AdamW applies decoupled weight decay to `param`.
+    fn decays(&self, param: &ParamInfo) -> bool;
+    /// The loss of the next training batch.
+    fn next_loss(&mut self, model: &Self::Model) -> BatchLoss;
+    /// Measures `model` after `step` optimizer steps.
+    fn evaluate(&mut self, model: &Self::Model, step: u64) -> Result<EvalReport, TrainError>;
+    fn state(&self) -> Self::State;
+    /// Puts the data position back where [`Task::state`] found it.
+    fn restore(&mut self, state: Self::State, run_dir: &Path) -> Result<(), TrainError>;
+    /// Called after the loop wrote `checkpoint.safetensors` and `model.safetensors` holding `weights`.
+    fn on_checkpoint(
+        &mut self,
+        _run_dir: &Path,
+        _step: u64,
+        _weights: &[(String, TensorData)],
+    ) -> Result<(), TrainError> {
+        Ok(())
+    }
+}
+
+/// The loop's settings, the same for every task.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoopConfig {
+    pub max_steps: u64,
+    /// Stop after this many minutes of this process's training (evaluating and checkpointing first).
+    pub max_minutes: Option<f64>,
+    /// Batches whose gradients are summed (each loss divided by this) into one optimizer step.
+    pub grad_accum: usize,
+    /// Clip the global gradient norm to this value; 0 turns clipping off.
+    pub grad_clip: f64,
+    pub eval_interval: u64,
+    /// Also evaluate the untrained model (at step 0).
+    pub eval_at_start: bool,
+    pub checkpoint_interval: u64,
+    pub adamw: AdamWConfig,
 }
 
 /// Time spent in each phase of the training steps (the CPU backends run eagerly, so the clock sees each phase).
@@ -86,258 +139,174 @@ pub struct StepPhases {
     pub optimizer: Duration,
 }
 
-impl Trainer {
-    /// A fresh run on `device` (made an autodiff device here), initialised from `config.seed`.
-    pub fn new(
-        model_config: ModelConfig,
-        config: TrainConfig,
-        corpus: Corpus,
-        run_dir: &Path,
-        device: &Device,
-    ) -> Self {
-        let device = device.clone().autodiff();
-        let model = Gpt::new(&model_config, &mut Rng::new(config.seed), &device);
+/// A training run of task `T`: its model, the optimizer and the counters.
+pub struct TrainLoop<T: Task> {
+    pub task: T,
+    pub model: T::Model,
+    pub config: LoopConfig,
+    pub run_dir: PathBuf,
+    /// Optimizer steps completed.
+    pub step: u64,
+    /// Training tokens consumed.
+    pub tokens: u64,
+    optim: AdamW,
+    params: Vec<ParamInfo>,
+    /// Where the steps' time went so far.
+    pub phases: StepPhases,
+}
+
+/// One step's outcome, before it is reported.
+struct Stepped {
+    loss: f32,
+    grad_norm: f64,
+    lr: f64,
+    tokens: usize,
+}
+
+impl<T: Task> TrainLoop<T> {
+    /// A fresh run of `task` from `model` (built on an autodiff device), writing to `run_dir`.
+    pub fn fresh(task: T, model: T::Model, config: LoopConfig, run_dir: &Path) -> Self {
         let params = params::param_infos(&model);
-        // Decoupled decay on 2-D weight matrices; embeddings only when configured.
-        let decay: HashSet<_> = params
-            .iter()
-            .filter(|p| p.shape.len() == 2 && (config.decay_embeddings || !Gpt::is_embedding(&p.path)))
-            .map(|p| p.id)
-            .collect();
-        let adamw = AdamWConfig {
-            beta1: config.beta1,
-            beta2: config.beta2,
-            eps: config.eps,
-            weight_decay: config.weight_decay,
-        };
-        let state = TrainState { step: 0, sampler: Sampler::new(config.seed.wrapping_add(1)), tokens: 0 };
+        let decay: HashSet<_> = params.iter().filter(|p| task.decays(p)).map(|p| p.id).collect();
         Self {
-            model_config,
-            optim: AdamW::new(adamw, decay),
-            params,
-            corpus,
-            run_dir: run_dir.to_path_buf(),
-            device,
+            optim: AdamW::new(config.adamw.clone(), decay),
+            task,
             model,
             config,
-            state,
+            run_dir: run_dir.to_path_buf(),
+            step: 0,
+            tokens: 0,
+            params,
             phases: StepPhases::default(),
         }
     }
 
-    /// Continues the run whose checkpoint is in `run_dir`.
-    pub fn resume(
-        model_config: ModelConfig,
-        config: TrainConfig,
-        corpus: Corpus,
+    /// Continues the run whose `checkpoint.safetensors` is in `run_dir`: weights, AdamW moments, step count and the
+    /// task's data position. `model` is a model of the right shape (its weights are replaced); `device` is the
+    /// device (not autodiff) the optimizer state lives on.
+    pub fn from_checkpoint(
+        task: T,
+        model: T::Model,
+        config: LoopConfig,
         run_dir: &Path,
         device: &Device,
     ) -> Result<Self, TrainError> {
-        let ckpt = checkpoint::load(run_dir)?;
-        let mut trainer = Self::new(model_config, config, corpus, run_dir, device);
-        trainer.model = params::load_state_dict(trainer.model, &ckpt.model)?;
-        trainer.params = params::param_infos(&trainer.model);
-        let inner = trainer.device.clone().inner();
-        trainer.optim.load_state(&trainer.params, &ckpt.optim, ckpt.state.step, &inner);
-        trainer.state = ckpt.state;
-        trainer.truncate_metrics()?;
-        Ok(trainer)
+        let ckpt = checkpoint::load::<T::State>(run_dir)?;
+        let mut run = Self::fresh(task, model, config, run_dir);
+        run.model = params::load_state_dict(run.model, &ckpt.model)?;
+        run.params = params::param_infos(&run.model);
+        run.optim.load_state(&run.params, &ckpt.optim, ckpt.state.step, device);
+        run.step = ckpt.state.step;
+        run.tokens = ckpt.state.tokens;
+        run.task.restore(ckpt.state.task, run_dir)?;
+        Ok(run)
     }
 
-    fn seq_len(&self) -> usize {
-        self.config.seq_len(&self.model_config)
-    }
-
-    /// Tokens per optimizer step.
-    pub fn tokens_per_step(&self) -> usize {
-        self.config.batch_size * self.seq_len() * self.config.grad_accum
-    }
-
-    /// One optimizer step over `grad_accum` micro-batches; returns the mean loss and the gradient norm.
+    /// One optimizer step over `grad_accum` batches; returns the mean loss and the gradient norm. A non-finite loss
+    /// leaves the model, the optimizer and the step count as they were.
     pub fn step(&mut self) -> (f32, f64) {
-        let (b, t, accum) = (self.config.batch_size, self.seq_len(), self.config.grad_accum);
-        let lr = learning_rate(&self.config, self.model_config.d_model, self.state.step);
-        let mut accumulator = GradientsAccumulator::<Gpt>::new();
-        let mut loss_sum = 0.0;
+        let stepped = self.train_step();
+        (stepped.loss, stepped.grad_norm)
+    }
+
+    fn train_step(&mut self) -> Stepped {
+        let accum = self.config.grad_accum;
+        let lr = self.task.learning_rate(self.step);
+        let mut accumulator = GradientsAccumulator::<T::Model>::new();
+        let (mut loss_sum, mut tokens) = (0.0, 0);
         for _ in 0..accum {
             let started = Instant::now();
-            let batch = self.state.sampler.batch(&self.corpus.train, b, t, &self.device);
-            let loss = lm_loss(self.model.forward(batch.x), batch.y, None) / accum as f64;
+            let batch = self.task.next_loss(&self.model);
+            let loss = if accum > 1 { batch.loss / accum as f64 } else { batch.loss };
             loss_sum += loss.clone().into_scalar::<f32>();
+            tokens += batch.tokens;
             let forward_done = Instant::now();
             let grads = GradientsParams::from_grads(loss.backward(), &self.model);
             accumulator.accumulate(&self.model, grads);
             self.phases.forward += forward_done - started;
             self.phases.backward += forward_done.elapsed();
         }
+        if !loss_sum.is_finite() {
+            return Stepped { loss: loss_sum, grad_norm: f64::NAN, lr, tokens };
+        }
         let started = Instant::now();
         let grads = accumulator.grads();
-        let norm = global_grad_norm(&self.model, &grads);
-        let scale = clip_scale(norm, self.config.grad_clip);
+        let grad_norm = global_grad_norm(&self.model, &grads);
+        let scale = clip_scale(grad_norm, self.config.grad_clip);
         self.model = self.optim.step(self.model.clone(), &grads, lr, scale);
         self.phases.optimizer += started.elapsed();
-        self.state.step += 1;
-        self.state.tokens += (b * t * accum) as u64;
-        (loss_sum, norm)
+        self.step += 1;
+        self.tokens += tokens as u64;
+        Stepped { loss: loss_sum, grad_norm, lr, tokens }
     }
 
-    /// Mean loss over `eval_iters` batches of the train and val splits, from a fixed generator so every
-    /// evaluation sees the same windows and training's sampler is untouched.
-    pub fn evaluate(&self) -> EvalReport {
-        let model = self.model.valid();
-        let inner = self.device.clone().inner();
-        let (b, t) = (self.config.batch_size, self.seq_len());
-        let mean_loss = |tokens: &[u32], seed: u64| {
-            let mut sampler = Sampler::new(seed);
-            let total: f32 = (0..self.config.eval_iters)
-                .map(|_| {
-                    let batch = sampler.batch(tokens, b, t, &inner);
-                    lm_loss(model.forward(batch.x), batch.y, None).into_scalar::<f32>()
-                })
-                .sum();
-            total / self.config.eval_iters as f32
+    /// The task's evaluation of the current model.
+    pub fn evaluate(&mut self) -> Result<EvalReport, TrainError> {
+        self.task.evaluate(&self.model, self.step)
+    }
+
+    /// Writes `checkpoint.safetensors` and `model.safetensors` for the current step, then the task's own files.
+    pub fn save_checkpoint(&mut self) -> Result<(), TrainError> {
+        let weights = params::state_dict(&self.model);
+        let state = TrainState { step: self.step, tokens: self.tokens, task: self.task.state() };
+        checkpoint::save(&self.run_dir, &weights, self.optim.state(&self.params), &state)?;
+        self.task.on_checkpoint(&self.run_dir, self.step, &weights)
+    }
+
+    /// Trains to `max_steps` or until `max_minutes` have passed: evaluates every `eval_interval` steps and at the
+    /// end, checkpoints every `checkpoint_interval` steps and at the end, appends every step and evaluation to
+    /// `metrics.jsonl` (started afresh at step 0, cut back to the checkpoint's step when resumed) and draws
+    /// `loss.svg`. Returns the last evaluation.
+    pub fn run(&mut self, observer: &mut dyn Observer) -> Result<EvalReport, TrainError> {
+        let mut metrics = match self.step {
+            0 => MetricsWriter::create(&self.run_dir)?,
+            step => MetricsWriter::resume(&self.run_dir, step)?,
         };
-        let seed = self.config.seed.wrapping_add(2);
-        EvalReport {
-            step: self.state.step,
-            train_loss: mean_loss(&self.corpus.train, seed),
-            val_loss: mean_loss(&self.corpus.val, seed),
-        }
-    }
-
-    /// Writes the checkpoint (and `model.safetensors`) for the current step.
-    pub fn save_checkpoint(&self) -> Result<(), TrainError> {
-        let model = params::state_dict(&self.model);
-        Ok(checkpoint::save(&self.run_dir, model, self.optim.state(&self.params), &self.state)?)
-    }
-
-    /// Trains to `max_steps`: evaluates every `eval_interval` steps and at the end, checkpoints every
-    /// `checkpoint_interval` steps and at the end, appends to `metrics.jsonl`, and draws the loss curve.
-    pub fn run(&mut self, observer: &mut dyn Observer) -> Result<Option<EvalReport>, TrainError> {
-        let max = self.config.max_steps;
+        let (started, budget, max) = (Instant::now(), self.config.max_minutes, self.config.max_steps);
+        let out_of_time = || budget.is_some_and(|m| started.elapsed().as_secs_f64() >= m * 60.0);
         let mut last_eval = None;
-        while self.state.step < max {
-            if self.state.step.is_multiple_of(self.config.eval_interval) {
-                last_eval = Some(self.eval_and_log(observer)?);
-            }
-            let started = Instant::now();
-            let (loss, grad_norm) = self.step();
-            let lr = learning_rate(&self.config, self.model_config.d_model, self.state.step - 1);
+        if self.step == 0 && self.config.eval_at_start {
+            last_eval = Some(self.eval_and_log(&mut metrics, observer)?);
+        }
+        while self.step < max {
+            let step_started = Instant::now();
+            let Stepped { loss, grad_norm, lr, tokens } = self.train_step();
             if !loss.is_finite() {
-                return Err(TrainError::NonFinite { loss, step: self.state.step, run_dir: self.run_dir.clone() });
+                return Err(TrainError::NonFinite { loss, step: self.step + 1, run_dir: self.run_dir.clone() });
             }
-            let tokens_per_s = self.tokens_per_step() as f64 / started.elapsed().as_secs_f64();
-            let report = StepReport { step: self.state.step, loss, lr, grad_norm, tokens_per_s };
-            self.log(&report)?;
+            let tokens_per_s = tokens as f64 / step_started.elapsed().as_secs_f64();
+            let report = StepReport { step: self.step, loss, lr, grad_norm, tokens_per_s };
+            metrics.append(&report)?;
             observer.on_step(&report);
-            if self.state.step.is_multiple_of(self.config.checkpoint_interval()) || self.state.step == max {
+            let last = self.step == max || out_of_time();
+            if self.step.is_multiple_of(self.config.eval_interval) || last {
+                last_eval = Some(self.eval_and_log(&mut metrics, observer)?);
+            }
+            if self.step.is_multiple_of(self.config.checkpoint_interval) || last {
                 self.save_checkpoint()?;
-                observer.on_checkpoint(self.state.step);
+                observer.on_checkpoint(self.step);
+            }
+            if last {
+                break;
             }
         }
-        if last_eval.as_ref().is_none_or(|e| e.step != max) {
-            last_eval = Some(self.eval_and_log(observer)?);
-        }
-        self.draw_loss_curve()?;
+        let last_eval = match last_eval {
+            Some(e) if e.step == self.step => e,
+            // Resumed at or past max_steps: nothing to train, but the caller still hears how the model does.
+            _ => self.eval_and_log(&mut metrics, observer)?,
+        };
+        metrics::draw_loss_curve(&self.run_dir)?;
         Ok(last_eval)
     }
 
-    fn eval_and_log(&self, observer: &mut dyn Observer) -> Result<EvalReport, TrainError> {
-        let report = self.evaluate();
-        self.log(&report)?;
+    fn eval_and_log(
+        &mut self,
+        metrics: &mut MetricsWriter,
+        observer: &mut dyn Observer,
+    ) -> Result<EvalReport, TrainError> {
+        let report = self.evaluate()?;
+        metrics.append(&report)?;
         observer.on_eval(&report);
         Ok(report)
-    }
-
-    fn metrics_path(&self) -> PathBuf {
-        self.run_dir.join(bundle::METRICS)
-    }
-
-    fn io(&self, path: PathBuf) -> impl FnOnce(std::io::Error) -> TrainError {
-        move |cause| TrainError::Io { path, cause }
-    }
-
-    fn log<T: Serialize>(&self, record: &T) -> Result<(), TrainError> {
-        let path = self.metrics_path();
-        let line = serde_json::to_string(record).expect("metrics serialise");
-        let mut file = fs::OpenOptions::new().create(true).append(true).open(&path).map_err(self.io(path.clone()))?;
-        writeln!(file, "{line}").map_err(self.io(path))
-    }
-
-    /// Drops metrics past the checkpoint a resumed run restarts from.
-    fn truncate_metrics(&self) -> Result<(), TrainError> {
-        let path = self.metrics_path();
-        let Ok(text) = fs::read_to_string(&path) else { return Ok(()) };
-        let step = self.state.step;
-        let kept: String = text
-            .lines()
-            .filter(|l| {
-                serde_json::from_str::<serde_json::Value>(l)
-                    .ok()
-                    .and_then(|v| v["step"].as_u64())
-                    .is_some_and(|s| s <= step)
-            })
-            .map(|l| format!("{l}\n"))
-            .collect();
-        bundle::write_atomic(&path, kept.as_bytes()).map_err(TrainError::from)
-    }
-
-    /// `loss.svg` from `metrics.jsonl`: the per-step training loss and the evaluated train / val losses.
-    pub fn draw_loss_curve(&self) -> Result<(), TrainError> {
-        let path = self.metrics_path();
-        let text = fs::read_to_string(&path).map_err(self.io(path))?;
-        let (mut steps, mut evals_train, mut evals_val) = (Vec::new(), Vec::new(), Vec::new());
-        for line in text.lines() {
-            if let Ok(s) = serde_json::from_str::<StepReport>(line) {
-                steps.push((s.step as f64, s.loss as f64));
-            } else if let Ok(e) = serde_json::from_str::<EvalReport>(line) {
-                evals_train.push((e.step as f64, e.train_loss as f64));
-                evals_val.push((e.step as f64, e.val_loss as f64));
-            }
-        }
-        let svg = loss_svg(
-            "Ember training loss",
-            &[
-                Series { name: "train (step)", color: "#9ecae1", points: &steps },
-                Series { name: "train (eval)", color: "#08519c", points: &evals_train },
-                Series { name: "val (eval)", color: "#e6550d", points: &evals_val },
-            ],
-        );
-        Ok(bundle::write_atomic(&self.run_dir.join(bundle::LOSS_PLOT), svg.as_bytes())?)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn trainer(batch_size: usize, grad_accum: usize, dir: &Path) -> Trainer {
-        let model = ModelConfig::gpt(13, 1, 2, 8, 8);
-        let config: TrainConfig = serde_json::from_value(serde_json::json!({
-            "batch_size": batch_size, "grad_accum": grad_accum, "max_steps": 1, "lr": 1e-2, "weight_decay": 0.1,
-            "grad_clip": 1.0, "eval_interval": 1, "eval_iters": 1, "out_dir": dir
-        }))
-        .unwrap();
-        let tokens: Vec<u32> = (0..500u32).map(|i| (i * 7 + i / 3) % 13).collect();
-        let corpus = Corpus { train: tokens.clone(), val: tokens };
-        Trainer::new(model, config, corpus, dir, &Device::flex())
-    }
-
-    /// Two micro-batches of 2 windows accumulate to the gradient of one batch of the same 4 windows.
-    #[test]
-    fn gradient_accumulation_equals_the_larger_batch() {
-        let dir = tempfile::tempdir().unwrap();
-        let (mut whole, mut split) = (trainer(4, 1, dir.path()), trainer(2, 2, dir.path()));
-        let (loss_whole, norm_whole) = whole.step();
-        let (loss_split, norm_split) = split.step();
-        assert!((loss_whole - loss_split).abs() < 1e-5, "{loss_whole} vs {loss_split}");
-        assert!((norm_whole - norm_split).abs() < 1e-5, "{norm_whole} vs {norm_split}");
-        let (a, b) = (params::state_dict(&whole.model), params::state_dict(&split.model));
-        for ((name, x), (_, y)) in a.iter().zip(&b) {
-            let (x, y) = (x.try_to_vec::<f32>().unwrap(), y.try_to_vec::<f32>().unwrap());
-            let diff = x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
-            // The first Adam step is ≈ lr·g/(|g| + ε), which magnifies rounding where |g| is near ε: 1e-5 = lr·1e-3.
-            assert!(diff < 1e-5, "{name} differs by {diff}");
-        }
     }
 }

@@ -1,34 +1,35 @@
 //! Training the encoder–decoder translator: BPE vocabularies of the parallel training data, token-count batches,
 //! label-smoothed cross-entropy, Adam with the inverse-square-root warmup schedule, validation loss and BLEU, and
 //! checkpoints kept for averaging. The run directory holds `config.toml`, `tokenizer.json` (the joint or target
-//! vocabulary), `source_tokenizer.json` (separate vocabularies only), `model.safetensors`,
-//! `checkpoints/step-N.safetensors` and `metrics.jsonl`.
+//! vocabulary), `source_tokenizer.json` (separate vocabularies only), `model.safetensors`, `checkpoint.safetensors`
+//! (weights, Adam moments and the batch order, for `ember train --resume`), `checkpoints/step-N.safetensors` (the
+//! weights of the last few checkpoints, for `ember average`), `metrics.jsonl` and `loss.svg`. The loop itself is
+//! the one every task shares ([`crate::trainer`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use burn::module::Module;
-use burn::optim::GradientsParams;
-use burn::tensor::{Device, TensorData};
+use burn::tensor::{DType, Device, TensorData};
 use ember_core_model::bundle::{self, BundleError};
 use ember_core_model::config::{Invalid, require};
+use ember_core_model::params::ParamInfo;
 use ember_core_model::seq2seq::{Seq2Seq, Seq2SeqConfig};
-use ember_core_model::{ModelConfig, Rng, params, tokenizer};
+use ember_core_model::{ModelConfig, Rng, tokenizer};
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
 use crate::loss::smoothed_loss;
-use crate::optim::{AdamW, AdamWConfig, clip_scale, global_grad_norm};
+use crate::optim::AdamWConfig;
 use crate::parallel::{
     Pair, PairBatch, ParallelError, Vocabularies, encode_pairs, read_aligned, read_tsv, token_batches,
 };
+use crate::schedule::noam;
+use crate::trainer::{BatchLoss, BleuError, EvalReport, LoopConfig, Task, TrainError, TrainLoop};
 
 /// The source vocabulary of a run with separate vocabularies (`tokenizer.json` holds the target's).
 pub const SOURCE_TOKENIZER: &str = "source_tokenizer.json";
-use crate::schedule::noam;
 
 /// `[seq2seq]`: the stacks and whether source, target and output share one embedding.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -72,6 +73,9 @@ pub struct TranslationTrainConfig {
     /// Tokens per batch, padding included (rows × longest side).
     pub max_tokens: usize,
     pub max_steps: u64,
+    /// Batches whose gradients are summed into one optimizer step (fairseq's `--update-freq`).
+    #[serde(default = "crate::config::one")]
+    pub grad_accum: usize,
     /// Stop after this many minutes of training (evaluating and checkpointing first), like fairseq's
     /// `--stop-time-hours`; unset: train to `max_steps`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -150,6 +154,7 @@ impl TranslationConfig {
         require(t.lr.is_finite() && t.lr > 0.0, "train.lr", t.lr, "a finite number > 0")?;
         require(t.warmup_steps >= 1, "train.warmup_steps", t.warmup_steps, "at least 1")?;
         require(t.max_steps >= 1, "train.max_steps", t.max_steps, "at least 1")?;
+        require(t.grad_accum >= 1, "train.grad_accum", t.grad_accum, "at least 1")?;
         if let Some(m) = t.max_minutes {
             require(m.is_finite() && m > 0.0, "train.max_minutes", m, "a finite number > 0")?;
         }
@@ -179,36 +184,34 @@ pub enum TranslationError {
     Data(#[from] ParallelError),
     #[error(transparent)]
     Bundle(#[from] BundleError),
+    #[error(transparent)]
+    Train(#[from] TrainError),
     #[error("{path}: {cause}")]
     Io { path: PathBuf, cause: std::io::Error },
     #[error("{0}: not a translation run directory (no [seq2seq] in its config.toml)")]
     NotTranslation(PathBuf),
     #[error("{path}: {reason}")]
     Config { path: PathBuf, reason: String },
+    #[error("{path}: no training pair has fewer than data.max_len = {max_len} tokens on both sides")]
+    NoTrainingPairs { path: PathBuf, max_len: usize },
     #[error("{dir} holds {have} checkpoints; averaging the last {want} needs that many")]
     TooFewCheckpoints { dir: PathBuf, have: usize, want: usize },
-    #[error("training diverged: the loss is {loss} at step {step}")]
-    Diverged { step: u64, loss: f32 },
+    #[error("{path}: cannot average tensor {tensor}: {reason}")]
+    Average { path: PathBuf, tensor: String, reason: String },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TranslationError + '_ {
     move |cause| TranslationError::Io { path: path.to_path_buf(), cause }
 }
 
-/// What one step or evaluation reports to the caller (progress bar, logs).
-pub enum Progress {
-    Step { step: u64, loss: f32, lr: f64, tokens_per_s: f64 },
-    Eval { step: u64, val_loss: f32, bleu: f64 },
-    Checkpoint { step: u64 },
-}
+/// Scores a model on untokenised (source, reference) pairs: corpus BLEU of its translations (target vocabulary
+/// `vocab.target`); a translation that fails is an error, never a score.
+pub type BleuOf = dyn FnMut(&Seq2Seq, &Vocabularies, &[(String, String)]) -> Result<f64, BleuError>;
 
-/// Scores a model on untokenised (source, reference) pairs: corpus BLEU of its translations.
-pub type BleuOf<'a> = dyn FnMut(&Seq2Seq, &[(String, String)]) -> f64 + 'a;
-
-/// The translation trainer: data, model, optimizer, step counter.
-pub struct TranslationTrainer {
+/// Translation as a [`Task`] of the shared loop: epochs of shuffled token batches, label-smoothed cross-entropy,
+/// the inverse-square-root schedule, and evaluation by validation loss and BLEU.
+pub struct Translation {
     pub config: TranslationConfig,
-    pub model: Seq2Seq,
     pub vocab: Vocabularies,
     pub train: Vec<Pair>,
     pub valid: Vec<Pair>,
@@ -216,61 +219,84 @@ pub struct TranslationTrainer {
     pub valid_text: Vec<(String, String)>,
     /// Training pairs left out for exceeding `data.max_len`.
     pub dropped: usize,
-    optim: AdamW,
+    /// The autodiff device batches are made on.
     device: Device,
+    bleu: Box<BleuOf>,
+    /// The batch-order generator (after shuffling the current epoch).
     rng: Rng,
-    pub step: u64,
-    pub run_dir: PathBuf,
+    /// The generator as it was before it shuffled the current epoch.
+    epoch_rng: Rng,
+    /// The current epoch's batches (pair indices) and how many of them were trained on.
+    batches: Vec<Vec<usize>>,
+    position: usize,
+    epoch: u64,
 }
 
-impl TranslationTrainer {
-    /// Reads the data, trains the vocabularies (saved in the run directory) and builds the model on `device`.
-    pub fn new(config: TranslationConfig, device: &Device) -> Result<Self, TranslationError> {
-        let run_dir = config.train.out_dir.clone();
-        let read = |path: &Path, target: &Option<PathBuf>| match target {
-            Some(target) => read_aligned(path, target),
-            None => read_tsv(path),
-        };
-        let train_text = read(&config.data.train, &config.data.train_target)?;
-        let valid_text = read(&config.data.valid, &config.data.valid_target)?;
-        let vocab = Vocabularies::train(&train_text, config.data.vocab_size, config.data.joint_vocab)?;
-        fs::create_dir_all(run_dir.join("checkpoints")).map_err(io(&run_dir))?;
-        save_vocabularies(&vocab, &run_dir)?;
-        let (train, dropped) = encode_pairs(&vocab, &train_text, config.data.max_len)?;
+/// A translation run's data position: enough to redraw the current epoch's batch order and continue after the
+/// batches already trained on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TranslationState {
+    /// The batch-order generator before it shuffled the current epoch.
+    pub epoch_rng: Rng,
+    /// Epochs begun.
+    pub epoch: u64,
+    /// Batches of the current epoch trained on.
+    pub position: usize,
+    /// Training pairs kept, which the batches index: a resumed run must read the same data.
+    pub train_pairs: usize,
+}
+
+/// Untokenised (source, target) sentence pairs.
+type TextPairs = Vec<(String, String)>;
+
+/// The training and validation pairs of `[data]`.
+fn read_data(data: &ParallelDataConfig) -> Result<(TextPairs, TextPairs), ParallelError> {
+    let read = |path: &Path, target: &Option<PathBuf>| match target {
+        Some(target) => read_aligned(path, target),
+        None => read_tsv(path),
+    };
+    Ok((read(&data.train, &data.train_target)?, read(&data.valid, &data.valid_target)?))
+}
+
+impl Translation {
+    /// The task over `train_text` and `valid_text` encoded with `vocab`; `rng` orders the batches.
+    fn build(
+        config: TranslationConfig,
+        vocab: Vocabularies,
+        train_text: &[(String, String)],
+        valid_text: Vec<(String, String)>,
+        rng: Rng,
+        device: Device,
+        bleu: Box<BleuOf>,
+    ) -> Result<Self, TranslationError> {
+        let (train, dropped) = encode_pairs(&vocab, train_text, config.data.max_len)?;
+        if train.is_empty() {
+            return Err(TranslationError::NoTrainingPairs {
+                path: config.data.train.clone(),
+                max_len: config.data.max_len,
+            });
+        }
         let (valid, _) = encode_pairs(&vocab, &valid_text, config.model.block_size)?;
-        let device = device.clone().autodiff();
-        let mut rng = Rng::new(config.train.seed);
-        let seq2seq = config.seq2seq_config(&vocab);
-        let model = Seq2Seq::new(&seq2seq, &mut rng, &device);
-        let adam = AdamWConfig {
-            beta1: config.train.beta1,
-            beta2: config.train.beta2,
-            eps: config.train.eps,
-            weight_decay: 0.0,
-        };
-        let saved = TranslationConfig { model: seq2seq.model, ..config.clone() };
-        let text = toml::to_string(&saved).expect("a translation config is TOML");
-        bundle::write_atomic(&run_dir.join(bundle::CONFIG), text.as_bytes())?;
-        fs::write(run_dir.join(bundle::METRICS), "").map_err(io(&run_dir))?;
         Ok(Self {
-            config: saved,
-            model,
+            config,
             vocab,
             train,
             valid,
             valid_text,
             dropped,
-            optim: AdamW::new(adam, HashSet::new()),
             device,
+            bleu,
+            epoch_rng: rng.clone(),
             rng,
-            step: 0,
-            run_dir,
+            batches: Vec::new(),
+            position: 0,
+            epoch: 0,
         })
     }
 
     /// Mean label-smoothed loss per target token over the validation set (teacher-forced, no dropout).
-    pub fn validation_loss(&self) -> f32 {
-        let model = self.model.valid();
+    pub fn validation_loss(&self, model: &Seq2Seq) -> f32 {
+        let model = model.valid();
         let inner = self.device.clone().inner();
         let mut order = Rng::new(0);
         let (mut total, mut tokens) = (0.0f64, 0usize);
@@ -284,82 +310,171 @@ impl TranslationTrainer {
         (total / tokens.max(1) as f64) as f32
     }
 
-    /// Trains to `train.max_steps`, epoch after epoch of shuffled token batches; `bleu` scores the model on the
-    /// validation sentences it is given at every evaluation; `progress` hears of steps, evaluations, checkpoints.
-    pub fn run(&mut self, bleu: &mut BleuOf, progress: &mut dyn FnMut(Progress)) -> Result<(), TranslationError> {
-        let t = self.config.train.clone();
-        let d = self.config.model.d_model;
-        let started = Instant::now();
-        let mut tokens_seen = 0usize;
-        let out_of_time = || t.max_minutes.is_some_and(|m| started.elapsed().as_secs_f64() >= m * 60.0);
-        let mut stopped = false;
-        while !stopped {
-            for rows in token_batches(&self.train, t.max_tokens, &mut self.rng) {
-                let b = PairBatch::new(&self.train, &rows, &self.device);
-                let logits = self.model.forward(b.src, &b.src_lengths, b.tgt_in);
-                let loss = smoothed_loss(logits, b.tgt_out, b.mask, t.label_smoothing);
-                let value = loss.clone().into_scalar::<f32>();
-                if !value.is_finite() {
-                    return Err(TranslationError::Diverged { step: self.step, loss: value });
-                }
-                let grads = GradientsParams::from_grads(loss.backward(), &self.model);
-                let scale = clip_scale(global_grad_norm(&self.model, &grads), t.grad_clip);
-                // Vaswani et al. (2017) eq. 3, scaled by train.lr.
-                let lr = t.lr * noam(d, t.warmup_steps, self.step + 1);
-                self.model = self.optim.step(self.model.clone(), &grads, lr, scale);
-                self.step += 1;
-                tokens_seen += b.tokens;
-                let tokens_per_s = tokens_seen as f64 / started.elapsed().as_secs_f64();
-                progress(Progress::Step { step: self.step, loss: value, lr, tokens_per_s });
-                self.metrics(
-                    serde_json::json!({"step": self.step, "loss": value, "lr": lr, "tokens_per_s": tokens_per_s}),
-                )?;
-                let last = self.step == t.max_steps || out_of_time();
-                if self.step.is_multiple_of(t.eval_interval) || last {
-                    let val_loss = self.validation_loss();
-                    let sentences = &self.valid_text[..t.bleu_sentences.min(self.valid_text.len())];
-                    let score = bleu(&self.model.valid(), sentences);
-                    progress(Progress::Eval { step: self.step, val_loss, bleu: score });
-                    self.metrics(serde_json::json!({"step": self.step, "val_loss": val_loss, "val_bleu": score}))?;
-                }
-                if self.step.is_multiple_of(t.checkpoint_interval) || last {
-                    self.save_checkpoint()?;
-                    progress(Progress::Checkpoint { step: self.step });
-                }
-                if last {
-                    stopped = true;
-                    break;
-                }
-            }
+    /// Epochs begun so far.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+}
+
+impl Task for Translation {
+    type Model = Seq2Seq;
+    type State = TranslationState;
+
+    /// Vaswani et al. (2017) eq. 3, scaled by train.lr.
+    fn learning_rate(&self, step: u64) -> f64 {
+        let t = &self.config.train;
+        t.lr * noam(self.config.model.d_model, t.warmup_steps, step + 1)
+    }
+
+    fn decays(&self, _param: &ParamInfo) -> bool {
+        false
+    }
+
+    /// The next batch of the epoch, starting a newly shuffled epoch when this one is done.
+    fn next_loss(&mut self, model: &Seq2Seq) -> BatchLoss {
+        let t = &self.config.train;
+        if self.position == self.batches.len() {
+            self.epoch_rng = self.rng.clone();
+            self.batches = token_batches(&self.train, t.max_tokens, &mut self.rng);
+            self.position = 0;
+            self.epoch += 1;
         }
+        let b = PairBatch::new(&self.train, &self.batches[self.position], &self.device);
+        self.position += 1;
+        let logits = model.forward(b.src, &b.src_lengths, b.tgt_in);
+        BatchLoss { loss: smoothed_loss(logits, b.tgt_out, b.mask, t.label_smoothing), tokens: b.tokens }
+    }
+
+    /// Validation loss, and the BLEU of the first `bleu_sentences` validation pairs.
+    fn evaluate(&mut self, model: &Seq2Seq, step: u64) -> Result<EvalReport, TrainError> {
+        let val_loss = self.validation_loss(model);
+        let sentences = &self.valid_text[..self.config.train.bleu_sentences.min(self.valid_text.len())];
+        let bleu =
+            (self.bleu)(&model.valid(), &self.vocab, sentences).map_err(|cause| TrainError::Bleu { step, cause })?;
+        Ok(EvalReport { step, train_loss: None, val_loss, val_bleu: Some(bleu) })
+    }
+
+    fn state(&self) -> TranslationState {
+        TranslationState {
+            epoch_rng: self.epoch_rng.clone(),
+            epoch: self.epoch,
+            position: self.position,
+            train_pairs: self.train.len(),
+        }
+    }
+
+    fn restore(&mut self, state: TranslationState, run_dir: &Path) -> Result<(), TrainError> {
+        let refuse = |reason: String| TrainError::Resume { run_dir: run_dir.to_path_buf(), reason };
+        if state.train_pairs != self.train.len() {
+            return Err(refuse(format!(
+                "its checkpoint was trained on {} pairs, but {} now gives {}",
+                state.train_pairs,
+                self.config.data.train.display(),
+                self.train.len()
+            )));
+        }
+        self.rng = state.epoch_rng.clone();
+        self.batches = match state.epoch {
+            0 => Vec::new(),
+            _ => token_batches(&self.train, self.config.train.max_tokens, &mut self.rng),
+        };
+        if state.position > self.batches.len() {
+            return Err(refuse(format!(
+                "its checkpoint is at batch {} of an epoch of {} (was train.max_tokens changed?)",
+                state.position,
+                self.batches.len()
+            )));
+        }
+        (self.epoch_rng, self.epoch, self.position) = (state.epoch_rng, state.epoch, state.position);
         Ok(())
     }
 
-    fn metrics(&self, line: serde_json::Value) -> Result<(), TranslationError> {
-        let path = self.run_dir.join(bundle::METRICS);
-        let mut file = fs::OpenOptions::new().append(true).create(true).open(&path).map_err(io(&path))?;
-        writeln!(file, "{line}").map_err(io(&path))
-    }
-
-    /// Writes `checkpoints/step-N.safetensors` and `model.safetensors`, keeping the last `keep_checkpoints`.
-    fn save_checkpoint(&self) -> Result<(), TranslationError> {
-        let weights = params::state_dict(&self.model.valid());
-        let dir = self.run_dir.join("checkpoints");
-        bundle::save_tensors(&dir.join(format!("step-{}.safetensors", self.step)), &weights, HashMap::new())?;
-        bundle::save_tensors(&self.run_dir.join(bundle::MODEL), &weights, HashMap::new())?;
-        let all = checkpoints(&self.run_dir)?;
+    /// Writes `checkpoints/step-N.safetensors`, keeping the last `keep_checkpoints`, for `ember average`.
+    fn on_checkpoint(&mut self, run_dir: &Path, step: u64, weights: &[(String, TensorData)]) -> Result<(), TrainError> {
+        let dir = run_dir.join(CHECKPOINTS);
+        fs::create_dir_all(&dir).map_err(|cause| TrainError::Io { path: dir.clone(), cause })?;
+        bundle::save_tensors(&dir.join(format!("step-{step}.safetensors")), weights, HashMap::new())?;
+        let all = step_files(&dir).map_err(|cause| TrainError::Io { path: dir.clone(), cause })?;
         for (_, old) in all.iter().rev().skip(self.config.train.keep_checkpoints) {
-            fs::remove_file(old).map_err(io(old))?;
+            fs::remove_file(old).map_err(|cause| TrainError::Io { path: old.clone(), cause })?;
         }
         Ok(())
     }
 }
 
+impl From<&TranslationTrainConfig> for LoopConfig {
+    fn from(t: &TranslationTrainConfig) -> Self {
+        LoopConfig {
+            max_steps: t.max_steps,
+            max_minutes: t.max_minutes,
+            grad_accum: t.grad_accum,
+            grad_clip: t.grad_clip,
+            eval_interval: t.eval_interval,
+            eval_at_start: false,
+            checkpoint_interval: t.checkpoint_interval,
+            adamw: AdamWConfig { beta1: t.beta1, beta2: t.beta2, eps: t.eps, weight_decay: 0.0 },
+        }
+    }
+}
+
+/// Training the translator.
+pub type TranslationTrainer = TrainLoop<Translation>;
+
+impl TrainLoop<Translation> {
+    /// Reads the data, trains the vocabularies, writes them and `config.toml` (with the model's vocabulary size) to
+    /// `train.out_dir`, and builds the model on `device`; `bleu` scores it at every evaluation.
+    pub fn new(config: TranslationConfig, device: &Device, bleu: Box<BleuOf>) -> Result<Self, TranslationError> {
+        let run_dir = config.train.out_dir.clone();
+        let (train_text, valid_text) = read_data(&config.data)?;
+        let vocab = Vocabularies::train(&train_text, config.data.vocab_size, config.data.joint_vocab)?;
+        fs::create_dir_all(run_dir.join(CHECKPOINTS)).map_err(io(&run_dir))?;
+        save_vocabularies(&vocab, &run_dir)?;
+        let device = device.clone().autodiff();
+        // The generator that initialises the model goes on to order the batches.
+        let mut rng = Rng::new(config.train.seed);
+        let seq2seq = config.seq2seq_config(&vocab);
+        let model = Seq2Seq::new(&seq2seq, &mut rng, &device);
+        let saved = TranslationConfig { model: seq2seq.model, ..config };
+        let text = toml::to_string(&saved).expect("a translation config is TOML");
+        bundle::write_atomic(&run_dir.join(bundle::CONFIG), text.as_bytes())?;
+        let loop_config = LoopConfig::from(&saved.train);
+        let task = Translation::build(saved, vocab, &train_text, valid_text, rng, device, bleu)?;
+        Ok(TrainLoop::fresh(task, model, loop_config, &run_dir))
+    }
+
+    /// Continues the translation run in `run_dir` from its `checkpoint.safetensors`, with its vocabularies and
+    /// `config` (its `config.toml`, perhaps with a new `train.max_steps`); the data files must be the ones it
+    /// was trained on.
+    pub fn resume(
+        config: TranslationConfig,
+        run_dir: &Path,
+        device: &Device,
+        bleu: Box<BleuOf>,
+    ) -> Result<Self, TranslationError> {
+        let (train_text, valid_text) = read_data(&config.data)?;
+        let vocab = load_vocabularies(run_dir)?;
+        let device = device.clone().autodiff();
+        let mut rng = Rng::new(config.train.seed);
+        let model = Seq2Seq::new(&config.seq2seq_config(&vocab), &mut rng, &device);
+        let loop_config = LoopConfig::from(&config.train);
+        let inner = device.clone().inner();
+        let task = Translation::build(config, vocab, &train_text, valid_text, rng, device, bleu)?;
+        Ok(TrainLoop::from_checkpoint(task, model, loop_config, run_dir, &inner)?)
+    }
+}
+
+/// The directory of a run's `step-N.safetensors` weights.
+pub const CHECKPOINTS: &str = "checkpoints";
+
 /// The checkpoints of a run directory, by step.
 pub fn checkpoints(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>, TranslationError> {
-    let dir = run_dir.join("checkpoints");
-    let mut found: Vec<(u64, PathBuf)> = fs::read_dir(&dir)
-        .map_err(io(&dir))?
+    let dir = run_dir.join(CHECKPOINTS);
+    step_files(&dir).map_err(io(&dir))
+}
+
+/// The `step-N.safetensors` files of `dir`, by step.
+fn step_files(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
+    let mut found: Vec<(u64, PathBuf)> = fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter_map(|p| {
             let name = p.file_name()?.to_str()?;
@@ -419,33 +534,53 @@ pub fn load(run_dir: &Path, weights: Option<&Path>, device: &Device) -> Result<T
     let vocab = load_vocabularies(run_dir)?;
     let weights = weights.map_or_else(|| run_dir.join(bundle::MODEL), Path::to_path_buf);
     let (tensors, _) = bundle::load_tensors(&weights)?;
-    let model = Seq2Seq::new(&config.seq2seq_config(&vocab), &mut Rng::placeholder(), device);
-    let model = params::load_state_dict(model, &tensors)
+    let model = Seq2Seq::load(&config.seq2seq_config(&vocab), &tensors, device)
         .map_err(|cause| BundleError::Mismatch { path: weights.clone(), cause })?;
     Ok(Translator { config, model, vocab })
 }
 
 /// θ̄ = (1/n) Σ θ_i over the last `n` checkpoints (Vaswani et al. 2017: the last 5, written 10 minutes apart),
-/// written as `model.safetensors` of a new run directory `out` with the same config and vocabularies.
+/// written as `model.safetensors` of a new run directory `out` with the same config and vocabularies. Every
+/// checkpoint must hold the same f32 tensors with the same shapes.
 pub fn average(run_dir: &Path, n: usize, out: &Path) -> Result<Vec<u64>, TranslationError> {
     let all = checkpoints(run_dir)?;
     if all.len() < n || n == 0 {
-        return Err(TranslationError::TooFewCheckpoints { dir: run_dir.join("checkpoints"), have: all.len(), want: n });
+        return Err(TranslationError::TooFewCheckpoints { dir: run_dir.join(CHECKPOINTS), have: all.len(), want: n });
     }
     let chosen = &all[all.len() - n..];
-    let mut sum: HashMap<String, (Vec<f32>, Vec<usize>)> = HashMap::new();
-    for (_, path) in chosen {
+    let first = &chosen[0].1;
+    let mut sum: BTreeMap<String, (Vec<f32>, Vec<usize>)> = BTreeMap::new();
+    for (i, (_, path)) in chosen.iter().enumerate() {
+        let bad = |tensor: &str, reason: String| TranslationError::Average {
+            path: path.clone(),
+            tensor: tensor.to_string(),
+            reason,
+        };
         let (tensors, _) = bundle::load_tensors(path)?;
+        if let Some(missing) = sum.keys().find(|name| !tensors.contains_key(*name)) {
+            return Err(bad(missing, format!("missing here but present in {}", first.display())));
+        }
         for (name, data) in tensors {
-            let values = data.try_to_vec::<f32>().unwrap_or_default();
-            let entry = sum.entry(name).or_insert_with(|| (vec![0.0; values.len()], data.shape().to_vec()));
-            entry.0.iter_mut().zip(&values).for_each(|(s, v)| *s += v / n as f32);
+            if data.dtype() != DType::F32 {
+                return Err(bad(&name, format!("it is {:?}, not F32", data.dtype())));
+            }
+            let values = data.as_slice::<f32>().map_err(|e| bad(&name, format!("{e:?}")))?;
+            let shape = data.shape().to_vec();
+            if i == 0 {
+                sum.insert(name.clone(), (vec![0.0; values.len()], shape.clone()));
+            }
+            let Some((acc, acc_shape)) = sum.get_mut(&name) else {
+                return Err(bad(&name, format!("not in {}", first.display())));
+            };
+            if *acc_shape != shape {
+                return Err(bad(&name, format!("shape {shape:?}, but {acc_shape:?} in {}", first.display())));
+            }
+            acc.iter_mut().zip(values).for_each(|(s, v)| *s += v / n as f32);
         }
     }
     fs::create_dir_all(out).map_err(io(out))?;
-    let mut tensors: Vec<(String, TensorData)> =
+    let tensors: Vec<(String, TensorData)> =
         sum.into_iter().map(|(name, (values, shape))| (name, TensorData::new(values, shape))).collect();
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
     bundle::save_tensors(&out.join(bundle::MODEL), &tensors, HashMap::new())?;
     let config = run_dir.join(bundle::CONFIG);
     fs::copy(&config, out.join(bundle::CONFIG)).map_err(io(&config))?;

@@ -32,13 +32,13 @@ fn gpt_logits_loss_gradient_norm_and_one_adamw_step_match_pytorch() {
     let t = fixture();
     let device = Device::flex().autodiff();
     let config = ModelConfig::gpt(11, 2, 2, 16, 8);
-    let model = bundle::model_from_tensors(&config, &t, Path::new("fixture"), &device).unwrap();
+    let model = Gpt::load(&config, &t, &device).unwrap();
     let (x, y) = (ids(&t, "fixture.x", &device), ids(&t, "fixture.y", &device));
 
     let logits = model.forward(x.clone());
     let ours = logits.clone().into_data().try_to_vec::<f32>().unwrap();
     let theirs = t["fixture.logits"].try_to_vec::<f32>().unwrap();
-    let diff = ours.iter().zip(&theirs).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+    let diff = ember_test_support::max_abs_diff(&ours, &theirs);
     assert!(diff <= TOL, "logits differ by {diff}");
 
     let loss = lm_loss(logits, y.clone(), None);

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use burn::tensor::{Device, TensorData};
 
 use crate::bundle::{self, Bundle, BundleError};
-use crate::tokenizer;
+use crate::{Gpt, tokenizer};
 
 pub use crate::bundle::Tensors;
 
@@ -76,7 +76,8 @@ pub fn load(path: &Path, device: &Device) -> Result<Bundle, ImportError> {
         }
         Source::Gguf => gguf_llama::load(path)?,
     };
-    let model = bundle::model_from_tensors(&config, &tensors, path, device)?;
+    let model = Gpt::load(&config, &tensors, device)
+        .map_err(|cause| BundleError::Mismatch { path: path.to_path_buf(), cause })?;
     Ok(Bundle { config, model, tokenizer })
 }
 

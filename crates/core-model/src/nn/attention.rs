@@ -4,11 +4,16 @@
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::tensor::Tensor;
-use ember_kernels::{AttentionSpec, PackedHeads, attention, linear, merge_heads, packed_attention, split_heads};
+use ember_kernels::{
+    AttentionImpl, AttentionSpec, PackedHeads, attention, linear, merge_heads, packed_attention, split_heads,
+};
 
+use crate::ModelConfig;
+use crate::cache::{Context, append_rows};
+use crate::config::PositionKind;
+use crate::init::Init;
 use crate::nn::linear_layer;
-use crate::nn::position::Rope;
-use crate::{ModelConfig, Rng};
+use crate::nn::position::{Positions, Rotary};
 
 #[derive(Module, Debug)]
 pub struct CausalSelfAttention {
@@ -23,51 +28,70 @@ pub struct CausalSelfAttention {
     window: Option<usize>,
     #[module(skip)]
     attention_dropout: f64,
+    /// RoPE on q and k, when the model's positions are rotary.
+    #[module(skip)]
+    rope: Option<Rotary>,
+    #[module(skip)]
+    implementation: AttentionImpl,
+    /// Full self-attention without RoPE reads q, k, v where the fused projection put them (on the CPU one kernel
+    /// call, no head split); its gradients differ from the split heads' in the last bits.
+    #[module(skip)]
+    packed: bool,
 }
 
 impl CausalSelfAttention {
     /// GPT-2 init: N(0, 0.02) weights, residual projection N(0, 0.02/√(2L)), zero biases.
-    pub fn new(config: &ModelConfig, rng: &mut Rng, device: &burn::tensor::Device) -> Self {
+    pub fn new(config: &ModelConfig, init: &mut Init) -> Self {
         let (d, h, g, dh) = (config.d_model, config.n_heads, config.kv_heads(), config.head_dim());
         let residual_std = 0.02 / (2.0 * config.n_layers as f64).sqrt();
         Self {
-            c_attn: linear_layer(rng, d, (h + 2 * g) * dh, 0.02, config.qkv_bias(), device),
-            c_proj: linear_layer(rng, h * dh, d, residual_std, config.bias, device),
+            c_attn: linear_layer(init, "c_attn", d, (h + 2 * g) * dh, 0.02, config.qkv_bias()),
+            c_proj: linear_layer(init, "c_proj", h * dh, d, residual_std, config.bias),
             resid_drop: DropoutConfig::new(config.dropout).init(),
             n_heads: h,
             n_kv_heads: g,
             window: config.window,
             attention_dropout: config.attention_dropout,
+            rope: (config.positions == PositionKind::Rope).then_some(Rotary { theta: config.rope_theta, dim: dh }),
+            implementation: AttentionImpl::Auto,
+            packed: true,
         }
     }
 
-    /// q [B, h, T, d_h] and k, v [B, g, T, d_h] of x [B, T, d]; q and k rotated when `rope` is given.
-    pub fn qkv(&self, x: Tensor<3>, rope: Option<&Rope>) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+    /// The same layer, splitting q, k, v into heads before attending in every pass.
+    pub fn with_split_heads(self) -> Self {
+        Self { packed: false, ..self }
+    }
+
+    /// Computes attention with `implementation` from now on.
+    pub fn set_implementation(&mut self, implementation: AttentionImpl) {
+        self.implementation = implementation;
+    }
+
+    /// q [B, h, T, d_h] and k, v [B, g, T, d_h] of x [B, T, d]; q and k rotated at `positions` when RoPE is on.
+    pub fn qkv(&self, x: Tensor<3>, positions: &Positions) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
         let (q, k, v) = split_heads(linear(&self.c_attn, x), self.heads());
-        match rope {
-            Some(rope) => (rope.apply(q), rope.apply(k), v),
+        match self.rope {
+            Some(rotary) => {
+                let rope = positions.rope(rotary);
+                (rope.apply(q), rope.apply(k), v)
+            }
             None => (q, k, v),
         }
     }
 
-    /// y = softmax(q kᵀ / √d_k + mask) v, heads concatenated, then W_O; queries start at `query_offset` of k, v.
-    pub fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, query_offset: usize) -> Tensor<3> {
-        let spec = self.spec(q.dims()[3], query_offset);
-        self.attend_with(q, k, v, &spec)
-    }
-
-    /// The same with a given mask specification (batched decoding masks padded keys by length).
-    pub fn attend_with(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec) -> Tensor<3> {
+    /// y = softmax(q kᵀ / √d_k + mask) v as `spec` masks it, heads concatenated, then W_O.
+    pub fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec) -> Tensor<3> {
         self.project(attention(q, k, v, spec))
     }
 
-    /// Causal attention (in this layer's window, with its dropout) for heads of width `head_dim`, queries from
-    /// `query_offset`.
+    /// Causal attention (in this layer's window, with its dropout and implementation) for heads of width
+    /// `head_dim`, queries from `query_offset`.
     pub fn spec(&self, head_dim: usize, query_offset: usize) -> AttentionSpec {
         AttentionSpec {
             query_offset,
             dropout: self.attention_dropout,
-            ..AttentionSpec::causal(head_dim).with_window(self.window)
+            ..AttentionSpec::causal(head_dim).with_window(self.window).with_implementation(self.implementation)
         }
     }
 
@@ -85,31 +109,48 @@ impl CausalSelfAttention {
         PackedHeads { q: self.n_heads, kv: self.n_kv_heads }
     }
 
-    pub fn window(&self) -> Option<usize> {
-        self.window
-    }
-
-    pub fn forward(&self, x: Tensor<3>, rope: Option<&Rope>) -> Tensor<3> {
-        if rope.is_some() {
-            let (q, k, v) = self.qkv(x, rope);
-            return self.attend(q, k, v, 0);
+    /// y = softmax(q kᵀ / √d_k + mask) v W_O for x [B, T, d] at `positions`, the keys and values being this pass's
+    /// and whatever `context` holds for `layer` (this pass's appended to it).
+    pub fn forward(&self, x: Tensor<3>, positions: &Positions, layer: usize, context: &mut Context) -> Tensor<3> {
+        if self.packed && self.rope.is_none() && matches!(context, Context::Full) {
+            // Unrotated q, k, v are read where the fused projection put them.
+            let dh = self.c_attn.weight.dims()[1] / (self.n_heads + 2 * self.n_kv_heads);
+            return self.output(packed_attention(linear(&self.c_attn, x), self.heads(), &self.spec(dh, 0)));
         }
-        // Unrotated q, k, v are read where the fused projection put them.
-        let dh = self.c_attn.weight.dims()[1] / (self.n_heads + 2 * self.n_kv_heads);
-        self.output(packed_attention(linear(&self.c_attn, x), self.heads(), &self.spec(dh, 0)))
+        let (q, k, v) = self.qkv(x, positions);
+        let spec = self.spec(q.dims()[3], positions.query_offset());
+        match context {
+            Context::Full => self.attend(q, k, v, &spec),
+            Context::Cached(cache) => self.project(cache.attend(layer, q, k, v, &spec)),
+            Context::Batched(caches) => {
+                // Each row against its own keys, padded to the longest row and masked by length.
+                let ([k, v], lengths) = append_rows(caches, layer, [k, v], self.window);
+                let spec = AttentionSpec { causal: false, window: None, key_lengths: Some(lengths), ..spec };
+                self.attend(q, k, v, &spec)
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Rng;
     use crate::params::{load_state_dict, state_dict};
     use burn::tensor::{Device, Distribution, TensorData};
     use std::collections::HashMap;
 
-    fn max_diff(a: Tensor<3>, b: Tensor<3>) -> f32 {
-        (a - b).abs().max().into_scalar()
+    fn layer(config: &ModelConfig, seed: u64) -> CausalSelfAttention {
+        CausalSelfAttention::new(config, &mut Init::draw(&mut Rng::new(seed), &Device::flex()))
     }
+
+    /// Full causal self-attention over x [B, T, d].
+    fn full(attn: &CausalSelfAttention, x: Tensor<3>) -> Tensor<3> {
+        let positions = Positions::span(0, x.dims()[1], &x.device());
+        attn.forward(x, &positions, 0, &mut Context::Full)
+    }
+
+    use ember_test_support::max_abs_diff_tensors as max_diff;
 
     /// Weights of `mha` (h heads of width dh) with K/V head r taken from head `source(r)`, for `n` K/V heads.
     fn kv_heads_from(
@@ -136,25 +177,25 @@ mod tests {
         let dev = Device::flex();
         let (h, dh) = (4, 8);
         let base = ModelConfig { bias: false, ..ModelConfig::gpt(10, 1, h, h * dh, 16) };
-        let mha = CausalSelfAttention::new(&base, &mut Rng::new(1), &dev);
+        let mha = layer(&base, 1);
         let x = Tensor::<3>::random([2, 6, h * dh], Distribution::Normal(0.0, 1.0), &dev);
 
         // g = h: the same weights give the same output.
-        let g4 = CausalSelfAttention::new(&ModelConfig { n_kv_heads: Some(h), ..base.clone() }, &mut Rng::new(1), &dev);
-        assert!(max_diff(g4.forward(x.clone(), None), mha.forward(x.clone(), None)) < 1e-6);
+        let g4 = layer(&ModelConfig { n_kv_heads: Some(h), ..base.clone() }, 1);
+        assert!(max_diff(full(&g4, x.clone()), full(&mha, x.clone())) < 1e-6);
 
         // g = 2 (GQA) and g = 1 (MQA): K/V head j is MHA head j·(h/g); MHA with every K/V head r replaced by
         // head ⌊r / (h/g)⌋·(h/g) computes the same.
         for g in [2, 1] {
             let group = h / g;
             let cfg = ModelConfig { n_kv_heads: Some(g), ..base.clone() };
-            let gqa = CausalSelfAttention::new(&cfg, &mut Rng::new(2), &dev);
+            let gqa = layer(&cfg, 2);
             let gqa = load_state_dict(gqa, &kv_heads_from(&mha, h, dh, g, |j| j * group)).unwrap();
-            let shared = CausalSelfAttention::new(&base, &mut Rng::new(3), &dev);
+            let shared = layer(&base, 3);
             let shared = load_state_dict(shared, &kv_heads_from(&mha, h, dh, h, |r| r / group * group)).unwrap();
-            let (_, k, _) = gqa.qkv(x.clone(), None);
+            let (_, k, _) = gqa.qkv(x.clone(), &Positions::span(0, 6, &dev));
             assert_eq!(k.dims(), [2, g, 6, dh]);
-            assert!(max_diff(gqa.forward(x.clone(), None), shared.forward(x.clone(), None)) < 1e-5, "g = {g}");
+            assert!(max_diff(full(&gqa, x.clone()), full(&shared, x.clone())) < 1e-5, "g = {g}");
         }
     }
 }

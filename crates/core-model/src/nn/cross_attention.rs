@@ -4,10 +4,11 @@
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::tensor::Tensor;
-use ember_kernels::{AttentionSpec, attention, linear};
+use ember_kernels::{AttentionImpl, AttentionSpec, attention, linear};
 
+use crate::ModelConfig;
+use crate::init::Init;
 use crate::nn::linear_layer;
-use crate::{ModelConfig, Rng};
 
 #[derive(Module, Debug)]
 pub struct CrossAttention {
@@ -22,6 +23,8 @@ pub struct CrossAttention {
     n_kv_heads: usize,
     #[module(skip)]
     attention_dropout: f64,
+    #[module(skip)]
+    implementation: AttentionImpl,
 }
 
 /// The memory's keys and values for one layer, [B, g, S, d_h] each, and the valid source length of each row.
@@ -33,17 +36,24 @@ pub struct Memory {
 }
 
 impl CrossAttention {
-    pub fn new(config: &ModelConfig, rng: &mut Rng, device: &burn::tensor::Device) -> Self {
+    /// N(0, 0.02) weights, zero biases.
+    pub fn new(config: &ModelConfig, init: &mut Init) -> Self {
         let (d, h, g, dh) = (config.d_model, config.n_heads, config.kv_heads(), config.head_dim());
         Self {
-            q_proj: linear_layer(rng, d, h * dh, 0.02, config.qkv_bias(), device),
-            kv_proj: linear_layer(rng, d, 2 * g * dh, 0.02, config.qkv_bias(), device),
-            c_proj: linear_layer(rng, h * dh, d, 0.02, config.bias, device),
+            q_proj: linear_layer(init, "q_proj", d, h * dh, 0.02, config.qkv_bias()),
+            kv_proj: linear_layer(init, "kv_proj", d, 2 * g * dh, 0.02, config.qkv_bias()),
+            c_proj: linear_layer(init, "c_proj", h * dh, d, 0.02, config.bias),
             resid_drop: DropoutConfig::new(config.dropout).init(),
             n_heads: h,
             n_kv_heads: g,
             attention_dropout: config.attention_dropout,
+            implementation: AttentionImpl::Auto,
         }
+    }
+
+    /// Computes attention with `implementation` from now on.
+    pub fn set_implementation(&mut self, implementation: AttentionImpl) {
+        self.implementation = implementation;
     }
 
     /// k = memory W_K, v = memory W_V for encoder output [B, S, d] whose rows hold `lengths` real tokens.
@@ -68,7 +78,7 @@ impl CrossAttention {
             causal: false,
             key_lengths: Some(memory.lengths.clone()),
             dropout: self.attention_dropout,
-            ..AttentionSpec::causal(dh)
+            ..AttentionSpec::causal(dh).with_implementation(self.implementation)
         };
         let y = attention(q, memory.k.clone(), memory.v.clone(), &spec).swap_dims(1, 2).reshape([b, t, h * dh]);
         self.resid_drop.forward(linear(&self.c_proj, y))

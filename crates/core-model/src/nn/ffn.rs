@@ -2,13 +2,14 @@
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
+use burn::tensor::Tensor;
 use burn::tensor::activation::{gelu_approximate, relu};
-use burn::tensor::{Device, Tensor};
 use ember_kernels::{gelu, linear, swiglu};
 
+use crate::ModelConfig;
 use crate::config::FfnKind;
+use crate::init::Init;
 use crate::nn::linear_layer;
-use crate::{ModelConfig, Rng};
 
 #[derive(Module, Debug)]
 pub struct Ffn {
@@ -25,15 +26,15 @@ pub struct Ffn {
 
 impl Ffn {
     /// GPT-2 init: N(0, 0.02), the residual projection N(0, 0.02/√(2L)).
-    pub fn new(config: &ModelConfig, rng: &mut Rng, device: &Device) -> Self {
+    pub fn new(config: &ModelConfig, init: &mut Init) -> Self {
         let (d, f) = (config.d_model, config.ffn_dim());
         let residual_std = 0.02 / (2.0 * config.n_layers as f64).sqrt();
-        let c_fc = linear_layer(rng, d, f, 0.02, config.bias, device);
-        let c_gate = (config.ffn == FfnKind::Swiglu).then(|| linear_layer(rng, d, f, 0.02, config.bias, device));
+        let c_fc = linear_layer(init, "c_fc", d, f, 0.02, config.bias);
+        let c_gate = (config.ffn == FfnKind::Swiglu).then(|| linear_layer(init, "c_gate", d, f, 0.02, config.bias));
         Self {
             c_fc,
             c_gate,
-            c_proj: linear_layer(rng, f, d, residual_std, config.bias, device),
+            c_proj: linear_layer(init, "c_proj", f, d, residual_std, config.bias),
             kind: config.ffn,
             drop: DropoutConfig::new(config.dropout).init(),
         }
@@ -54,10 +55,12 @@ impl Ffn {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Rng;
     use crate::params::param_infos;
+    use burn::tensor::Device;
 
     fn count(config: &ModelConfig) -> usize {
-        let ffn = Ffn::new(config, &mut Rng::new(0), &Device::flex());
+        let ffn = Ffn::new(config, &mut Init::draw(&mut Rng::new(0), &Device::flex()));
         param_infos(&ffn).iter().map(|p| p.shape.iter().product::<usize>()).sum()
     }
 

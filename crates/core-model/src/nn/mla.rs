@@ -6,11 +6,13 @@
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::tensor::Tensor;
-use ember_kernels::{AttentionSpec, attention, linear};
+use ember_kernels::{AttentionImpl, AttentionSpec, attention, linear};
 
+use crate::ModelConfig;
+use crate::cache::{Context, append_rows};
+use crate::init::Init;
 use crate::nn::linear_layer;
-use crate::nn::position::Rope;
-use crate::{ModelConfig, Rng};
+use crate::nn::position::{Positions, Rotary};
 
 #[derive(Module, Debug)]
 pub struct MlaAttention {
@@ -34,6 +36,11 @@ pub struct MlaAttention {
     window: Option<usize>,
     #[module(skip)]
     attention_dropout: f64,
+    /// RoPE of the decoupled query and key, width d_R.
+    #[module(skip)]
+    rope: Rotary,
+    #[module(skip)]
+    implementation: AttentionImpl,
 }
 
 /// What a layer of MLA derives from its input: queries per head, and the per-token state a cache keeps.
@@ -49,30 +56,39 @@ pub struct MlaProjections {
 }
 
 impl MlaAttention {
-    pub fn new(config: &ModelConfig, rng: &mut Rng, device: &burn::tensor::Device) -> Self {
+    /// GPT-2 init: N(0, 0.02) weights, residual projection N(0, 0.02/√(2L)), zero biases.
+    pub fn new(config: &ModelConfig, init: &mut Init) -> Self {
         let (d, h, dh) = (config.d_model, config.n_heads, config.head_dim());
-        let dc = config.mla_latent_dim.expect("validated: MLA has a latent width");
-        let dr = config.mla_rope_dim.expect("validated: MLA has a rope width");
+        let dc = config.mla_latent_dim.expect("an MLA config sets mla_latent_dim (validate checks it)");
+        let dr = config.mla_rope_dim.expect("an MLA config sets mla_rope_dim (validate checks it)");
         let bias = config.qkv_bias();
         let residual_std = 0.02 / (2.0 * config.n_layers as f64).sqrt();
         Self {
-            w_q: linear_layer(rng, d, h * dh, 0.02, bias, device),
-            w_qr: linear_layer(rng, d, h * dr, 0.02, bias, device),
-            w_dkv: linear_layer(rng, d, dc, 0.02, bias, device),
-            w_kr: linear_layer(rng, d, dr, 0.02, bias, device),
-            u_k: linear_layer(rng, dc, h * dh, 0.02, false, device),
-            u_v: linear_layer(rng, dc, h * dh, 0.02, false, device),
-            c_proj: linear_layer(rng, h * dh, d, residual_std, config.bias, device),
+            w_q: linear_layer(init, "w_q", d, h * dh, 0.02, bias),
+            w_qr: linear_layer(init, "w_qr", d, h * dr, 0.02, bias),
+            w_dkv: linear_layer(init, "w_dkv", d, dc, 0.02, bias),
+            w_kr: linear_layer(init, "w_kr", d, dr, 0.02, bias),
+            u_k: linear_layer(init, "u_k", dc, h * dh, 0.02, false),
+            u_v: linear_layer(init, "u_v", dc, h * dh, 0.02, false),
+            c_proj: linear_layer(init, "c_proj", h * dh, d, residual_std, config.bias),
             resid_drop: DropoutConfig::new(config.dropout).init(),
             n_heads: h,
             window: config.window,
             attention_dropout: config.attention_dropout,
+            rope: Rotary { theta: config.rope_theta, dim: dr },
+            implementation: AttentionImpl::Auto,
         }
     }
 
-    /// q_C = x W_Q, q_R = RoPE(x W_QR), c = x W_DKV, k_R = RoPE(x W_KR), split into heads; `rope` has width d_R.
-    pub fn project(&self, x: Tensor<3>, rope: &Rope) -> MlaProjections {
+    /// Computes attention with `implementation` from now on.
+    pub fn set_implementation(&mut self, implementation: AttentionImpl) {
+        self.implementation = implementation;
+    }
+
+    /// q_C = x W_Q, q_R = RoPE(x W_QR), c = x W_DKV, k_R = RoPE(x W_KR) at `positions`, split into heads.
+    pub fn project(&self, x: Tensor<3>, positions: &Positions) -> MlaProjections {
         let [b, t, _] = x.dims();
+        let rope = positions.rope(self.rope);
         let heads = |z: Tensor<3>, n: usize| {
             let w = z.dims()[2] / n;
             z.reshape([b, t, n, w]).swap_dims(1, 2)
@@ -85,16 +101,14 @@ impl MlaAttention {
         }
     }
 
-    pub fn window(&self) -> Option<usize> {
-        self.window
-    }
-
+    /// Causal attention of [q_C; q_R] against [k_C; k_R] scaled by 1/√(d_h + d_R) (in this layer's window, with its
+    /// dropout and implementation), queries from `query_offset`.
     pub fn spec(&self, p: &MlaProjections, query_offset: usize) -> AttentionSpec {
         let (dh, dr) = (p.q_c.dims()[3], p.q_r.dims()[3]);
         AttentionSpec {
             query_offset,
             dropout: self.attention_dropout,
-            ..AttentionSpec::causal(dh + dr).with_window(self.window)
+            ..AttentionSpec::causal(dh + dr).with_window(self.window).with_implementation(self.implementation)
         }
     }
 
@@ -117,14 +131,8 @@ impl MlaAttention {
     }
 
     /// Absorbed: q̂ = q_C U_Kᵀ per head scores against the latents, o = softmax(q̂ cᵀ + q_R k_Rᵀ) c is summed in latent
-    /// space, then U_V per head; one shared "KV head" [c | k_R] serves every query head.
-    pub fn attend_absorbed(&self, p: MlaProjections, query_offset: usize) -> Tensor<3> {
-        let spec = self.spec(&p, query_offset);
-        self.attend_absorbed_with(p, &spec)
-    }
-
-    /// The absorbed form with a given mask specification (batched decoding masks padded latents by length).
-    pub fn attend_absorbed_with(&self, p: MlaProjections, spec: &AttentionSpec) -> Tensor<3> {
+    /// space, then U_V per head; one shared "KV head" [c | k_R] serves every query head; `spec` masks the latents.
+    pub fn attend_absorbed(&self, p: MlaProjections, spec: &AttentionSpec) -> Tensor<3> {
         let [b, h, t, dh] = p.q_c.dims();
         let dc = p.c.dims()[3];
         // U_K as [h, d_h, d_c] and U_V as [h, d_c, d_h].
@@ -144,16 +152,33 @@ impl MlaAttention {
         self.resid_drop.forward(linear(&self.c_proj, o.swap_dims(1, 2).reshape([b, t, h * dh])))
     }
 
-    pub fn forward(&self, x: Tensor<3>, rope: &Rope) -> Tensor<3> {
-        self.attend_expanded(self.project(x, rope), 0)
+    /// Attention for x [B, T, d] at `positions`: expanded over this pass's tokens, absorbed against the latents
+    /// `context` holds for `layer` (this pass's appended to it).
+    pub fn forward(&self, x: Tensor<3>, positions: &Positions, layer: usize, context: &mut Context) -> Tensor<3> {
+        let p = self.project(x, positions);
+        match context {
+            Context::Full => self.attend_expanded(p, 0),
+            Context::Cached(cache) => {
+                let spec = self.spec(&p, positions.query_offset());
+                let [c, k_r] = cache.append(layer, [p.c, p.k_r]);
+                self.attend_absorbed(MlaProjections { c, k_r, ..p }, &spec)
+            }
+            Context::Batched(caches) => {
+                // Each row against its own latents, padded to the longest row and masked by length.
+                let ([c, k_r], lengths) = append_rows(caches, layer, [p.c.clone(), p.k_r.clone()], self.window);
+                let spec =
+                    AttentionSpec { causal: false, window: None, key_lengths: Some(lengths), ..self.spec(&p, 0) };
+                self.attend_absorbed(MlaProjections { c, k_r, ..p }, &spec)
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Rng;
     use crate::config::{AttentionKind, PositionKind};
-    use crate::init;
     use crate::params::{load_state_dict, state_dict};
     use burn::tensor::Device;
 
@@ -169,17 +194,19 @@ mod tests {
             ..ModelConfig::gpt(10, 1, 4, 64, 32)
         };
         // Weights of std 0.1 rather than 0.02, so the outputs are O(1) and 1e-5 is a real bound.
-        let mla = MlaAttention::new(&config, &mut Rng::new(5), &dev);
+        let mla = MlaAttention::new(&config, &mut Init::draw(&mut Rng::new(5), &dev));
         let scaled = state_dict(&mla).into_iter().map(|(k, v)| {
             let t = Tensor::<2>::from_data(v, &dev) * 5.0;
             (k, t.into_data())
         });
         let mla = load_state_dict(mla, &scaled.collect()).unwrap();
         let mut rng = Rng::new(6);
-        let x = init::normal(&mut rng, [2, 11, 64], 1.0, &dev).val();
-        let rope = Rope::new(10_000.0, 8, 0, 11, &dev);
-        let expanded = mla.attend_expanded(mla.project(x.clone(), &rope), 0);
-        let absorbed = mla.attend_absorbed(mla.project(x, &rope), 0);
+        let x = Init::draw(&mut rng, &dev).normal("x", [2, 11, 64], 1.0).val();
+        let positions = Positions::span(0, 11, &dev);
+        let expanded = mla.attend_expanded(mla.project(x.clone(), &positions), 0);
+        let p = mla.project(x, &positions);
+        let spec = mla.spec(&p, 0);
+        let absorbed = mla.attend_absorbed(p, &spec);
         let diff: f32 = (expanded.clone() - absorbed).abs().max().into_scalar();
         let scale: f32 = expanded.abs().max().into_scalar();
         assert!(scale > 0.1, "outputs are O(1): {scale}");

@@ -1,11 +1,11 @@
 //! LayerNorm and RMSNorm over the last dimension.
 
 use burn::module::{Module, Param};
-use burn::tensor::{Device, Tensor};
+use burn::tensor::Tensor;
 use ember_kernels::{NormParams, norm};
 
 use crate::config::NormKind;
-use crate::init;
+use crate::init::Init;
 
 #[derive(Module, Debug)]
 pub struct Norm {
@@ -18,9 +18,10 @@ pub struct Norm {
 
 impl Norm {
     /// γ = 1, and β = 0 for LayerNorm with `bias` (RMSNorm has no β).
-    pub fn new(kind: NormKind, d: usize, eps: f64, bias: bool, device: &Device) -> Self {
-        let beta = (bias && kind == NormKind::LayerNorm).then(|| init::constant([d], 0.0, device));
-        Self { gamma: init::constant([d], 1.0, device), beta, kind, eps }
+    pub fn new(kind: NormKind, d: usize, eps: f64, bias: bool, init: &mut Init) -> Self {
+        let gamma = init.constant("gamma", [d], 1.0);
+        let beta = (bias && kind == NormKind::LayerNorm).then(|| init.constant("beta", [d], 0.0));
+        Self { gamma, beta, kind, eps }
     }
 
     /// γ ⊙ LN(x) + β with LN(x) = (x − μ) / sqrt(σ² + ε) (σ² biased), or γ ⊙ x / sqrt(mean(x²) + ε).
@@ -33,12 +34,14 @@ impl Norm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::TensorData;
+    use crate::Rng;
+    use burn::tensor::{Device, TensorData};
 
     fn normed(kind: NormKind) -> Vec<f32> {
         let dev = Device::flex();
         let x = Tensor::<2>::from_data(TensorData::new(vec![2.0f32, 4.0, 6.0, 8.0], [1, 4]), &dev);
-        Norm::new(kind, 4, 1e-12, true, &dev).forward(x).into_data().try_to_vec().unwrap()
+        let norm = Norm::new(kind, 4, 1e-12, true, &mut Init::draw(&mut Rng::new(0), &dev));
+        norm.forward(x).into_data().try_to_vec().unwrap()
     }
 
     fn close(a: &[f32], b: &[f64]) -> bool {

@@ -1,22 +1,110 @@
-//! Position information: the 2017 sinusoidal table and rotary embeddings (RoPE).
+//! Position information: the 2017 sinusoidal table and rotary embeddings (RoPE), at the positions of a forward
+//! pass's new tokens.
 
-use burn::tensor::{Device, Tensor, TensorData};
+use std::cell::OnceCell;
 
-/// Rows `offset..offset + t` of the 2017 table: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(p / 10000^(2i/d)).
-pub fn sinusoidal(offset: usize, t: usize, d: usize, device: &Device) -> Tensor<2> {
-    let mut table = Vec::with_capacity(t * d);
-    for p in offset..offset + t {
+use burn::tensor::{Device, Int, Tensor, TensorData};
+
+/// Rows of the 2017 table at `positions`, [n, d]: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(p / 10000^(2i/d)).
+pub fn sinusoidal(positions: &[usize], d: usize, device: &Device) -> Tensor<2> {
+    let mut table = Vec::with_capacity(positions.len() * d);
+    for &p in positions {
         for c in 0..d {
             let angle = p as f64 / 10_000f64.powf((c - c % 2) as f64 / d as f64);
             table.push(if c % 2 == 0 { angle.sin() } else { angle.cos() } as f32);
         }
     }
-    Tensor::from_data(TensorData::new(table, [t, d]), device)
+    Tensor::from_data(TensorData::new(table, [positions.len(), d]), device)
+}
+
+/// RoPE's base θ and the width d of the vectors it rotates.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rotary {
+    pub theta: f64,
+    pub dim: usize,
+}
+
+/// Where the new tokens of a forward pass sit, with the RoPE tables for them (built on first use, then shared by every
+/// layer that rotates the same way).
+#[derive(Debug)]
+pub struct Positions {
+    rows: Rows,
+    device: Device,
+    rope: OnceCell<(Rotary, Rope)>,
+}
+
+#[derive(Debug)]
+enum Rows {
+    /// Every row's tokens at `start..start + len`.
+    Span { start: usize, len: usize },
+    /// Row b's one token at `positions[b]`.
+    PerRow(Vec<usize>),
+}
+
+impl Positions {
+    /// Positions `start..start + len`, the same in every row.
+    pub fn span(start: usize, len: usize, device: &Device) -> Self {
+        Self { rows: Rows::Span { start, len }, device: device.clone(), rope: OnceCell::new() }
+    }
+
+    /// One token per row, row b's at `positions[b]`.
+    pub fn per_row(positions: Vec<usize>, device: &Device) -> Self {
+        Self { rows: Rows::PerRow(positions), device: device.clone(), rope: OnceCell::new() }
+    }
+
+    /// The absolute position of the first query against keys shared by every row: `start` of a span; 0 per row, whose
+    /// keys are each row's own and masked by length instead.
+    pub fn query_offset(&self) -> usize {
+        match self.rows {
+            Rows::Span { start, .. } => start,
+            Rows::PerRow(_) => 0,
+        }
+    }
+
+    /// The positions listed, and the shape [rows, tokens] they broadcast as: [1, T] for a span, [B, 1] per row.
+    fn listed(&self) -> (Vec<usize>, [usize; 2]) {
+        match &self.rows {
+            Rows::Span { start, len } => ((*start..start + len).collect(), [1, *len]),
+            Rows::PerRow(positions) => (positions.clone(), [positions.len(), 1]),
+        }
+    }
+
+    /// The positions as ids, [1, T] or [B, 1] (rows of a learned position table).
+    pub fn ids(&self) -> Tensor<2, Int> {
+        match &self.rows {
+            Rows::Span { start, len } => {
+                Tensor::<1, Int>::arange(*start as i64..(start + len) as i64, &self.device).reshape([1, *len])
+            }
+            Rows::PerRow(positions) => {
+                let ids: Vec<i64> = positions.iter().map(|&p| p as i64).collect();
+                Tensor::from_data(TensorData::new(ids, [positions.len(), 1]), &self.device)
+            }
+        }
+    }
+
+    /// The 2017 table at these positions, [1, T, d] or [B, 1, d].
+    pub fn sinusoidal(&self, d: usize) -> Tensor<3> {
+        let (positions, [rows, tokens]) = self.listed();
+        sinusoidal(&positions, d, &self.device).reshape([rows, tokens, d])
+    }
+
+    /// The rotation tables of `rotary` at these positions.
+    pub fn rope(&self, rotary: Rotary) -> Rope {
+        match self.rope.get() {
+            Some((built, rope)) if *built == rotary => rope.clone(),
+            _ => {
+                let (positions, [rows, tokens]) = self.listed();
+                let rope = Rope::table(rotary, &positions, [rows, 1, tokens, rotary.dim], &self.device);
+                let _ = self.rope.set((rotary, rope.clone()));
+                rope
+            }
+        }
+    }
 }
 
 /// cos and sin of the rotation angles p·θ_i, θ_i = theta^(−2i/d), with the d/2 frequencies repeated in both halves
-/// (the rotate-half layout of Llama and Hugging Face), shaped to broadcast over x [B, H, T, d]: [1, 1, T, d] for
-/// positions `offset..offset + t` of every row, or [B, 1, 1, d] for one position per row.
+/// (the rotate-half layout of Llama and Hugging Face), shaped to broadcast over x [B, H, T, d]: [1, 1, T, d] for a
+/// span of positions shared by every row, or [B, 1, 1, d] for one position per row.
 #[derive(Clone, Debug)]
 pub struct Rope {
     cos: Tensor<4>,
@@ -24,17 +112,8 @@ pub struct Rope {
 }
 
 impl Rope {
-    pub fn new(theta: f64, d: usize, offset: usize, t: usize, device: &Device) -> Self {
-        let positions: Vec<usize> = (offset..offset + t).collect();
-        Self::table(theta, d, &positions, [1, 1, t, d], device)
-    }
-
-    /// Row b of a batch at position `positions[b]` (one token per row).
-    pub fn per_row(theta: f64, d: usize, positions: &[usize], device: &Device) -> Self {
-        Self::table(theta, d, positions, [positions.len(), 1, 1, d], device)
-    }
-
-    fn table(theta: f64, d: usize, positions: &[usize], shape: [usize; 4], device: &Device) -> Self {
+    fn table(rotary: Rotary, positions: &[usize], shape: [usize; 4], device: &Device) -> Self {
+        let Rotary { theta, dim: d } = rotary;
         let half = d / 2;
         let (mut cos, mut sin) = (Vec::with_capacity(positions.len() * d), Vec::with_capacity(positions.len() * d));
         for &p in positions {
@@ -67,8 +146,9 @@ mod tests {
     /// q at position i against k at position j, after rotation.
     fn score(q: &Tensor<4>, k: &Tensor<4>, i: usize, j: usize) -> f32 {
         let dev = Device::flex();
-        let q = Rope::new(10_000.0, 8, i, 1, &dev).apply(q.clone());
-        let k = Rope::new(10_000.0, 8, j, 1, &dev).apply(k.clone());
+        let rotary = Rotary { theta: 10_000.0, dim: 8 };
+        let q = Positions::span(i, 1, &dev).rope(rotary).apply(q.clone());
+        let k = Positions::span(j, 1, &dev).rope(rotary).apply(k.clone());
         (q * k).sum().into_scalar()
     }
 
@@ -76,8 +156,9 @@ mod tests {
     fn rope_scores_depend_only_on_the_offset_j_minus_i() {
         let dev = Device::flex();
         let mut rng = crate::Rng::new(4);
-        let q = crate::init::normal(&mut rng, [1, 1, 1, 8], 1.0, &dev).val();
-        let k = crate::init::normal(&mut rng, [1, 1, 1, 8], 1.0, &dev).val();
+        let mut init = crate::init::Init::draw(&mut rng, &dev);
+        let q = init.normal("q", [1, 1, 1, 8], 1.0).val();
+        let k = init.normal("k", [1, 1, 1, 8], 1.0).val();
         let base = score(&q, &k, 3, 7);
         for shift in [1, 10, 100] {
             assert!((score(&q, &k, 3 + shift, 7 + shift) - base).abs() < 1e-4);
@@ -87,7 +168,7 @@ mod tests {
 
     #[test]
     fn sinusoidal_rows_are_sin_and_cos_of_the_position() {
-        let row = sinusoidal(3, 1, 4, &Device::flex()).into_data().try_to_vec::<f32>().unwrap();
+        let row = sinusoidal(&[3], 4, &Device::flex()).into_data().try_to_vec::<f32>().unwrap();
         let want = [3f64.sin(), 3f64.cos(), (3.0 / 100.0f64).sin(), (3.0 / 100.0f64).cos()];
         assert!(row.iter().zip(want).all(|(a, b)| (*a as f64 - b).abs() < 1e-6), "{row:?}");
     }

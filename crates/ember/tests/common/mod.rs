@@ -5,18 +5,15 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The reference Shakespeare corpus: ../shared/data when present, else the one scripts/prepare-data.sh wrote.
-pub fn shakespeare() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    [root.join("../shared/data/shakespeare.txt"), root.join("data/shakespeare.txt")]
-        .into_iter()
-        .find(|p| p.exists())
-        .expect("no Shakespeare corpus: run scripts/prepare-data.sh shakespeare")
+/// The repository's test fixtures (tests/fixtures: slices of the reference corpora, see its README).
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
 }
 
-/// The first `bytes` of Shakespeare (cut at a character boundary), written into `dir`.
+/// The first `bytes` (at most 100,000) of the Shakespeare corpus (cut at a character boundary), written into `dir`.
 pub fn small_corpus(dir: &Path, bytes: usize) -> PathBuf {
-    let text = std::fs::read_to_string(shakespeare()).unwrap();
+    let text = std::fs::read_to_string(fixtures().join("shakespeare-100k.txt")).unwrap();
+    assert!(bytes <= text.len(), "the Shakespeare fixture holds {} bytes, not {bytes}", text.len());
     let cut = (0..=bytes.min(text.len())).rev().find(|&i| text.is_char_boundary(i)).unwrap();
     let path = dir.join("corpus.txt");
     std::fs::write(&path, &text[..cut]).unwrap();
@@ -99,19 +96,15 @@ pub fn assert_clean_error(out: &Output, needle: &str) {
     );
 }
 
-/// The real SmolLM2-135M-Instruct GGUF that `scripts/prepare-data.sh smollm2` fetches (scripts/test.sh does so).
+/// The real SmolLM2-135M-Instruct GGUF that `scripts/prepare-data.sh smollm2` fetches (scripts/test.sh does so);
+/// the tests that read it are `#[ignore]`d, run by scripts/test.sh.
 pub fn smollm2() -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(path.is_file(), "{} is missing: run scripts/prepare-data.sh smollm2", path.display());
     path
 }
 
-/// The reference English–Spanish Bible pairs (`train.tsv`, `valid.tsv`, `test.tsv`): ../shared/data when present,
-/// else the copy scripts/prepare-data.sh bible-en-es wrote.
+/// The first 600 training and 12 validation English–Spanish verse pairs (`train.tsv`, `valid.tsv`).
 pub fn bible() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    [root.join("../shared/data/bible-en-es"), root.join("data/bible-en-es")]
-        .into_iter()
-        .find(|p| p.join("train.tsv").exists())
-        .expect("no bible-en-es data: run scripts/prepare-data.sh bible-en-es")
+    fixtures().join("bible-en-es")
 }

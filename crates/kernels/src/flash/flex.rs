@@ -3,7 +3,9 @@
 //! block); the FlashAttention-2 backward recomputes p from the saved lse, one task per (batch row, KV head) so dk and
 //! dv need no atomics. Operands are read in place through their row layout (`Rows`): contiguous [B, H, T, D], int8
 //! codes dequantized first, the q, k, v parts of a fused projection [B, T, (hq + 2·hkv)·D] (whose gradient is written
-//! back in that layout), or through a page table one query row at a time.
+//! back in that layout), or through a page table one query row at a time. Outputs are cut into one slice per row
+//! first ([`rows_of`], [`token_major_rows`]) and each task is handed its own rows, so the tasks write disjoint
+//! slices whatever the layout (heads interleave within a fused projection's rows).
 
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
@@ -11,7 +13,7 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use rayon::prelude::*;
 
 use super::{FlashOps, FlashParams, KvLayout, PackedAttentionOps, PackedHeads};
-use crate::cpu::{Mat, Shared, contiguous, dot, floats, keep_workers_awake, matmul, tensor, vectorised};
+use crate::cpu::{Mat, contiguous, dot, floats, matmul, multiversion, stay_awake, tensor};
 use crate::math;
 
 /// One call's shapes: q [b, hq, tq, d], keys and values [b, hkv, tk, d] (logically).
@@ -183,17 +185,79 @@ fn per_head(
     (o, lse)
 }
 
-/// (o, lse) by query blocks: S = scale · Q_blk Kᵀ, p_ij = e^(s_ij − m_i) / ℓ_i over the keys row i sees, O_blk = P V
-/// (matrix products), lse_i = m_i + ln ℓ_i; a row with no key gives zeros (and lse −∞). One task per (batch row,
-/// head, block); o's rows go where `o_rows` puts them, lse is [B, hq, tq].
-fn forward(q: Operand, k: Operand, v: Operand, dims: Dims, p: &FlashParams, o_rows: Rows) -> (Vec<f32>, Vec<f32>) {
+/// A block of query rows of one (batch row, head): rows [i0, i0 + rows) of batch row b, scored against keys
+/// [lo, lo + n).
+#[derive(Clone, Copy)]
+struct Block {
+    b: usize,
+    i0: usize,
+    rows: usize,
+    lo: usize,
+    n: usize,
+}
+
+multiversion! {
+    /// The block's scores `s` (rows of n) → p_ij = e^(s_ij − m_i) over the keys row i sees (zeros elsewhere), with
+    /// lse_i = m_i + ln ℓ_i and 1/ℓ_i; a row that sees no key is all zeros (its lse and 1/ℓ are left).
+    fn softmax_rows(s: &mut [f32], blk: Block, dims: &Dims, p: &FlashParams, lse: &mut [f32], inv_l: &mut [f32]) {
+        let Block { b, i0, rows, lo, n } = blk;
+        for r in 0..rows {
+            let keys = dims.row_keys(p, b, i0 + r);
+            let row = &mut s[r * n..][..n];
+            if keys.0 == keys.1 {
+                row.fill(0.0);
+                continue;
+            }
+            let m = row_max(&row[keys.0 - lo..keys.1 - lo]);
+            let l = exp_row(row, lo, keys, m);
+            lse[r] = m + l.ln();
+            inv_l[r] = 1.0 / l;
+        }
+    }
+}
+
+/// `buf` cut into `count` rows of `d` values, in order (empty rows when d is 0).
+fn rows_of(buf: &mut [f32], d: usize, count: usize) -> Vec<&mut [f32]> {
+    if d == 0 {
+        return std::iter::repeat_with(Default::default).take(count).collect();
+    }
+    assert_eq!(buf.len(), count * d, "{count} rows of {d}");
+    buf.chunks_mut(d).collect()
+}
+
+/// The rows of a token-major buffer [B, T, Σ_p heads[p]·d], whose part p holds heads[p] heads side by side: one
+/// list per part, its rows in (batch row, head, token) order, as [`rows_of`] cuts a contiguous [B, H, T, D].
+fn token_major_rows<const P: usize>(buf: &mut [f32], [b, t, d]: [usize; 3], heads: [usize; P]) -> [Vec<&mut [f32]>; P] {
+    let width: usize = heads.iter().sum();
+    // In memory order: (batch row, token, head of any part).
+    let mut rows = rows_of(buf, d, b * t * width);
+    let mut first = 0;
+    heads.map(|h| {
+        let part = first;
+        first += h;
+        (0..b * h * t)
+            .map(|e| std::mem::take(&mut rows[(e / (h * t) * t + e % t) * width + part + e / t % h]))
+            .collect()
+    })
+}
+
+/// lse [B, hq, tq] by query blocks, and o into `o` (one row of d values per (batch row, head, query row), in that
+/// order, zeros): S = scale · Q_blk Kᵀ, p_ij = e^(s_ij − m_i) / ℓ_i over the keys row i sees, O_blk = P V (matrix
+/// products), lse_i = m_i + ln ℓ_i; a row with no key gives zeros (and lse −∞). One task per (batch row, head,
+/// block), each writing its own rows of o and its part of lse.
+fn forward(q: Operand, k: Operand, v: Operand, dims: Dims, p: &FlashParams, mut o: Vec<&mut [f32]>) -> Vec<f32> {
     let Dims { b: batch, hq, hkv, tq, tk, d } = dims;
-    let mut o = vec![0.0f32; batch * hq * tq * d];
     let mut lse = vec![f32::NEG_INFINITY; batch * hq * tq];
+    assert_eq!(o.len(), lse.len(), "a row of o per row of lse");
     let per_head = tq.div_ceil(BLOCK);
-    let (o_out, lse_out) = (Shared::new(&mut o), Shared::new(&mut lse));
+    let tasks: Vec<_> = o
+        .chunks_mut(tq.max(1))
+        .zip(lse.chunks_mut(tq.max(1)))
+        .flat_map(|(o, lse)| o.chunks_mut(BLOCK).zip(lse.chunks_mut(BLOCK)))
+        .enumerate()
+        .collect();
     let scratch = || (vec![0.0f32; BLOCK.min(tq) * tk], vec![0.0f32; BLOCK.min(tq) * d]);
-    (0..batch * hq * per_head).into_par_iter().for_each_init(scratch, |(s, o_blk), task| {
+    tasks.into_par_iter().for_each_init(scratch, |(s, o_blk), (task, (o, lse))| {
         let (bh, i0) = (task / per_head, task % per_head * BLOCK);
         let (b, h, rows) = (bh / hq, bh % hq, BLOCK.min(tq - i0));
         let g = h / (hq / hkv);
@@ -201,30 +265,15 @@ fn forward(q: Operand, k: Operand, v: Operand, dims: Dims, p: &FlashParams, o_ro
         let n = hi - lo;
         matmul(rows, n, d, s, n, q.rows_from(b, h, i0), k.transposed_from(b, g, lo), p.scale, false);
         let (mut lse_blk, mut inv_l) = ([f32::NEG_INFINITY; BLOCK], [0.0f32; BLOCK]);
-        vectorised(|| {
-            for r in 0..rows {
-                let keys = dims.row_keys(p, b, i0 + r);
-                let row = &mut s[r * n..][..n];
-                if keys.0 == keys.1 {
-                    row.fill(0.0);
-                    continue;
-                }
-                let m = row_max(&row[keys.0 - lo..keys.1 - lo]);
-                let l = exp_row(row, lo, keys, m);
-                lse_blk[r] = m + l.ln();
-                inv_l[r] = 1.0 / l;
-            }
-        });
+        softmax_rows(s, Block { b, i0, rows, lo, n }, &dims, p, &mut lse_blk, &mut inv_l);
         matmul(rows, d, n, o_blk, d, Mat::rows(s, n), v.rows_from(b, g, lo), 1.0, false);
-        for (r, row) in o_blk.chunks_mut(d).take(rows).enumerate() {
+        for (r, (row, out)) in o_blk.chunks_mut(d).zip(o.iter_mut()).enumerate() {
             row.iter_mut().for_each(|x| *x *= inv_l[r]);
-            // SAFETY: row i0 + r of head h, batch row b is this task's alone.
-            unsafe { o_out.write(o_rows.at(b, h, i0 + r), row) };
+            out.copy_from_slice(row);
         }
-        // SAFETY: as above, for the block's lse.
-        unsafe { lse_out.write(bh * tq + i0, &lse_blk[..rows]) };
+        lse.copy_from_slice(&lse_blk[..rows]);
     });
-    (o, lse)
+    lse
 }
 
 /// The forward one query row at a time through a page table (keys not evenly spaced): o_i = Σ_j p_ij v_j, the
@@ -251,23 +300,56 @@ fn forward_paged(q: &[f32], k: &[f32], v: &[f32], dims: Dims, p: &FlashParams, r
     })
 }
 
-/// Where the backward writes one of dq, dk, dv: a buffer and that gradient's rows in it.
-type Target<'s, 'a> = (&'s Shared<'a>, Rows);
+multiversion! {
+    /// The block's P = e^(S − lse) over the keys each row sees (zeros elsewhere) in `s`, and dS = P ∘ (dP − D) in
+    /// `ds` (rows of n); lse and D are the block's rows'.
+    fn softmax_backward_rows(
+        s: &mut [f32],
+        ds: &mut [f32],
+        blk: Block,
+        dims: &Dims,
+        p: &FlashParams,
+        lse: &[f32],
+        delta: &[f32],
+    ) {
+        let Block { b, i0, rows, lo, n } = blk;
+        for i in 0..rows {
+            let keys = dims.row_keys(p, b, i0 + i);
+            let (s, ds) = (&mut s[i * n..][..n], &mut ds[i * n..][..n]);
+            if keys.0 == keys.1 {
+                s.fill(0.0);
+            } else {
+                exp_row(s, lo, keys, lse[i]);
+            }
+            let di = delta[i];
+            ds.iter_mut().zip(s.iter()).for_each(|(ds, p)| *ds = p * (*ds - di));
+        }
+    }
+}
 
 /// FlashAttention-2's backward by query blocks, with matrix products: P = e^(S − lse), dV += Pᵀ dO,
 /// dS = P ∘ (dO Vᵀ − D), dQ = scale · dS K, dK += scale · dSᵀ Q over the GQA group's heads. One task per (batch
-/// row, KV head); lse and D are [B, hq, tq]; the outputs must start as zeros (rows no key sees stay so).
+/// row, KV head), writing the rows of dq of its group's query heads and its rows of dk and dv; lse and D are
+/// [B, hq, tq]; dq, dk, dv are one row of d values per (batch row, head, row), in that order, zeros to start (rows no
+/// key sees stay so).
 fn backward(
     (q, k, v, d_o): (Operand, Operand, Operand, Operand),
     lse: &[f32],
     delta: &[f32],
     dims: Dims,
     p: &FlashParams,
-    [dq, dk, dv]: [Target; 3],
+    [mut dq, mut dk, mut dv]: [Vec<&mut [f32]>; 3],
 ) {
     let Dims { b: batch, hq, hkv, tq, tk, d } = dims;
     let group = hq / hkv;
-    (0..batch * hkv).into_par_iter().for_each(|bg| {
+    assert!(dq.len() == batch * hq * tq && dk.len() == batch * hkv * tk && dv.len() == dk.len());
+    let tasks: Vec<_> = dq
+        .chunks_mut((group * tq).max(1))
+        .zip(dk.chunks_mut(tk.max(1)))
+        .zip(dv.chunks_mut(tk.max(1)))
+        .enumerate()
+        .collect();
+    tasks.into_par_iter().for_each(|(bg, ((dq, dk), dv))| {
         let (b, g) = (bg / hkv, bg % hkv);
         let (mut s, mut ds) = (vec![0.0f32; BLOCK.min(tq) * tk], vec![0.0f32; BLOCK.min(tq) * tk]);
         let (mut dk_sum, mut dv_sum, mut dq_blk) =
@@ -281,36 +363,18 @@ fn backward(
                 let (q_blk, do_blk) = (q.rows_from(b, h, i0), d_o.rows_from(b, h, i0));
                 matmul(rows, n, d, &mut s, n, q_blk, k.transposed_from(b, g, lo), p.scale, false);
                 matmul(rows, n, d, &mut ds, n, do_blk, v.transposed_from(b, g, lo), 1.0, false);
-                vectorised(|| {
-                    for i in 0..rows {
-                        let keys = dims.row_keys(p, b, i0 + i);
-                        let (s, ds) = (&mut s[i * n..][..n], &mut ds[i * n..][..n]);
-                        if keys.0 == keys.1 {
-                            s.fill(0.0);
-                        } else {
-                            exp_row(s, lo, keys, lse[bh * tq + i0 + i]);
-                        }
-                        let di = delta[bh * tq + i0 + i];
-                        ds.iter_mut().zip(s.iter()).for_each(|(ds, p)| *ds = p * (*ds - di));
-                    }
-                });
+                let (lse, delta) = (&lse[bh * tq + i0..], &delta[bh * tq + i0..]);
+                softmax_backward_rows(&mut s, &mut ds, Block { b, i0, rows, lo, n }, &dims, p, lse, delta);
                 let (p_t, ds_t) = (Mat::transposed(&s, n), Mat::transposed(&ds, n));
                 matmul(n, d, rows, &mut dv_sum[lo * d..hi * d], d, p_t, do_blk, 1.0, true);
                 matmul(n, d, rows, &mut dk_sum[lo * d..hi * d], d, ds_t, q_blk, p.scale, true);
                 matmul(rows, d, n, &mut dq_blk, d, Mat::rows(&ds, n), k.rows_from(b, g, lo), p.scale, false);
-                for (i, row) in dq_blk.chunks(d).take(rows).enumerate() {
-                    // SAFETY: query row i0 + i of head h (in this task's group), batch row b is this task's alone.
-                    unsafe { dq.0.write(dq.1.at(b, h, i0 + i), row) };
-                }
+                let dq = &mut dq[(h - g * group) * tq + i0..];
+                dq.iter_mut().zip(dq_blk.chunks(d).take(rows)).for_each(|(out, row)| out.copy_from_slice(row));
             }
         }
-        for (j, (dk_j, dv_j)) in dk_sum.chunks(d).zip(dv_sum.chunks(d)).enumerate() {
-            // SAFETY: key row j of KV head g, batch row b is this task's alone.
-            unsafe {
-                dk.0.write(dk.1.at(b, g, j), dk_j);
-                dv.0.write(dv.1.at(b, g, j), dv_j);
-            }
-        }
+        dk.iter_mut().zip(dk_sum.chunks(d)).for_each(|(out, row)| out.copy_from_slice(row));
+        dv.iter_mut().zip(dv_sum.chunks(d)).for_each(|(out, row)| out.copy_from_slice(row));
     });
 }
 
@@ -330,7 +394,7 @@ impl FlashOps for Flex {
         v: FloatTensor<Self>,
         params: FlashParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        keep_workers_awake();
+        stay_awake();
         let q = contiguous(q);
         let (qs, ks) = (shape(&q), shape(&k));
         let (batch, hq, tq, d) = (qs[0], qs[1], qs[2], qs[3]);
@@ -341,7 +405,9 @@ impl FlashOps for Flex {
                 let q_rows = Rows::contiguous(hq, tq, d);
                 let (mut k_copy, mut v_copy) = (None, None);
                 let (k, v) = (Operand::in_place(&k, &mut k_copy), Operand::in_place(&v, &mut v_copy));
-                forward(Operand::of(&q, q_rows), k, v, dims, &params, q_rows)
+                let mut o = vec![0.0f32; batch * hq * tq * d];
+                let lse = forward(Operand::of(&q, q_rows), k, v, dims, &params, rows_of(&mut o, d, batch * hq * tq));
+                (o, lse)
             }
             KvLayout::Paged(paging) => {
                 let (k, v) = (contiguous(k), contiguous(v));
@@ -365,7 +431,7 @@ impl FlashOps for Flex {
         delta: FloatTensor<Self>,
         params: FlashParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        keep_workers_awake();
+        stay_awake();
         let (q, k, v) = (contiguous(q), contiguous(k), contiguous(v));
         let (d_o, lse, delta) = (contiguous(d_o), contiguous(lse), contiguous(delta));
         let (qs, ks) = (shape(&q), shape(&k));
@@ -376,9 +442,10 @@ impl FlashOps for Flex {
             (Operand::of(&q, q_rows), Operand::of(&k, kv_rows), Operand::of(&v, kv_rows), Operand::of(&d_o, q_rows));
         let (mut dq, mut dk, mut dv) =
             (vec![0.0f32; floats(&q).len()], vec![0.0f32; floats(&k).len()], vec![0.0f32; floats(&v).len()]);
-        let outputs = (Shared::new(&mut dq), Shared::new(&mut dk), Shared::new(&mut dv));
-        let targets = [(&outputs.0, q_rows), (&outputs.1, kv_rows), (&outputs.2, kv_rows)];
-        backward(inputs, floats(&lse), floats(&delta), dims, &params, targets);
+        let Dims { b, hq, hkv, tq, tk, d } = dims;
+        let outputs =
+            [rows_of(&mut dq, d, b * hq * tq), rows_of(&mut dk, d, b * hkv * tk), rows_of(&mut dv, d, b * hkv * tk)];
+        backward(inputs, floats(&lse), floats(&delta), dims, &params, outputs);
         (tensor(dq, &qs), tensor(dk, &ks), tensor(dv, &ks))
     }
 
@@ -390,7 +457,7 @@ impl FlashOps for Flex {
         v_scales: FloatTensor<Self>,
         params: FlashParams,
     ) -> FloatTensor<Self> {
-        keep_workers_awake();
+        stay_awake();
         let KvLayout::Int8 { group, keys } = params.layout else { panic!("int8 decoding takes an int8 layout") };
         let q = contiguous(q);
         let qs = shape(&q);
@@ -403,7 +470,8 @@ impl FlashOps for Flex {
         let (q_rows, kv_rows) = (Rows::contiguous(hq, tq, d), Rows::interleaved(0, tk_stored, d, hkv * d));
         let q = Operand::of(&q, q_rows);
         let (k, v) = (Operand { data: &k, rows: kv_rows }, Operand { data: &v, rows: kv_rows });
-        let (o, _) = forward(q, k, v, dims, &params, q_rows);
+        let mut o = vec![0.0f32; batch * hq * tq * d];
+        forward(q, k, v, dims, &params, rows_of(&mut o, d, batch * hq * tq));
         tensor(o, &qs)
     }
 }
@@ -424,12 +492,15 @@ impl PackedAttentionOps for Flex {
         heads: PackedHeads,
         params: FlashParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        keep_workers_awake();
+        stay_awake();
         let qkv = contiguous(qkv);
-        let (dims, [q, k, v, o]) = packed(&qkv, heads);
+        let (dims, [q, k, v, _]) = packed(&qkv, heads);
         let operand = |rows| Operand::of(&qkv, rows);
-        let (out, lse) = forward(operand(q), operand(k), operand(v), dims, &params, o);
         let Dims { b, hq, tq, d, .. } = dims;
+        // o [B, T, hq·d]: each row holds every head's.
+        let mut out = vec![0.0f32; b * tq * hq * d];
+        let [o] = token_major_rows(&mut out, [b, tq, d], [hq]);
+        let lse = forward(operand(q), operand(k), operand(v), dims, &params, o);
         (tensor(out, &[b, tq, hq * d]), tensor(lse, &[b, hq, tq]))
     }
 
@@ -441,7 +512,7 @@ impl PackedAttentionOps for Flex {
         heads: PackedHeads,
         params: FlashParams,
     ) -> FloatTensor<Self> {
-        keep_workers_awake();
+        stay_awake();
         let (qkv, o, lse, d_o) = (contiguous(qkv), contiguous(o), contiguous(lse), contiguous(d_o));
         let (dims, [q, k, v, o_rows]) = packed(&qkv, heads);
         let Dims { hq, tq, d, .. } = dims;
@@ -453,9 +524,10 @@ impl PackedAttentionOps for Flex {
             delta.iter_mut().enumerate().for_each(|(i, di)| *di = dot(d_o.row(b, h, i, d), o.row(b, h, i, d)));
         });
         let mut d_qkv = vec![0.0f32; floats(&qkv).len()];
-        let out = Shared::new(&mut d_qkv);
+        // d(qkv) in qkv's layout: each row holds dq's heads, then dk's, then dv's.
+        let outputs = token_major_rows(&mut d_qkv, [dims.b, tq, d], [hq, dims.hkv, dims.hkv]);
         let inputs = (Operand::of(&qkv, q), Operand::of(&qkv, k), Operand::of(&qkv, v), d_o);
-        backward(inputs, floats(&lse), &delta, dims, &params, [(&out, q), (&out, k), (&out, v)]);
+        backward(inputs, floats(&lse), &delta, dims, &params, outputs);
         tensor(d_qkv, &shape(&qkv))
     }
 }

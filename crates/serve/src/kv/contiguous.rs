@@ -32,10 +32,10 @@ impl Buffer {
     }
 }
 
-/// Contiguous per-layer buffers, grown `chunk` tokens at a time.
+/// Contiguous per-layer buffers (one per entry, once the layer has appended), grown `chunk` tokens at a time.
 pub struct ContiguousCache {
     chunk: usize,
-    layers: Vec<Vec<Buffer>>,
+    layers: Vec<Option<[Buffer; 2]>>,
 }
 
 impl ContiguousCache {
@@ -49,7 +49,7 @@ impl ContiguousCache {
             TensorData::new(rows.iter().map(|&r| r as i64).collect::<Vec<_>>(), [rows.len()]),
             device,
         );
-        for buffer in self.layers.iter_mut().flatten() {
+        for buffer in self.layers.iter_mut().flatten().flatten() {
             buffer.data = buffer.data.clone().select(0, index.clone());
         }
     }
@@ -58,7 +58,7 @@ impl ContiguousCache {
     pub fn usage(&self) -> (usize, usize) {
         let mut allocated = 0;
         let mut used = 0;
-        for buffer in self.layers.iter().flatten() {
+        for buffer in self.layers.iter().flatten().flatten() {
             let [b, n, cap, w] = buffer.data.dims();
             allocated += b * n * cap * w * 4;
             used += b * n * buffer.len * w * 4;
@@ -69,7 +69,7 @@ impl ContiguousCache {
 
 impl KvCache for ContiguousCache {
     fn len(&self) -> usize {
-        self.layers.iter().flatten().map(|b| b.len).min().unwrap_or(0)
+        self.layers.iter().flatten().flatten().map(|b| b.len).min().unwrap_or(0)
     }
 
     fn bytes(&self) -> usize {
@@ -80,18 +80,18 @@ impl KvCache for ContiguousCache {
         self.layers.clear();
     }
 
-    fn append(&mut self, layer: usize, entries: Vec<Tensor<4>>) -> Vec<Tensor<4>> {
+    fn append(&mut self, layer: usize, entries: [Tensor<4>; 2]) -> [Tensor<4>; 2] {
         if self.layers.len() <= layer {
-            self.layers.resize_with(layer + 1, Vec::new);
+            self.layers.resize_with(layer + 1, || None);
         }
-        let buffers = &mut self.layers[layer];
         let chunk = self.chunk;
-        if buffers.is_empty() {
-            buffers.extend(entries.iter().map(|x| {
+        let [first, second] = self.layers[layer].get_or_insert_with(|| {
+            entries.each_ref().map(|x| {
                 let [b, n, t, w] = x.dims();
                 Buffer { data: Tensor::zeros([b, n, t.div_ceil(chunk) * chunk, w], &x.device()), len: 0 }
-            }));
-        }
-        buffers.iter_mut().zip(entries).map(|(buffer, x)| buffer.append(x, chunk)).collect()
+            })
+        });
+        let [a, b] = entries;
+        [first.append(a, chunk), second.append(b, chunk)]
     }
 }

@@ -44,11 +44,11 @@ impl PageAllocator {
     }
 }
 
-/// Every page's storage: per layer and entry a pool [pages, n, p, w], and the allocator.
+/// Every page's storage: per layer and entry a pool [pages, n, p, w] (once the layer has written), and the allocator.
 pub struct PagePool {
     pub page_size: usize,
     pub allocator: PageAllocator,
-    pools: Vec<Vec<Tensor<4>>>,
+    pools: Vec<Option<[Tensor<4>; 2]>>,
 }
 
 impl PagePool {
@@ -60,19 +60,18 @@ impl PagePool {
         }))
     }
 
-    /// Makes room for page numbers below `pages` in layer `layer`'s pools shaped like `entries`, doubling as needed.
-    fn reserve(&mut self, layer: usize, entries: &[Tensor<4>], pages: usize) {
+    /// Layer `layer`'s pools shaped like `entries`, with room for page numbers below `pages` (doubling as needed).
+    fn reserve(&mut self, layer: usize, entries: &[Tensor<4>; 2], pages: usize) -> &mut [Tensor<4>; 2] {
         if self.pools.len() <= layer {
-            self.pools.resize_with(layer + 1, Vec::new);
+            self.pools.resize_with(layer + 1, || None);
         }
         let p = self.page_size;
-        let pools = &mut self.pools[layer];
-        if pools.is_empty() {
-            pools.extend(entries.iter().map(|x| {
+        let pools = self.pools[layer].get_or_insert_with(|| {
+            entries.each_ref().map(|x| {
                 let [_, n, _, w] = x.dims();
                 Tensor::zeros([pages.max(4), n, p, w], &x.device())
-            }));
-        }
+            })
+        });
         for pool in pools.iter_mut() {
             let [have, n, _, w] = pool.dims();
             if pages > have {
@@ -80,16 +79,17 @@ impl PagePool {
                 *pool = grown.slice_assign([0..have, 0..n, 0..p, 0..w], pool.clone());
             }
         }
+        pools
     }
 
     /// Bytes of every pool (f32).
     pub fn bytes(&self) -> usize {
-        self.pools.iter().flatten().map(|t| t.dims().iter().product::<usize>() * 4).sum()
+        self.pools.iter().flatten().flatten().map(|t| t.dims().iter().product::<usize>() * 4).sum()
     }
 
     /// Bytes of one page of `layer`, over its entries (f32).
     fn page_bytes(&self, layer: usize) -> usize {
-        self.pools.get(layer).map_or(0, |pools| pools.iter().map(|t| t.dims()[1..].iter().product::<usize>() * 4).sum())
+        self.pools.get(layer).into_iter().flatten().flatten().map(|t| t.dims()[1..].iter().product::<usize>() * 4).sum()
     }
 }
 
@@ -155,22 +155,20 @@ impl KvCache for PagedCache {
         self.lens.clear();
     }
 
-    fn append(&mut self, layer: usize, entries: Vec<Tensor<4>>) -> Vec<Tensor<4>> {
-        let end = self.write(layer, &entries);
-        let pool = self.pool.borrow();
-        let (p, table) = (pool.page_size, &self.tables[layer]);
+    fn append(&mut self, layer: usize, entries: [Tensor<4>; 2]) -> [Tensor<4>; 2] {
+        let (end, pools) = self.write(layer, &entries);
+        let (p, table) = (self.pool.borrow().page_size, &self.tables[layer]);
         // Gather the sequence's pages in logical order: [k, n, p, w] → [1, n, k·p, w], the first `end` slots.
-        let gather = |buf: &Tensor<4>| {
+        pools.map(|buf| {
             let [_, n, _, w] = buf.dims();
             let k = table.len();
             let index = Tensor::<1, Int>::from_data(
                 TensorData::new(table.iter().map(|&i| i as i64).collect::<Vec<_>>(), [k]),
                 &buf.device(),
             );
-            let pages = buf.clone().select(0, index).swap_dims(0, 1).reshape([1, n, k * p, w]);
+            let pages = buf.select(0, index).swap_dims(0, 1).reshape([1, n, k * p, w]);
             pages.slice([0..1, 0..n, 0..end, 0..w])
-        };
-        pool.pools[layer].iter().map(gather).collect()
+        })
     }
 
     /// Decoding on wgpu reads keys and values through the page table with the paged kernel, gathering nothing.
@@ -178,17 +176,15 @@ impl KvCache for PagedCache {
         if !decodes_in_place(&q) {
             return attend_appended(self, layer, q, k, v, spec);
         }
-        let end = self.write(layer, &[k, v]);
-        let pool = self.pool.borrow();
-        let [k_pages, v_pages] = [0, 1].map(|e| pool.pools[layer][e].clone());
+        let (end, [k_pages, v_pages]) = self.write(layer, &[k, v]);
         paged_attention(q, k_pages, v_pages, vec![self.tables[layer].clone()], end, spec)
     }
 }
 
 impl PagedCache {
     /// Writes this step's entries of `layer` into its pages (allocating, or copying shared ones first) and returns the
-    /// layer's new length.
-    fn write(&mut self, layer: usize, entries: &[Tensor<4>]) -> usize {
+    /// layer's new length and its pools.
+    fn write(&mut self, layer: usize, entries: &[Tensor<4>; 2]) -> (usize, [Tensor<4>; 2]) {
         if self.tables.len() <= layer {
             self.tables.resize_with(layer + 1, Vec::new);
             self.lens.resize(layer + 1, 0);
@@ -208,8 +204,7 @@ impl PagedCache {
                 pool.allocator.release(old);
                 table[logical] = new;
                 let pages = pool.allocator.counts().0;
-                pool.reserve(layer, entries, pages);
-                for buf in pool.pools[layer].iter_mut() {
+                for buf in pool.reserve(layer, entries, pages).iter_mut() {
                     let [_, n, _, w] = buf.dims();
                     let copy = buf.clone().slice([old..old + 1, 0..n, 0..p, 0..w]);
                     *buf = buf.clone().slice_assign([new..new + 1, 0..n, 0..p, 0..w], copy);
@@ -217,8 +212,8 @@ impl PagedCache {
             }
         }
         let pages = pool.allocator.counts().0;
-        pool.reserve(layer, entries, pages);
-        for (buf, x) in pool.pools[layer].iter_mut().zip(entries) {
+        let pools = pool.reserve(layer, entries, pages);
+        for (buf, x) in pools.iter_mut().zip(entries) {
             let [_, n, _, w] = x.dims();
             // Write token j of this step into page table[⌊(start + j)/p⌋] at (start + j) mod p, a page-run at a time.
             let mut j = 0;
@@ -231,7 +226,8 @@ impl PagedCache {
                 j += run;
             }
         }
+        let pools = pools.clone();
         self.lens[layer] = end;
-        end
+        (end, pools)
     }
 }

@@ -62,10 +62,11 @@ fn unpack(bytes: &[u8], bits: Bits, row: usize) -> Vec<i8> {
     }
 }
 
-/// One entry of one layer: token-major [t][n·w] quantized rows, packed, with their scales.
+/// One entry of one layer: token-major [t][n·w] quantized rows, packed, with their scales (one per `group` values).
 struct Rows {
     n: usize,
     w: usize,
+    group: usize,
     packed: Vec<u8>,
     scales: Vec<f32>,
     tokens: usize,
@@ -94,11 +95,12 @@ impl Rows {
     }
 }
 
-/// A store of int8 or int4 values with per-group scales.
+/// A store of int8 or int4 values with per-group scales: per layer one [`Rows`] per entry, once the layer has
+/// appended.
 pub struct QuantizedCache {
     bits: Bits,
     group: usize,
-    layers: Vec<Vec<Rows>>,
+    layers: Vec<Option<[Rows; 2]>>,
 }
 
 impl QuantizedCache {
@@ -106,37 +108,30 @@ impl QuantizedCache {
     pub fn new(bits: Bits, group: usize) -> Self {
         Self { bits, group: group.max(1), layers: Vec::new() }
     }
-
-    fn group_for(&self, w: usize) -> usize {
-        if w.is_multiple_of(self.group) { self.group } else { w }
-    }
 }
 
 impl KvCache for QuantizedCache {
     fn len(&self) -> usize {
-        self.layers.iter().flatten().map(|r| r.tokens).min().unwrap_or(0)
+        self.layers.iter().flatten().flatten().map(|r| r.tokens).min().unwrap_or(0)
     }
 
     /// The packed integers and the f32 scales.
     fn bytes(&self) -> usize {
-        self.layers.iter().flatten().map(|r| r.packed.len() + r.scales.len() * 4).sum()
+        self.layers.iter().flatten().flatten().map(|r| r.packed.len() + r.scales.len() * 4).sum()
     }
 
     fn clear(&mut self) {
         self.layers.clear();
     }
 
-    fn append(&mut self, layer: usize, entries: Vec<Tensor<4>>) -> Vec<Tensor<4>> {
+    fn append(&mut self, layer: usize, entries: [Tensor<4>; 2]) -> [Tensor<4>; 2] {
         let device = entries[0].device();
         let bits = self.bits;
-        self.store(layer, &entries)
-            .iter()
-            .map(|(rows, group)| {
-                let all = dequantize(&unpack(&rows.packed, bits, rows.n * rows.w), &rows.scales, *group);
-                let tensor = Tensor::<3>::from_data(TensorData::new(all, [rows.tokens, rows.n, rows.w]), &device);
-                tensor.swap_dims(0, 1).unsqueeze::<4>()
-            })
-            .collect()
+        self.store(layer, &entries).each_ref().map(|rows| {
+            let all = dequantize(&unpack(&rows.packed, bits, rows.n * rows.w), &rows.scales, rows.group);
+            let tensor = Tensor::<3>::from_data(TensorData::new(all, [rows.tokens, rows.n, rows.w]), &device);
+            tensor.swap_dims(0, 1).unsqueeze::<4>()
+        })
     }
 
     /// int8 decoding on wgpu reads the codes with the int8 kernel, dequantizing in it instead of here.
@@ -145,9 +140,9 @@ impl KvCache for QuantizedCache {
             return attend_appended(self, layer, q, k, v, spec);
         }
         let device = q.device();
-        self.store(layer, &[k, v]);
-        let group = self.group_for(self.layers[layer][0].w);
-        let [(k_codes, k_scales), (v_codes, v_scales)] = [0, 1].map(|e| self.layers[layer][e].on_device(&device));
+        let [k_rows, v_rows] = self.store(layer, &[k, v]);
+        let group = k_rows.group;
+        let [(k_codes, k_scales), (v_codes, v_scales)] = [k_rows, v_rows].map(|rows| rows.on_device(&device));
         let kv = Int8Kv {
             k_codes: k_codes.unsqueeze(),
             k_scales: k_scales.unsqueeze(),
@@ -160,30 +155,30 @@ impl KvCache for QuantizedCache {
 }
 
 impl QuantizedCache {
-    /// Quantizes this step's entries of `layer` onto its rows; returns each entry's rows with its group size.
-    fn store(&mut self, layer: usize, entries: &[Tensor<4>]) -> Vec<(&Rows, usize)> {
+    /// Quantizes this step's entries of `layer` onto its rows and returns them.
+    fn store(&mut self, layer: usize, entries: &[Tensor<4>; 2]) -> &mut [Rows; 2] {
         if self.layers.len() <= layer {
-            self.layers.resize_with(layer + 1, Vec::new);
+            self.layers.resize_with(layer + 1, || None);
         }
-        if self.layers[layer].is_empty() {
-            let rows = entries.iter().map(|x| {
+        let (bits, group) = (self.bits, self.group);
+        let layer_rows = self.layers[layer].get_or_insert_with(|| {
+            entries.each_ref().map(|x| {
                 let [_, n, _, w] = x.dims();
-                Rows { n, w, packed: Vec::new(), scales: Vec::new(), tokens: 0, uploaded: None }
-            });
-            self.layers[layer].extend(rows.collect::<Vec<_>>());
-        }
-        let (bits, groups): (Bits, Vec<usize>) =
-            (self.bits, entries.iter().map(|x| self.group_for(x.dims()[3])).collect());
-        for ((rows, x), &group) in self.layers[layer].iter_mut().zip(entries).zip(&groups) {
+                // The group must divide the row width w; it is clamped to w otherwise.
+                let group = if w.is_multiple_of(group) { group } else { w };
+                Rows { n, w, group, packed: Vec::new(), scales: Vec::new(), tokens: 0, uploaded: None }
+            })
+        });
+        for (rows, x) in layer_rows.iter_mut().zip(entries) {
             let [_, n, t, w] = x.dims();
             // [1, n, t, w] → token-major [t, n, w].
             let values = x.clone().reshape([n, t, w]).swap_dims(0, 1).into_data().convert::<f32>();
-            let (q, s) = quantize(values.as_slice::<f32>().expect("f32 keys and values"), group, bits);
+            let (q, s) = quantize(values.as_slice::<f32>().expect("f32 keys and values"), rows.group, bits);
             rows.packed.extend(pack(&q, bits, n * w));
             rows.scales.extend(s);
             rows.tokens += t;
         }
-        self.layers[layer].iter().zip(groups).collect()
+        layer_rows
     }
 }
 
@@ -200,7 +195,7 @@ mod tests {
             assert_eq!(unpack(&pack(&q, bits, 64), bits, 64), q, "{bits:?} packs losslessly");
             let back = dequantize(&q, &s, 16);
             for (g, (xs, bs)) in x.chunks(16).zip(back.chunks(16)).enumerate() {
-                let err = xs.iter().zip(bs).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+                let err = ember_test_support::max_abs_diff(xs, bs);
                 assert!(err <= s[g] / 2.0 + 1e-6, "{bits:?} group {g}: {err} > {}", s[g] / 2.0);
             }
         }

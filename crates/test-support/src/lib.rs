@@ -1,0 +1,57 @@
+//! What the workspace's tests share, as a dev-dependency only: the wgpu device the GPU tests run on (or skip
+//! without), and the largest absolute difference between two results.
+
+use burn::backend::wgpu::wgpu;
+use burn::tensor::{Device, DeviceKind, Tensor};
+
+/// The default wgpu device for tests: None when this machine has no wgpu adapter (the test skips; Mesa's
+/// lavapipe, from the `mesa-vulkan-drivers` package, provides one on any machine), except under CI (`CI` set), where a
+/// missing adapter fails the test instead.
+pub fn wgpu_test_device() -> Option<Device> {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    if pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all())).is_empty() {
+        assert!(std::env::var_os("CI").is_none(), "CI requires a wgpu adapter (install mesa-vulkan-drivers)");
+        eprintln!("no wgpu adapter: skipped outside CI (install mesa-vulkan-drivers for one)");
+        return None;
+    }
+    Some(Device::wgpu(DeviceKind::DefaultDevice))
+}
+
+/// max_i |a_i − b_i| for slices of one length (asserted), 0 for empty ones. Equal values (infinities too) differ by
+/// 0; a NaN on either side makes the result NaN, so that a check `diff <= tolerance` fails on it.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "the results compared have different lengths");
+    let diffs = a.iter().zip(b).map(|(x, y)| if x == y { 0.0 } else { (x - y).abs() });
+    diffs.fold(0.0, |m: f32, d| if m.is_nan() || d.is_nan() { f32::NAN } else { m.max(d) })
+}
+
+/// A tensor's values as f32 (any float dtype, any device).
+pub fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().try_to_vec::<f32>().expect("a float tensor")
+}
+
+/// [`max_abs_diff`] of two tensors of one shape (asserted).
+pub fn max_abs_diff_tensors<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
+    assert_eq!(a.dims(), b.dims(), "the tensors compared have different shapes");
+    max_abs_diff(&values(a), &values(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_largest_difference_with_equal_infinities_as_zero_and_nan_kept() {
+        assert_eq!(max_abs_diff(&[], &[]), 0.0);
+        assert_eq!(max_abs_diff(&[1.0, -2.0, 3.0], &[1.5, -2.0, 1.0]), 2.0);
+        assert_eq!(max_abs_diff(&[f32::INFINITY, 1.0], &[f32::INFINITY, 1.25]), 0.25);
+        assert!(max_abs_diff(&[f32::NAN, 1.0], &[0.0, 1.0]).is_nan());
+        assert!(max_abs_diff(&[1.0, 0.0], &[1.0, f32::NAN]).is_nan());
+    }
+
+    #[test]
+    #[should_panic(expected = "different lengths")]
+    fn slices_of_different_lengths_are_an_error() {
+        max_abs_diff(&[1.0], &[1.0, 2.0]);
+    }
+}
