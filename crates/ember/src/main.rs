@@ -2,16 +2,11 @@
 
 mod allocator;
 mod bench;
-mod bench_attention;
-mod bench_decode;
-mod bench_kv;
-mod bench_serve;
 mod config;
 mod devices;
 mod eval;
 mod inspect;
 mod progress;
-mod reference;
 mod serve;
 mod train;
 mod translate;

@@ -14,11 +14,11 @@ pub struct Reference {
 
 /// The PyTorch nanoGPT-style trainer that `bench train --pytorch` times.
 pub const GPT_TRAIN: Reference =
-    Reference { name: "gpt_train.py", text: include_str!("../../../scripts/reference/gpt_train.py") };
+    Reference { name: "gpt_train.py", text: include_str!("../../../../scripts/reference/gpt_train.py") };
 
 /// The transformers `generate` timing that `bench decode --transformers` runs.
 pub const HF_GENERATE: Reference =
-    Reference { name: "hf_generate.py", text: include_str!("../../../scripts/reference/hf_generate.py") };
+    Reference { name: "hf_generate.py", text: include_str!("../../../../scripts/reference/hf_generate.py") };
 
 /// A script ready to run: the given file, or the built-in copy in a temporary file that lives as long as this.
 pub struct Script {

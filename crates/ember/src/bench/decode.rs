@@ -11,7 +11,7 @@ use ember_core_model::{Gpt, Rng, import};
 use ember_serve::sampling::argmax;
 use ember_serve::{Decoder, KvKind};
 
-use crate::bench::median;
+use super::median;
 use crate::devices::{self, DeviceChoice};
 use crate::inspect::model_config;
 
@@ -61,7 +61,7 @@ pub fn bench_decode(args: BenchDecodeArgs, device: DeviceChoice) -> Result<()> {
     if let Some(python) = &args.transformers {
         let path = args.model.as_deref().expect("clap: --transformers requires --model");
         let n = args.lengths.iter().copied().max().unwrap_or(128);
-        let script = crate::reference::HF_GENERATE.script(args.script.as_deref())?;
+        let script = super::reference::HF_GENERATE.script(args.script.as_deref())?;
         let python = (python.as_str(), script.path());
         return against_transformers(&model, python, path, args.prompt_tokens, n, args.rounds, &device, &description);
     }

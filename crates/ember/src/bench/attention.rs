@@ -11,7 +11,7 @@ use burn::tensor::{Device, Distribution, Tensor};
 use clap::{Args, ValueEnum};
 use ember_kernels::{AttentionImpl, AttentionSpec, device_memory};
 
-use crate::bench::median;
+use super::median;
 use crate::devices::{self, DeviceChoice};
 
 #[derive(Args)]

@@ -6,26 +6,14 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use clap::{Args, Subcommand};
+use clap::Args;
 use ember_kernels::AttentionImpl;
 use ember_train::{StepPhases, Trainer, corpus};
 
 use crate::config::RunConfig;
 use crate::devices::{self, DeviceChoice};
 
-#[derive(Subcommand)]
-pub enum BenchCommand {
-    /// Training throughput on a run config.
-    Train(BenchTrainArgs),
-    /// Generation tokens/s, KV-cached against recomputation.
-    Decode(crate::bench_decode::BenchDecodeArgs),
-    /// The HTTP server under concurrent streaming clients.
-    Serve(crate::bench_serve::BenchServeArgs),
-    /// KV stores: bytes, and the loss of a text teacher-forced through each.
-    Kv(crate::bench_kv::BenchKvArgs),
-    /// Attention kernels: Ember's, the naive path and Burn's built-in, forward and backward.
-    Attention(crate::bench_attention::BenchAttentionArgs),
-}
+use super::median;
 
 #[derive(Args)]
 pub struct BenchTrainArgs {
@@ -55,17 +43,7 @@ pub struct BenchTrainArgs {
     attention: AttentionImpl,
 }
 
-pub fn bench(command: BenchCommand, device: DeviceChoice) -> Result<()> {
-    match command {
-        BenchCommand::Train(args) => bench_train(args, device),
-        BenchCommand::Decode(args) => crate::bench_decode::bench_decode(args, device),
-        BenchCommand::Serve(args) => crate::bench_serve::bench_serve(args, device),
-        BenchCommand::Kv(args) => crate::bench_kv::bench_kv(args, device),
-        BenchCommand::Attention(args) => crate::bench_attention::bench_attention(args, device),
-    }
-}
-
-fn bench_train(args: BenchTrainArgs, device: DeviceChoice) -> Result<()> {
+pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice) -> Result<()> {
     let config = RunConfig::load(&args.config, &args.overrides)?;
     let (device, description) = devices::select(device)?;
     let scratch = tempfile::tempdir().context("creating a scratch run directory")?;
@@ -83,7 +61,7 @@ fn bench_train(args: BenchTrainArgs, device: DeviceChoice) -> Result<()> {
         args.attention
     );
 
-    let script = crate::reference::GPT_TRAIN.script(args.script.as_deref())?;
+    let script = super::reference::GPT_TRAIN.script(args.script.as_deref())?;
     let (mut ember, mut torch) = (Vec::new(), Vec::new());
     for round in 1..=args.rounds {
         let mut trainer =
@@ -156,11 +134,6 @@ fn pytorch_round(python: &str, script: &Path, config: &Path, args: &BenchTrainAr
         .find_map(|w| w.strip_prefix("tokens_per_s="))
         .and_then(|v| v.parse().ok())
         .context("the PyTorch reference printed no tokens_per_s")
-}
-
-pub fn median(xs: &mut [f64]) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
 }
 
 /// User + system CPU time of the whole process (all threads) so far, in seconds.

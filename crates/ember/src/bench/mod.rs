@@ -1,0 +1,43 @@
+//! `ember bench ...`: measurements kept apart from the commands that train and serve. Each compares Ember with a
+//! reference measured side by side in the same run (PyTorch, transformers, naive attention, recomputation).
+
+mod attention;
+mod decode;
+mod kv;
+mod reference;
+mod serve;
+mod train;
+
+use anyhow::Result;
+use clap::Subcommand;
+
+use crate::devices::DeviceChoice;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Training throughput on a run config.
+    Train(train::BenchTrainArgs),
+    /// Generation tokens/s, KV-cached against recomputation.
+    Decode(decode::BenchDecodeArgs),
+    /// The HTTP server under concurrent streaming clients.
+    Serve(serve::BenchServeArgs),
+    /// KV stores: bytes, and the loss of a text teacher-forced through each.
+    Kv(kv::BenchKvArgs),
+    /// Attention kernels: Ember's, the naive path and Burn's built-in, forward and backward.
+    Attention(attention::BenchAttentionArgs),
+}
+
+pub fn bench(command: BenchCommand, device: DeviceChoice) -> Result<()> {
+    match command {
+        BenchCommand::Train(args) => train::bench_train(args, device),
+        BenchCommand::Decode(args) => decode::bench_decode(args, device),
+        BenchCommand::Serve(args) => serve::bench_serve(args, device),
+        BenchCommand::Kv(args) => kv::bench_kv(args, device),
+        BenchCommand::Attention(args) => attention::bench_attention(args, device),
+    }
+}
+
+pub fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
