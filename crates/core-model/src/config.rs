@@ -192,6 +192,24 @@ impl ModelConfig {
         }
     }
 
+    /// The same model in the 2017 Transformer's layout: Post-LN, ReLU feed-forward, sinusoidal positions.
+    pub fn paper_style(self) -> Self {
+        Self { norm_placement: NormPlacement::Post, ffn: FfnKind::Relu, positions: PositionKind::Sinusoidal, ..self }
+    }
+
+    /// The same model with multi-head latent attention: latent width d_c = `latent_dim`, decoupled RoPE key width
+    /// d_R = `rope_dim` (one shared latent, so no separate key/value heads).
+    pub fn mla_style(self, latent_dim: usize, rope_dim: usize) -> Self {
+        Self {
+            attention: AttentionKind::Mla,
+            mla_latent_dim: Some(latent_dim),
+            mla_rope_dim: Some(rope_dim),
+            n_kv_heads: None,
+            positions: PositionKind::Rope,
+            ..self
+        }
+    }
+
     pub fn validate(&self) -> Result<(), Invalid> {
         if let Some(v) = self.vocab_size {
             require(v >= 1, "model.vocab_size", v, "at least 1")?;

@@ -249,13 +249,7 @@ mod tests {
     fn layouts() -> Vec<ModelConfig> {
         let gpt = ModelConfig::gpt(50, 2, 4, 32, 16);
         let llama = ModelConfig { tie_embeddings: false, ..gpt.clone().llama_style(2) };
-        let mla = ModelConfig {
-            attention: AttentionKind::Mla,
-            mla_latent_dim: Some(16),
-            mla_rope_dim: Some(4),
-            n_kv_heads: None,
-            ..llama.clone()
-        };
+        let mla = llama.clone().mla_style(16, 4);
         let peri =
             ModelConfig { norm_placement: NormPlacement::Peri, positions: PositionKind::Sinusoidal, ..gpt.clone() };
         let post = ModelConfig { norm_placement: NormPlacement::Post, norm: NormKind::RmsNorm, ..gpt.clone() };

@@ -74,14 +74,7 @@ mod tests {
     fn counts_equal_the_parameters_of_built_models() {
         let gpt = ModelConfig::gpt(65, 2, 4, 32, 16);
         let llama = ModelConfig { tie_embeddings: false, ..gpt.clone().llama_style(2) };
-        let mla = ModelConfig {
-            attention: AttentionKind::Mla,
-            mla_latent_dim: Some(16),
-            mla_rope_dim: Some(4),
-            n_kv_heads: None,
-            norm_placement: NormPlacement::Peri,
-            ..llama.clone()
-        };
+        let mla = ModelConfig { norm_placement: NormPlacement::Peri, ..llama.clone().mla_style(16, 4) };
         let post =
             ModelConfig { norm_placement: NormPlacement::Post, positions: PositionKind::Sinusoidal, ..gpt.clone() };
         for c in [gpt, llama, mla, post] {

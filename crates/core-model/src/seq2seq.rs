@@ -38,6 +38,14 @@ pub struct Seq2SeqConfig {
     pub share_embeddings: bool,
 }
 
+impl Seq2SeqConfig {
+    /// `encoder_layers` + `decoder_layers` layers shaped by `model` over one joint vocabulary of `vocab` tokens with
+    /// one shared embedding (source, target and output projection).
+    pub fn joint(model: ModelConfig, encoder_layers: usize, decoder_layers: usize, vocab: usize) -> Self {
+        Self { model, encoder_layers, decoder_layers, src_vocab: vocab, tgt_vocab: vocab, share_embeddings: true }
+    }
+}
+
 /// The norm of `config` named `name`: γ = 1, β = 0.
 fn norm(config: &ModelConfig, init: &mut Init, name: &str) -> Norm {
     init.scope(name, |init| Norm::new(config.norm, config.d_model, config.norm_eps, config.bias, init))

@@ -6,7 +6,6 @@ use std::path::Path;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_core_model::bundle::load_tensors;
-use ember_core_model::config::{FfnKind, NormPlacement, PositionKind};
 use ember_core_model::seq2seq::{Seq2Seq, Seq2SeqConfig};
 use ember_core_model::{ModelConfig, Rng};
 use serde_json::Value;
@@ -19,22 +18,9 @@ fn fixture() -> (Value, std::path::PathBuf) {
 
 /// The 2017 layout at the fixture's size: Post-LN, ReLU FFN, sinusoidal positions, one tied embedding.
 fn paper_config(vocab: usize, d: usize, heads: usize, d_ff: usize, layers: usize) -> Seq2SeqConfig {
-    let model = ModelConfig {
-        norm_placement: NormPlacement::Post,
-        ffn: FfnKind::Relu,
-        d_ff: Some(d_ff),
-        positions: PositionKind::Sinusoidal,
-        dropout: 0.0,
-        ..ModelConfig::gpt(vocab, layers, heads, d, 64)
-    };
-    Seq2SeqConfig {
-        model,
-        encoder_layers: layers,
-        decoder_layers: layers,
-        src_vocab: vocab,
-        tgt_vocab: vocab,
-        share_embeddings: true,
-    }
+    let model =
+        ModelConfig { d_ff: Some(d_ff), dropout: 0.0, ..ModelConfig::gpt(vocab, layers, heads, d, 64).paper_style() };
+    Seq2SeqConfig::joint(model, layers, layers, vocab)
 }
 
 fn ids(v: &Value) -> (Vec<i64>, [usize; 2]) {

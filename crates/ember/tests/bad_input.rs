@@ -92,17 +92,7 @@ fn fresh_run_refuses_to_overwrite_a_checkpoint_and_prompt_outside_vocabulary_is_
     let before = std::fs::read(run.join("checkpoint.safetensors")).unwrap();
     assert_clean_error(&ember(&args), "already holds a checkpoint");
     assert_eq!(std::fs::read(run.join("checkpoint.safetensors")).unwrap(), before, "saved work is untouched");
-    let out = ember(&[
-        "generate",
-        "--device",
-        "cpu",
-        "--model",
-        run.to_str().unwrap(),
-        "--prompt",
-        "€",
-        "--max-new-tokens",
-        "3",
-    ]);
+    let out = generate_on_cpu(&run, &["--prompt", "€", "--max-new-tokens", "3"]);
     assert_clean_error(&out, "prompt");
 }
 

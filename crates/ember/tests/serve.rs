@@ -9,7 +9,7 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 
-use common::{ember, small_corpus, tiny_config, train_ok};
+use common::{generate_on_cpu, small_corpus, tiny_config, train_ok};
 use serde_json::{Value, json};
 
 struct Server {
@@ -75,19 +75,7 @@ fn tiny_model(dir: &Path) -> (PathBuf, Vec<String>) {
 
 fn generate_cli(run: &Path, prompt: &str, tokens: usize) -> String {
     let n = tokens.to_string();
-    let out = ember(&[
-        "generate",
-        "--device",
-        "cpu",
-        "--model",
-        run.to_str().unwrap(),
-        "--prompt",
-        prompt,
-        "--temperature",
-        "0",
-        "--max-new-tokens",
-        &n,
-    ]);
+    let out = generate_on_cpu(run, &["--prompt", prompt, "--temperature", "0", "--max-new-tokens", &n]);
     let text = String::from_utf8(out.stdout).unwrap();
     text.strip_prefix(prompt).unwrap().trim_end_matches('\n').to_string()
 }

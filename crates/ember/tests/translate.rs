@@ -19,13 +19,7 @@ fn tiny_translation_config(dir: &Path, out: &Path) -> std::path::PathBuf {
     head(&data.join("train.tsv"), &dir.join("train.tsv"), 600);
     head(&data.join("valid.tsv"), &dir.join("valid.tsv"), 12);
     let text = format!(
-        r#"[model]
-n_layers = 2
-n_heads = 2
-d_model = 32
-block_size = 96
-dropout = 0.0
-norm_placement = "post"
+        r#"{model}norm_placement = "post"
 ffn = "relu"
 d_ff = 64
 positions = "sinusoidal"
@@ -52,6 +46,7 @@ checkpoint_interval = 3
 keep_checkpoints = 3
 out_dir = "{out}"
 "#,
+        model = ember_test_support::model_table(2, 2, 32, 96),
         dir = dir.display(),
         out = out.display()
     );

@@ -5,7 +5,7 @@
 mod common;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use ember_core_model::config::{AttentionKind, FfnKind, NormPlacement, PositionKind};
+use ember_core_model::config::NormPlacement;
 use ember_core_model::{Gpt, ModelConfig, Rng};
 use ember_serve::{KvKind, KvSpec};
 use ember_test_support::{max_abs_diff, wgpu_test_device};
@@ -15,21 +15,8 @@ use ember_test_support::{max_abs_diff, wgpu_test_device};
 fn variants() -> Vec<ModelConfig> {
     let gpt = ModelConfig::gpt(71, 4, 4, 128, 64);
     let llama = ModelConfig { tie_embeddings: false, ..gpt.clone().llama_style(2) };
-    let mla = ModelConfig {
-        attention: AttentionKind::Mla,
-        mla_latent_dim: Some(32),
-        mla_rope_dim: Some(8),
-        n_kv_heads: None,
-        window: Some(16),
-        norm_placement: NormPlacement::Peri,
-        ..llama.clone()
-    };
-    let post = ModelConfig {
-        norm_placement: NormPlacement::Post,
-        positions: PositionKind::Sinusoidal,
-        ffn: FfnKind::Relu,
-        ..gpt.clone()
-    };
+    let mla = ModelConfig { window: Some(16), norm_placement: NormPlacement::Peri, ..llama.clone().mla_style(32, 8) };
+    let post = gpt.clone().paper_style();
     vec![gpt, llama, mla, post]
 }
 
@@ -116,24 +103,10 @@ fn cached_decoding_on_wgpu_equals_recomputation_on_the_cpu_within_1e_4() {
 #[test]
 #[ignore = "needs a wgpu adapter: a GPU driver or lavapipe (scripts/test.sh installs mesa-vulkan-drivers)"]
 fn seq2seq_on_wgpu_matches_the_cpu_within_1e_4() {
-    use ember_core_model::config::{FfnKind, NormPlacement, PositionKind};
     use ember_core_model::seq2seq::{Seq2Seq, Seq2SeqConfig};
     let Some(gpu) = wgpu_test_device() else { return };
     let cpu = Device::flex();
-    let model = ModelConfig {
-        norm_placement: NormPlacement::Post,
-        ffn: FfnKind::Relu,
-        positions: PositionKind::Sinusoidal,
-        ..ModelConfig::gpt(40, 2, 4, 64, 64)
-    };
-    let config = Seq2SeqConfig {
-        model,
-        encoder_layers: 2,
-        decoder_layers: 2,
-        src_vocab: 40,
-        tgt_vocab: 40,
-        share_embeddings: true,
-    };
+    let config = Seq2SeqConfig::joint(ModelConfig::gpt(40, 2, 4, 64, 64).paper_style(), 2, 2, 40);
     let (on_cpu, on_gpu) =
         (Seq2Seq::new(&config, &mut Rng::new(4), &cpu), Seq2Seq::new(&config, &mut Rng::new(4), &gpu));
     let mut rng = Rng::new(6);

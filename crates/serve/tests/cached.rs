@@ -17,13 +17,7 @@ use ember_test_support::max_abs_diff as max_diff;
 fn configs() -> Vec<(&'static str, ModelConfig)> {
     let gpt = ModelConfig::gpt(50, 2, 4, 32, 96);
     let llama = gpt.clone().llama_style(2);
-    let mla = ModelConfig {
-        attention: AttentionKind::Mla,
-        mla_latent_dim: Some(16),
-        mla_rope_dim: Some(4),
-        n_kv_heads: None,
-        ..llama.clone()
-    };
+    let mla = llama.clone().mla_style(16, 4);
     let window = ModelConfig { window: Some(12), ..llama.clone() };
     vec![("gpt", gpt), ("llama", llama), ("mla", mla), ("sliding window", window)]
 }

@@ -9,12 +9,7 @@ use ember_core_model::{ModelConfig, Rng};
 use ember_serve::kv::ContiguousCache;
 
 fn configs() -> Vec<Seq2SeqConfig> {
-    let paper = ModelConfig {
-        norm_placement: NormPlacement::Post,
-        ffn: FfnKind::Relu,
-        positions: PositionKind::Sinusoidal,
-        ..ModelConfig::gpt(40, 2, 4, 32, 64)
-    };
+    let paper = ModelConfig::gpt(40, 2, 4, 32, 64).paper_style();
     let modern = ModelConfig {
         norm_placement: NormPlacement::Pre,
         norm: NormKind::RmsNorm,

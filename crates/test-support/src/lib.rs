@@ -1,7 +1,9 @@
 //! What the workspace's tests share, as a dev-dependency only: the wgpu device the GPU tests run on (or skip
-//! without), and the largest absolute difference between two results.
+//! without), the largest absolute difference between two results, and the losses a run directory logged.
 
 use burn::backend::wgpu::wgpu;
+use std::path::Path;
+
 use burn::tensor::{Device, DeviceKind, Tensor};
 
 /// The default wgpu device for tests: None when this machine has no wgpu adapter (the test skips; Mesa's
@@ -34,6 +36,26 @@ pub fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
 pub fn max_abs_diff_tensors<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
     assert_eq!(a.dims(), b.dims(), "the tensors compared have different shapes");
     max_abs_diff(&values(a), &values(b))
+}
+
+/// A `[model]` table of a tiny model without dropout (n_layers, n_heads, d_model, block_size), for run configs
+/// that tests write; more keys of the table may follow it.
+pub fn model_table(n_layers: usize, n_heads: usize, d_model: usize, block_size: usize) -> String {
+    format!(
+        "[model]\nn_layers = {n_layers}\nn_heads = {n_heads}\nd_model = {d_model}\nblock_size = {block_size}\ndropout = 0.0\n"
+    )
+}
+
+/// The per-step training losses (step, loss) in a run directory's `metrics.jsonl`.
+pub fn step_losses(run_dir: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            Some((v["step"].as_u64()?, v.get("loss")?.as_f64()?))
+        })
+        .collect()
 }
 
 #[cfg(test)]

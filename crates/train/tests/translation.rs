@@ -6,6 +6,7 @@ use std::path::Path;
 
 use burn::tensor::Device;
 use ember_core_model::{Rng, bundle};
+use ember_test_support::step_losses;
 use ember_train::parallel::token_batches;
 use ember_train::trainer::{BleuError, EvalReport, Observer, StepReport, Task, TrainError};
 use ember_train::translation::{self, BleuOf, TranslationConfig, TranslationTrainer};
@@ -43,13 +44,7 @@ fn write_data(dir: &Path, name: &str, pairs: usize, seed: u64) {
 
 fn config(data: &Path, out: &Path, max_steps: u64) -> TranslationConfig {
     let text = format!(
-        r#"[model]
-n_layers = 1
-n_heads = 2
-d_model = 16
-block_size = 32
-dropout = 0.0
-norm_placement = "post"
+        r#"{model}norm_placement = "post"
 ffn = "relu"
 d_ff = 32
 positions = "sinusoidal"
@@ -77,6 +72,7 @@ checkpoint_interval = 2
 keep_checkpoints = 2
 out_dir = "{out}"
 "#,
+        model = ember_test_support::model_table(1, 2, 16, 32),
         data = data.display(),
         out = out.display()
     );
@@ -116,18 +112,6 @@ fn data_dir() -> tempfile::TempDir {
     dir
 }
 
-/// The per-step losses of a run directory's metrics.jsonl.
-fn logged_losses(run_dir: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(run_dir.join(bundle::METRICS))
-        .unwrap()
-        .lines()
-        .filter_map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            Some((v["step"].as_u64()?, v.get("loss")?.as_f64()?))
-        })
-        .collect()
-}
-
 #[test]
 fn a_resumed_run_takes_the_steps_of_an_uninterrupted_one() {
     let data = data_dir();
@@ -161,7 +145,7 @@ fn a_resumed_run_takes_the_steps_of_an_uninterrupted_one() {
     // which rounds differently from run to run (by about 1e-6 here, in straight runs too). A resume that loses the
     // Adam moments or the place in the epoch moves the next losses by more than 0.1.
     let steps = |losses: &[(u64, f64)]| losses.iter().map(|l| l.0).collect::<Vec<_>>();
-    let (straight_log, split_log) = (logged_losses(&straight_dir), logged_losses(&split_dir));
+    let (straight_log, split_log) = (step_losses(&straight_dir), step_losses(&split_dir));
     assert_eq!(steps(&straight_log), (1..=9).collect::<Vec<_>>());
     assert_eq!(steps(&split_log), steps(&straight_log), "metrics.jsonl holds each step once");
     for (((step, a), (_, b)), (_, logged)) in straight_log.iter().zip(&split_log).zip(&interrupted.steps) {

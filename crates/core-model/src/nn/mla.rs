@@ -178,21 +178,13 @@ impl MlaAttention {
 mod tests {
     use super::*;
     use crate::Rng;
-    use crate::config::{AttentionKind, PositionKind};
     use crate::params::{load_state_dict, state_dict};
     use burn::tensor::Device;
 
     #[test]
     fn absorbed_inference_equals_the_expanded_computation() {
         let dev = Device::flex();
-        let config = ModelConfig {
-            attention: AttentionKind::Mla,
-            positions: PositionKind::Rope,
-            mla_latent_dim: Some(24),
-            mla_rope_dim: Some(8),
-            bias: false,
-            ..ModelConfig::gpt(10, 1, 4, 64, 32)
-        };
+        let config = ModelConfig { bias: false, ..ModelConfig::gpt(10, 1, 4, 64, 32).mla_style(24, 8) };
         // Weights of std 0.1 rather than 0.02, so the outputs are O(1) and 1e-5 is a real bound.
         let mla = MlaAttention::new(&config, &mut Init::draw(&mut Rng::new(5), &dev));
         let scaled = state_dict(&mla).into_iter().map(|(k, v)| {

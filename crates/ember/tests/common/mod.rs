@@ -23,13 +23,7 @@ pub fn small_corpus(dir: &Path, bytes: usize) -> PathBuf {
 /// A tiny GPT run config on `corpus` writing to `out_dir`.
 pub fn tiny_config(dir: &Path, corpus: &Path, out_dir: &Path, extra_train: &str) -> PathBuf {
     let text = format!(
-        r#"[model]
-n_layers = 2
-n_heads = 2
-d_model = 32
-block_size = 32
-dropout = 0.0
-
+        r#"{}
 [data]
 corpus = "{}"
 tokenizer = "char"
@@ -52,6 +46,7 @@ out_dir = "{}"
 [sample]
 max_new_tokens = 20
 "#,
+        ember_test_support::model_table(2, 2, 32, 32),
         corpus.display(),
         out_dir.display()
     );
@@ -64,6 +59,11 @@ pub fn ember(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ember")).args(args).output().expect("the ember binary runs")
 }
 
+/// Runs `ember generate --device cpu --model MODEL` with `args` after it.
+pub fn generate_on_cpu(model: &Path, args: &[&str]) -> Output {
+    ember(&[&["generate", "--device", "cpu", "--model", model.to_str().unwrap()], args].concat())
+}
+
 /// Runs `ember train --no-sample ARGS` and asserts it succeeded.
 pub fn train_ok(args: &[&str]) -> Output {
     let out = ember(&[&["train", "--no-sample"], args].concat());
@@ -71,17 +71,8 @@ pub fn train_ok(args: &[&str]) -> Output {
     out
 }
 
-/// The per-step training losses in a run directory's metrics.jsonl.
-pub fn step_losses(run_dir: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .filter_map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            Some((v["step"].as_u64()?, v.get("loss")?.as_f64()?))
-        })
-        .collect()
-}
+#[allow(unused_imports)] // each test file uses a different part
+pub use ember_test_support::step_losses;
 
 /// Asserts a command failed with one line on stderr that contains `needle`, and did not panic.
 pub fn assert_clean_error(out: &Output, needle: &str) {
