@@ -1,4 +1,5 @@
-//! What a config costs before a model is built: parameters per part, and KV-cache bytes by the seeds' formula.
+//! What a config costs before a model is built: parameters per part, and KV-cache bytes (2·L·T·g·d_h elements per
+//! sequence, L·T·(d_c + d_R) for MLA).
 
 use crate::ModelConfig;
 use crate::config::{AttentionKind, FfnKind, NormKind, NormPlacement, PositionKind};
