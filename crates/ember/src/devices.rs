@@ -31,11 +31,17 @@ pub fn select(choice: DeviceChoice) -> Result<(Device, String)> {
             let Some(best) = found.iter().find(|a| a.is_real_gpu()).or(found.first()) else {
                 bail!("no wgpu adapter found (install a Vulkan driver, e.g. mesa-vulkan-drivers for lavapipe)");
             };
-            (Device::wgpu(DeviceKind::DefaultDevice), format!("wgpu ({}, {:?})", best.name, best.backend))
+            (Device::wgpu(DeviceKind::DefaultDevice), describe(best))
         }
         DeviceChoice::Auto => match wgpu_adapters().into_iter().find(|a| a.is_real_gpu()) {
-            Some(gpu) => (Device::wgpu(DeviceKind::DefaultDevice), format!("wgpu ({}, {:?})", gpu.name, gpu.backend)),
+            Some(gpu) => (Device::wgpu(DeviceKind::DefaultDevice), describe(&gpu)),
             None => select(DeviceChoice::Cpu)?,
         },
     })
+}
+
+/// "wgpu (adapter, backend, driver …; cubecl's WGSL runtime)".
+fn describe(adapter: &ember_kernels::Adapter) -> String {
+    let driver = if adapter.driver.is_empty() { String::new() } else { format!(", driver {}", adapter.driver) };
+    format!("wgpu ({}, {:?}{driver}; cubecl-wgpu runtime, WGSL)", adapter.name, adapter.backend)
 }

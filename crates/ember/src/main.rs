@@ -225,10 +225,12 @@ fn list_devices() {
     }
     for a in adapters {
         println!(
-            "wgpu     {} | {:?} | {:?} | workgroup memory {} B, invocations/workgroup {}, storage binding {} MiB, buffer {} MiB",
+            "wgpu     {} | {:?} | {:?} | driver {} | workgroup memory {} B, invocations/workgroup {}, storage binding {} MiB, \
+             buffer {} MiB",
             a.name,
             a.kind,
             a.backend,
+            a.driver,
             a.limits.max_compute_workgroup_storage_size,
             a.limits.max_compute_invocations_per_workgroup,
             a.limits.max_storage_buffer_binding_size >> 20,

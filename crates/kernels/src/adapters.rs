@@ -9,6 +9,8 @@ pub struct Adapter {
     pub name: String,
     pub kind: DeviceType,
     pub backend: Backend,
+    /// The driver's name and version, as the driver reports them.
+    pub driver: String,
     pub limits: Limits,
 }
 
@@ -25,7 +27,8 @@ pub fn wgpu_adapters() -> Vec<Adapter> {
         .into_iter()
         .map(|a| {
             let info = a.get_info();
-            Adapter { name: info.name, kind: info.device_type, backend: info.backend, limits: a.limits() }
+            let driver = format!("{} {}", info.driver, info.driver_info).trim().to_string();
+            Adapter { name: info.name, kind: info.device_type, backend: info.backend, driver, limits: a.limits() }
         })
         .collect()
 }

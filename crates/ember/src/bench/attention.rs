@@ -26,9 +26,12 @@ pub struct BenchAttentionArgs {
     heads: usize,
     #[arg(long, default_value_t = 1)]
     batch: usize,
-    /// Timed repetitions (the median is reported).
+    /// Timed repetitions of `--calls` back-to-back calls and one device sync (median and minimum reported).
     #[arg(long, default_value_t = 5)]
     iters: usize,
+    /// Calls per timed repetition, queued without reading anything back.
+    #[arg(long, default_value_t = 4)]
+    calls: usize,
     /// Measure one configuration, IMPL:T:D, and print it as one line (what the table's child processes run).
     #[arg(long, hide = true)]
     one: Option<String>,
@@ -43,35 +46,40 @@ pub fn bench_attention(args: BenchAttentionArgs, choice: DeviceChoice) -> Result
     }
     let (_, description) = devices::select(choice)?;
     println!(
-        "bench attention on {description}: batch {}, {} heads, causal, f32, median of {} runs; GFLOP/s count \
-         4·B·h·T²·d / 2 for the forward and 3.5× that for forward+backward",
-        args.batch, args.heads, args.iters
+        "bench attention on {description}: batch {}, {} heads, causal, f32; per call, median (minimum) of {} \
+         repetitions of {} back-to-back calls and one device sync, after 2 untimed calls (shader compilation, \
+         autotuning); implementations in turn; GFLOP/s of the median count 4·B·h·T²·d / 2 for the forward and 3.5× \
+         that for forward+backward; the largest allocation of the forward alone and of forward+backward (under \
+         autodiff Burn's built-in materialises the T×T scores by design)",
+        args.batch, args.heads, args.iters, args.calls
     );
-    println!("\n| T | d | path | forward ms | GFLOP/s | fwd+bwd ms | GFLOP/s | largest allocation |");
-    println!("|---:|---:|---|---:|---:|---:|---:|---:|");
+    println!("\n| T | d | path | forward ms | GFLOP/s | fwd+bwd ms | GFLOP/s | largest allocation fwd | fwd+bwd |");
+    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|");
     for &d in &args.head_dims {
         for &t in &args.lengths {
             let mut forward = Vec::new();
             for (name, _) in IMPLS {
                 let figures = child(&args, choice, name, t, d);
                 let flops = 2.0 * (args.batch * args.heads * t * t * d) as f64;
-                let cell = |ms: Option<f64>, factor: f64| {
+                let cell = |ms: Option<Timing>, factor: f64| {
                     ms.map_or(("n/a".into(), "".into()), |ms| {
-                        (format!("{ms:.2}"), format!("{:.1}", factor * flops / (ms * 1e-3) / 1e9))
+                        let rate = factor * flops / (ms.median * 1e-3) / 1e9;
+                        (format!("{:.2} ({:.2})", ms.median, ms.min), format!("{rate:.1}"))
                     })
                 };
+                let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / 1048576.0);
                 let (f, b, mem) = match &figures {
-                    Ok(x) => (Some(x.0), x.1, format!("{:.1} MiB", x.2 as f64 / 1048576.0)),
-                    Err(e) => (None, None, format!("failed: {e}")),
+                    Ok(x) => (Some(x.forward), x.backward, format!("{} | {}", mib(x.forward_bytes), mib(x.all_bytes))),
+                    Err(e) => (None, None, format!("failed: {e} | ")),
                 };
                 let ((fms, fg), (bms, bg)) = (cell(f, 1.0), cell(b, 3.5));
                 println!("| {t} | {d} | {name} | {fms} | {fg} | {bms} | {bg} | {mem} |");
-                forward.push(f);
+                forward.push(f.map(|f| f.median));
             }
             if let [Some(ember), burn, naive] = forward[..] {
                 let ratio = |other: Option<f64>| other.map_or("n/a".into(), |o| format!("{:.2}×", o / ember));
                 println!(
-                    "| {t} | {d} | ember speed-up (forward) | vs burn {} | | vs naive {} | | |",
+                    "| {t} | {d} | ember speed-up (forward) | vs burn {} | | vs naive {} | | | |",
                     ratio(burn),
                     ratio(naive)
                 );
@@ -81,20 +89,30 @@ pub fn bench_attention(args: BenchAttentionArgs, choice: DeviceChoice) -> Result
     Ok(())
 }
 
-/// Runs one configuration in a child process: (forward ms, forward+backward ms, largest allocation bytes).
-fn child(
-    args: &BenchAttentionArgs,
-    choice: DeviceChoice,
-    name: &str,
-    t: usize,
-    d: usize,
-) -> Result<(f64, Option<f64>, u64)> {
+/// Milliseconds per call: the median and the minimum over the timed repetitions.
+#[derive(Clone, Copy)]
+struct Timing {
+    median: f64,
+    min: f64,
+}
+
+/// One configuration's figures: forward and forward+backward times, the largest allocation of the forward alone and
+/// of both.
+struct Figures {
+    forward: Timing,
+    backward: Option<Timing>,
+    forward_bytes: u64,
+    all_bytes: u64,
+}
+
+/// Runs one configuration in a child process.
+fn child(args: &BenchAttentionArgs, choice: DeviceChoice, name: &str, t: usize, d: usize) -> Result<Figures> {
     let exe = std::env::current_exe().context("locating the ember binary")?;
     let output = Command::new(exe)
         .args(["--device", choice.to_possible_value().context("a device name")?.get_name()])
         .args(["bench", "attention", "--one", &format!("{name}:{t}:{d}")])
         .args(["--heads", &args.heads.to_string(), "--batch", &args.batch.to_string()])
-        .args(["--iters", &args.iters.to_string()])
+        .args(["--iters", &args.iters.to_string(), "--calls", &args.calls.to_string()])
         .output()
         .context("running a measurement")?;
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -105,8 +123,13 @@ fn child(
     };
     let fields: Vec<&str> = line.split_whitespace().collect();
     let value = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
-    let forward = value(0).context("a forward time")?;
-    Ok((forward, value(1), value(2).unwrap_or(0.0) as u64))
+    let timing = |i: usize| Some(Timing { median: value(i)?, min: value(i + 1)? });
+    Ok(Figures {
+        forward: timing(0).context("a forward time")?,
+        backward: timing(2),
+        forward_bytes: value(4).unwrap_or(0.0) as u64,
+        all_bytes: value(5).unwrap_or(0.0) as u64,
+    })
 }
 
 fn measure_one(args: &BenchAttentionArgs, one: &str, choice: DeviceChoice) -> Result<()> {
@@ -119,30 +142,43 @@ fn measure_one(args: &BenchAttentionArgs, one: &str, choice: DeviceChoice) -> Re
     let spec = AttentionSpec::causal(d).with_implementation(imp);
     let x = |device: &Device| Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), device);
     let (q, k, v) = (x(&device), x(&device), x(&device));
-    let forward = time(args.iters, || {
-        let o = ember_kernels::attention(q.clone(), k.clone(), v.clone(), &spec);
-        o.sum().into_scalar::<f32>();
-    });
+    let forward = time(args, &device, || ember_kernels::attention(q.clone(), k.clone(), v.clone(), &spec))?;
+    let largest = || device_memory(&device).map_or(0, |m| m.largest_allocation);
+    let forward_bytes = largest();
     let autodiff = device.clone().autodiff();
     let (q, k, v) = (x(&autodiff).require_grad(), x(&autodiff).require_grad(), x(&autodiff).require_grad());
-    let backward = time(args.iters, || {
+    let backward = time(args, &device, || {
         let grads = ember_kernels::attention(q.clone(), k.clone(), v.clone(), &spec).sum().backward();
-        q.grad(&grads).expect("a gradient").sum().into_scalar::<f32>();
-    });
-    let largest = device_memory(&device).map_or(0, |m| m.largest_allocation);
-    println!("measured {forward:.4} {backward:.4} {largest}");
+        q.grad(&grads).expect("a gradient")
+    })?;
+    let all_bytes = largest();
+    println!(
+        "measured {:.4} {:.4} {:.4} {:.4} {forward_bytes} {all_bytes}",
+        forward.median, forward.min, backward.median, backward.min
+    );
     Ok(())
 }
 
-/// Median milliseconds of `iters` runs after one untimed run (compilation, autotuning).
-fn time(iters: usize, mut run: impl FnMut()) -> f64 {
-    run();
-    let mut ms: Vec<f64> = (0..iters.max(1))
-        .map(|_| {
-            let start = Instant::now();
-            run();
-            start.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    median(&mut ms)
+/// Per-call milliseconds of `run`: two untimed calls (shader compilation, autotuning), then `args.iters` repetitions
+/// of `args.calls` calls queued back to back, their results kept until one device sync ends the repetition.
+fn time<const D: usize>(
+    args: &BenchAttentionArgs,
+    device: &Device,
+    mut run: impl FnMut() -> Tensor<D>,
+) -> Result<Timing> {
+    let sync = || device.sync().map_err(|e| anyhow::anyhow!("the device failed: {e:?}"));
+    let warm: Vec<_> = (0..2).map(|_| run()).collect();
+    sync()?;
+    drop(warm);
+    let calls = args.calls.max(1);
+    let mut ms = Vec::with_capacity(args.iters.max(1));
+    for _ in 0..args.iters.max(1) {
+        let start = Instant::now();
+        let kept: Vec<_> = (0..calls).map(|_| run()).collect();
+        sync()?;
+        ms.push(start.elapsed().as_secs_f64() * 1e3 / calls as f64);
+        drop(kept);
+    }
+    let min = ms.iter().copied().fold(f64::INFINITY, f64::min);
+    Ok(Timing { median: median(&mut ms), min })
 }
