@@ -120,9 +120,7 @@ impl Gpt {
         tensors: &HashMap<String, TensorData>,
         device: &Device,
     ) -> Result<Self, Mismatch> {
-        let mut init = Init::read(tensors, device);
-        let model = Self::build(config, &mut init);
-        init.finish(model)
+        Init::load(tensors, device, |init| Self::build(config, init))
     }
 
     fn build(config: &ModelConfig, init: &mut Init) -> Self {

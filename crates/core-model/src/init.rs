@@ -29,9 +29,16 @@ impl<'a> Init<'a> {
         Self { source: Source::Draw(rng), device: device.clone(), path: Vec::new(), error: None }
     }
 
-    /// Parameters read from `tensors` by path, on `device`; [`Init::finish`] reports the first missing or misshapen.
-    pub fn read(tensors: &'a HashMap<String, TensorData>, device: &Device) -> Self {
-        Self { source: Source::Read(tensors), device: device.clone(), path: Vec::new(), error: None }
+    /// The module `build` makes with its parameters read from `tensors` by path, on `device`; the first parameter
+    /// missing or misshapen is the error.
+    pub fn load<M>(
+        tensors: &'a HashMap<String, TensorData>,
+        device: &Device,
+        build: impl FnOnce(&mut Self) -> M,
+    ) -> Result<M, Mismatch> {
+        let mut init = Self { source: Source::Read(tensors), device: device.clone(), path: Vec::new(), error: None };
+        let module = build(&mut init);
+        init.error.map_or(Ok(module), Err)
     }
 
     /// `build` run with the same source inside the sub-module `name`: its parameters' paths are prefixed with it.
@@ -61,14 +68,6 @@ impl<'a> Init<'a> {
                 Param::from_data(TensorData::new(vec![value; shape.iter().product()], shape), &self.device)
             }
             Source::Read(tensors) => self.stored(tensors, name, shape),
-        }
-    }
-
-    /// `module` when every parameter was found with its shape, else the first that was not.
-    pub fn finish<M>(self, module: M) -> Result<M, Mismatch> {
-        match self.error {
-            Some(e) => Err(e),
-            None => Ok(module),
         }
     }
 

@@ -173,9 +173,7 @@ impl Seq2Seq {
         tensors: &HashMap<String, TensorData>,
         device: &Device,
     ) -> Result<Self, Mismatch> {
-        let mut init = Init::read(tensors, device);
-        let model = Self::build(config, &mut init);
-        init.finish(model)
+        Init::load(tensors, device, |init| Self::build(config, init))
     }
 
     fn build(config: &Seq2SeqConfig, init: &mut Init) -> Self {
