@@ -39,3 +39,11 @@ fn key_queries(c: Call, b: u32, j: u32) -> vec2<u32> {
     if (c.window > 0u) { hi = min(hi, select(0u, j + c.window - c.offset, j + c.window > c.offset)); }
     return vec2<u32>(lo, max(lo, hi));
 }
+
+// Packed row n of KV head kvh in batch row b, n = t·g + r for query head r of the GQA group of g: the row's index
+// in [B, Hq, Tq] and its position t.
+fn packed_row(c: Call, b: u32, kvh: u32, n: u32) -> vec2<u32> {
+    let g = c.hq / c.hkv;
+    let t = n / g;
+    return vec2<u32>((b * c.hq + kvh * g + n % g) * c.tq + t, t);
+}

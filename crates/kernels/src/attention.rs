@@ -5,7 +5,9 @@ use burn::tensor::activation::softmax;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Distribution, Int, Tensor, TensorData};
 
-use crate::flash::{PackedHeads, flash_attention, on_flex, on_wgpu, packed_flash_attention, supports_head_dim};
+use crate::flash::{
+    KernelTier, PackedHeads, flash_attention, on_flex, on_wgpu, packed_flash_attention, supports_head_dim,
+};
 
 /// What one attention call computes.
 #[derive(Clone, Debug, PartialEq)]
@@ -55,13 +57,22 @@ impl AttentionSpec {
 /// Which implementation [`attention`] runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AttentionImpl {
-    /// Ember's FlashAttention kernels: WGSL on wgpu, Rust on the CPU (the default).
+    /// Ember's FlashAttention kernels: WGSL on wgpu (the adapter's best tier), Rust on the CPU (the default).
     #[default]
     Auto,
+    /// Ember's kernels with the WGSL tier forced (on the CPU: the Rust kernels, as `Auto`).
+    Tier(KernelTier),
     /// The T×T score matrix, masked and soft-maxed with ordinary tensor ops.
     Naive,
     /// Burn's `attention` module op (fused kernels where the backend has them).
     Burn,
+}
+
+impl AttentionImpl {
+    /// Ember's own kernels, whichever tier.
+    pub fn is_ember(self) -> bool {
+        matches!(self, Self::Auto | Self::Tier(_))
+    }
 }
 
 impl std::str::FromStr for AttentionImpl {
@@ -72,7 +83,9 @@ impl std::str::FromStr for AttentionImpl {
             "auto" => Ok(Self::Auto),
             "naive" => Ok(Self::Naive),
             "burn" => Ok(Self::Burn),
-            _ => Err(format!("unknown attention {s:?}: expected auto, naive or burn")),
+            "portable" => Ok(Self::Tier(KernelTier::Portable)),
+            "subgroup" => Ok(Self::Tier(KernelTier::Subgroup)),
+            _ => Err(format!("unknown attention {s:?}: expected auto, portable, subgroup, naive or burn")),
         }
     }
 }
@@ -83,7 +96,7 @@ pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec)
     let width = d.max(v.dims()[3]);
     let dropping = spec.dropout > 0.0 && q.device().is_autodiff();
     let kernels = (supports_head_dim(width) && on_wgpu(&q)) || on_flex(&q);
-    if spec.implementation == AttentionImpl::Auto && !dropping && kernels {
+    if spec.implementation.is_ember() && !dropping && kernels {
         // Values narrower than queries (MLA's q, k = [q_C; q_R]) are padded with zero columns, and the output cut
         // back; queries and keys narrower than values get zero columns too, which leave q kᵀ unchanged.
         let dv = v.dims()[3];
@@ -115,7 +128,7 @@ pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec)
 /// elsewhere, with dropout, or with another implementation chosen, the heads are split, attended and merged.
 pub fn packed_attention(qkv: Tensor<3>, heads: PackedHeads, spec: &AttentionSpec) -> Tensor<3> {
     let dropping = spec.dropout > 0.0 && qkv.device().is_autodiff();
-    if spec.implementation == AttentionImpl::Auto && !dropping && crate::cpu::on_cpu(&qkv.device()) {
+    if spec.implementation.is_ember() && !dropping && crate::cpu::on_cpu(&qkv.device()) {
         return packed_flash_attention(qkv, heads, spec);
     }
     let (q, k, v) = split_heads(qkv, heads);

@@ -19,7 +19,7 @@ pub use adapters::{Adapter, wgpu_adapters};
 pub use attention::{AttentionImpl, AttentionSpec, attention, merge_heads, packed_attention, split_heads};
 pub use cpu::{KeepWorkersAwake, keep_workers_awake};
 pub use cross_entropy::cross_entropy;
-pub use flash::{Int8Kv, PackedHeads, decodes_in_place, flash_attention, int8_attention, paged_attention};
+pub use flash::{Int8Kv, KernelTier, PackedHeads, decodes_in_place, flash_attention, int8_attention, paged_attention};
 pub use linear::{linear, tied_linear};
 pub use memory::{DeviceMemory, device_memory};
 pub use norm::{NormParams, norm};

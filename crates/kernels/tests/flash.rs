@@ -1,19 +1,23 @@
 //! Ember's attention kernels — Rust on the CPU, WGSL on wgpu (lavapipe without a GPU) — against the reference path
 //! on the CPU, f32, max abs error ≤ 1e-4 for outputs and for the gradients of q, k and v, over a randomized sweep of
-//! lengths, head dimensions, GQA groups, masks, padding, query offsets, decoding and pages. Under CI a missing
-//! adapter fails.
+//! lengths, head dimensions, GQA groups, masks, padding, query offsets, decoding and pages; on wgpu each WGSL tier
+//! forced in turn. Under CI a missing adapter fails.
 
 use burn::tensor::{Device, Tensor, TensorData};
 use ember_kernels::{
-    AttentionImpl, AttentionSpec, PackedHeads, attention, merge_heads, packed_attention, paged_attention, split_heads,
+    AttentionImpl, AttentionSpec, KernelTier, PackedHeads, attention, merge_heads, packed_attention, paged_attention,
+    split_heads,
 };
 use ember_test_support::{max_abs_diff_tensors, wgpu_test_device};
 
 const TOLERANCE: f32 = 1e-4;
 
-/// The CPU, and wgpu where an adapter is present.
-fn kernel_devices() -> Vec<Device> {
-    std::iter::once(Device::flex()).chain(wgpu_test_device()).collect()
+/// Ember's kernels: Rust on the CPU, and where a wgpu adapter is present, each WGSL tier forced.
+fn kernel_devices() -> Vec<(Device, AttentionImpl)> {
+    let tiers = [KernelTier::Portable, KernelTier::Subgroup];
+    let wgpu =
+        wgpu_test_device().into_iter().flat_map(|gpu| tiers.map(|tier| (gpu.clone(), AttentionImpl::Tier(tier))));
+    std::iter::once((Device::flex(), AttentionImpl::Auto)).chain(wgpu).collect()
 }
 
 /// xorshift64* draws mapped to N(0, 1) by Box–Muller: the same data on both devices, run after run.
@@ -84,10 +88,10 @@ fn run(imp: AttentionImpl, case: &Case, x: &Inputs, device: &Device) -> [Tensor<
     [o.inner(), grad(&q), grad(&k), grad(&v)]
 }
 
-fn check(case: &Case, draws: &mut Draws, device: &Device) -> f32 {
+fn check(case: &Case, draws: &mut Draws, (device, imp): &(Device, AttentionImpl)) -> f32 {
     let x = case.inputs(draws);
     let reference = run(AttentionImpl::Naive, case, &x, &Device::flex());
-    let flash = run(AttentionImpl::Auto, case, &x, device);
+    let flash = run(*imp, case, &x, device);
     let names = ["o", "dq", "dk", "dv"];
     let mut worst = 0.0f32;
     for ((name, a), b) in names.iter().zip(flash).zip(reference) {
@@ -122,18 +126,18 @@ fn random_case(draws: &mut Draws, d: usize, group: usize) -> Case {
 
 #[test]
 fn flash_forward_and_backward_equal_the_reference_over_a_randomized_sweep() {
-    for device in kernel_devices() {
+    for kernels in kernel_devices() {
         let mut draws = Draws(0x5eed_f1a5);
         let mut worst = 0.0f32;
         for d in [32, 64, 128] {
             for group in [1, 2, 4] {
                 for _ in 0..4 {
                     let case = random_case(&mut draws, d, group);
-                    worst = worst.max(check(&case, &mut draws, &device));
+                    worst = worst.max(check(&case, &mut draws, &kernels));
                 }
             }
         }
-        eprintln!("{device:?}: worst max abs error over the sweep: {worst:e}");
+        eprintln!("{kernels:?}: worst max abs error over the sweep: {worst:e}");
     }
 }
 
@@ -167,9 +171,9 @@ fn edge_cases_equal_the_reference() {
             ..base.clone()
         },
     ];
-    for device in kernel_devices() {
+    for kernels in kernel_devices() {
         for case in &cases {
-            check(case, &mut draws, &device);
+            check(case, &mut draws, &kernels);
         }
     }
 }
@@ -184,23 +188,23 @@ fn packed_attention_equals_the_reference_on_split_heads() {
         let (heads, width) = (PackedHeads { q: hq, kv: hkv }, (hq + 2 * hkv) * d);
         let spec = AttentionSpec::causal(d).with_window(window);
         let (qkv, w) = (draws.normal(b * t * width), draws.normal(b * t * hq * d));
-        let run = |device: &Device, reference: bool| {
+        let run = |device: &Device, imp: AttentionImpl| {
             let device = device.clone().autodiff();
             let x = Tensor::<3>::from_data(TensorData::new(qkv.clone(), [b, t, width]), &device).require_grad();
-            let o = if reference {
+            let o = if imp == AttentionImpl::Naive {
                 let (q, k, v) = split_heads(x.clone(), heads);
-                merge_heads(attention(q, k, v, &spec.clone().with_implementation(AttentionImpl::Naive)))
+                merge_heads(attention(q, k, v, &spec.clone().with_implementation(imp)))
             } else {
-                packed_attention(x.clone(), heads, &spec)
+                packed_attention(x.clone(), heads, &spec.clone().with_implementation(imp))
             };
             let grads =
                 (o.clone() * Tensor::from_data(TensorData::new(w.clone(), [b, t, hq * d]), &device)).sum().backward();
             [o.inner(), x.grad(&grads).expect("a gradient")]
         };
-        let [o_ref, dx_ref] = run(&Device::flex(), true);
-        for device in kernel_devices() {
-            let [o, dx] = run(&device, false);
-            let case = (b, hq, hkv, t, d, window, &device);
+        let [o_ref, dx_ref] = run(&Device::flex(), AttentionImpl::Naive);
+        for (device, imp) in kernel_devices() {
+            let [o, dx] = run(&device, imp);
+            let case = (b, hq, hkv, t, d, window, &device, imp);
             max_diff("o", &case, o, o_ref.clone());
             max_diff("d(qkv)", &case, dx, dx_ref.clone());
         }
@@ -249,7 +253,7 @@ fn paged_decoding_reads_keys_through_the_page_table() {
         &spec.clone().with_implementation(AttentionImpl::Naive),
     );
     let case = Case { b: 2, hq, hkv, tq: 1, tk, d, spec: spec.clone() };
-    for device in kernel_devices() {
+    for (device, _) in kernel_devices() {
         let paged = paged_attention(
             tensor(q.clone(), [2, hq, 1, d], &device),
             tensor(k_pool.clone(), [20, hkv, p, d], &device),

@@ -3,10 +3,11 @@
 use burn::backend::wgpu::{
     CubeBackend, CubeDim, CubeTensor, KernelSource, SourceKernel, SourceTemplate, into_contiguous,
 };
-use burn::cubecl::{CubeCount, prelude::KernelId, server::KernelArguments};
+use burn::cubecl::{CubeCount, features::Plane, prelude::KernelId, server::KernelArguments};
 use burn::tensor::{DType, Shape};
 
-use super::{DECODE_ROWS, FlashOps, FlashParams, KvLayout};
+use super::tiers::Geometry;
+use super::{DECODE_ROWS, FlashOps, FlashParams, KernelTier, KvLayout};
 
 /// Query rows (or key rows, backward) per workgroup of the tiled kernels.
 const ROWS: u32 = 64;
@@ -15,6 +16,20 @@ const TILE_ELEMS: u32 = 2048;
 /// Invocations of a flash-decoding workgroup, and keys per split.
 const DECODE_WG: u32 = 64;
 const SPLIT: usize = 256;
+
+/// The tier `params` forces, else the adapter's best: subgroups where cubecl reports them (it does not on CPU
+/// adapters such as lavapipe, though the device has them) and their size holds a group of lanes.
+fn tier(like: &CubeTensor, params: &FlashParams) -> KernelTier {
+    let properties = like.client.properties();
+    let subgroups = properties.features.plane.contains(Plane::Ops) && properties.hardware.plane_size_min >= 8;
+    params.tier.unwrap_or(if subgroups { KernelTier::Subgroup } else { KernelTier::Portable })
+}
+
+/// The tiled kernels' layout for this call's tier and head width d.
+fn geometry(like: &CubeTensor, params: &FlashParams, d: usize) -> Geometry {
+    let workgroup_bytes = like.client.properties().hardware.max_shared_memory_size;
+    Geometry::new(tier(like, params), d, workgroup_bytes)
+}
 
 /// A WGSL file with its `{{ name }}` placeholders filled.
 #[derive(Debug)]
@@ -177,13 +192,13 @@ impl FlashOps for CubeBackend {
         } else if tq <= DECODE_ROWS {
             decode(&q, DECODE_F32.into(), &[&k, &v], &info(&params, &qs, ks[1], ks[2]), &o, &lse);
         } else {
-            let products = [
-                ("score", "dot(qr[#], k_tile[row + #])", " + "),
-                ("accumulate", "u[#] = u[#] * correction + p * v_tile[row + #];", " "),
-            ];
-            let kernel = tiled("flash_forward", include_str!("../../../../shaders/flash_forward.wgsl"), d, &products);
-            let count = ((tq as u32).div_ceil(ROWS), (b * hq) as u32);
-            launch(&q, kernel, ROWS, count, &[&q, &k, &v, &o, &lse], &info(&params, &qs, ks[1], ks[2]));
+            let geometry = geometry(&q, &params, d);
+            let text = include_str!("../../../../shaders/flash_forward.wgsl");
+            let kernel = Wgsl { name: "flash_forward", text, values: geometry.forward() };
+            let hkv = ks[1];
+            let count = (((hq / hkv * tq) as u32).div_ceil(geometry.block()), (b * hkv) as u32);
+            let words = info(&params, &qs, hkv, ks[2]);
+            launch(&q, kernel, geometry.threads, count, &[&q, &k, &v, &o, &lse], &words);
         }
         (o, lse)
     }

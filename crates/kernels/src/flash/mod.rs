@@ -6,6 +6,7 @@
 mod autodiff;
 mod cube;
 mod flex;
+mod tiers;
 
 use burn::backend::fusion::custom::TensorSpec;
 use burn::backend::{
@@ -33,6 +34,19 @@ pub struct FlashParams {
     pub key_lengths: Vec<usize>,
     /// Where keys and values are read from.
     pub layout: KvLayout,
+    /// The WGSL tier to run (None: the adapter's best).
+    pub tier: Option<KernelTier>,
+}
+
+/// How the WGSL kernels spread query (or key) rows over lanes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelTier {
+    /// One lane per row, keys scored in chunks, tiles within WebGPU's portable 16 KiB of workgroup memory; no
+    /// subgroup operations.
+    Portable,
+    /// G lanes share a pair of rows, each lane a slice of the head dimension, partial scores summed with subgroup
+    /// shuffles (wgpu `SUBGROUP`).
+    Subgroup,
 }
 
 /// How keys and values are stored.
@@ -64,6 +78,10 @@ impl FlashParams {
             window: spec.window.unwrap_or(0),
             key_lengths: spec.key_lengths.clone().unwrap_or_default(),
             layout: KvLayout::Contiguous,
+            tier: match spec.implementation {
+                crate::AttentionImpl::Tier(tier) => Some(tier),
+                _ => None,
+            },
         }
     }
 }
