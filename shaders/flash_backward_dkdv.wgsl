@@ -1,90 +1,79 @@
-// FlashAttention-2 backward, keys and values: for key j, over the query heads r of its GQA group and the query rows i
-// that see it, p_ij = exp(s_ij − lse_i), dv_j = Σ p_ij dO_i, ds_ij = p_ij (dO_i · v_j − D_i), dk_j = scale · Σ ds_ij q_i.
-// One invocation per key row, ROWS keys of one (batch, KV head) per workgroup; Q and dO tiles in workgroup memory.
-// The group's heads are summed here, so K and V are never repeated and no atomics are needed.
+// FlashAttention-2 backward, keys and values: for key j, over the query rows of its GQA group that see it (packed
+// head-minor as in the forward, n = t·g + r), p_nj = exp(s_nj − lse_n), dv_j = Σ_n p_nj dO_n,
+// ds_nj = p_nj (dO_n · v_j − D_n), dk_j = scale · Σ_n ds_nj q_n. The group's heads are summed here, so K and V are
+// never repeated and no atomics are needed.
+// A group of LANES lanes owns ROWS key rows, lane λ the vec4s x·LANES + λ of k, v, dk and dv; Q, dO, lse and D of a
+// tile of packed query rows in workgroup memory; chunks of CHUNK query rows scored at once. The first key blocks see
+// the most queries and run first. Every loop runs over tiles or chunks, far below llvmpipe's 65,535 iterations.
 
-@group(0) @binding(0) var<storage, read_write> q: array<f32>;     // [B, Hq, Tq, D]
-@group(0) @binding(1) var<storage, read_write> k: array<f32>;     // [B, Hkv, Tk, D]
-@group(0) @binding(2) var<storage, read_write> v: array<f32>;     // [B, Hkv, Tk, D]
-@group(0) @binding(3) var<storage, read_write> d_o: array<f32>;   // [B, Hq, Tq, D]
-@group(0) @binding(4) var<storage, read_write> lse: array<f32>;   // [B, Hq, Tq]
-@group(0) @binding(5) var<storage, read_write> delta: array<f32>; // [B, Hq, Tq]
-@group(0) @binding(6) var<storage, read_write> dk: array<f32>;    // [B, Hkv, Tk, D]
-@group(0) @binding(7) var<storage, read_write> dv: array<f32>;    // [B, Hkv, Tk, D]
+@group(0) @binding(0) var<storage, read_write> q: array<vec4<f32>>;     // [B, Hq, Tq, D]
+@group(0) @binding(1) var<storage, read_write> k: array<vec4<f32>>;     // [B, Hkv, Tk, D]
+@group(0) @binding(2) var<storage, read_write> v: array<vec4<f32>>;     // [B, Hkv, Tk, D]
+@group(0) @binding(3) var<storage, read_write> d_o: array<vec4<f32>>;   // [B, Hq, Tq, D]
+@group(0) @binding(4) var<storage, read_write> lse: array<f32>;         // [B, Hq, Tq]
+@group(0) @binding(5) var<storage, read_write> delta: array<f32>;       // [B, Hq, Tq]
+@group(0) @binding(6) var<storage, read_write> dk: array<vec4<f32>>;    // [B, Hkv, Tk, D]
+@group(0) @binding(7) var<storage, read_write> dv: array<vec4<f32>>;    // [B, Hkv, Tk, D]
 @group(0) @binding(8) var<storage, read_write> info: array<u32>;
 
 {{ common }}
 
+const LANES: u32 = {{ lanes }}u;
 const ROWS: u32 = {{ rows }}u;
+const THREADS: u32 = {{ threads }}u;
+const BLOCK: u32 = {{ block }}u;
 const TILE: u32 = {{ tile }}u;
-const V: u32 = {{ vec4s }}u;              // D / 4
+const CHUNK: u32 = {{ chunk }}u;
+const V: u32 = {{ vec4s }}u;
 
 var<workgroup> q_tile: array<vec4<f32>, {{ tile_vec4s }}>;
 var<workgroup> do_tile: array<vec4<f32>, {{ tile_vec4s }}>;
+var<workgroup> lse_tile: array<vec4<f32>, {{ tile_quads }}>;
+var<workgroup> delta_tile: array<vec4<f32>, {{ tile_quads }}>;
 var<workgroup> block_queries: vec2<u32>;
 
-@compute @workgroup_size({{ rows }}, 1, 1)
+@compute @workgroup_size({{ threads }}, 1, 1)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let c = call();
     let b = wg.y / c.hkv;
-    let g = wg.y % c.hkv;
-    let group = c.hq / c.hkv;
-    let c0 = wg.x * ROWS;
-    let j = min(c0 + lid, c.tk - 1u);
-    let d = c.d;
-    let key_range = key_queries(c, b, j);
-    // Queries any key of the block is seen by: from its first key's lo to its last unpadded key's hi.
+    let kvh = wg.y % c.hkv;
+    let g = c.hq / c.hkv;
+    let rows = c.tk;
+    let n0 = wg.x * BLOCK;
+    let lane = lid % LANES;
+    let first = n0 + lid / LANES * ROWS;
+    // Packed query rows any key of the block is seen by: from its first key's lo to its last unpadded key's hi.
     if (lid == 0u) {
-        let last = min(c0 + ROWS, min(info[13u + b], c.tk));
-        block_queries = vec2<u32>(key_range.x, select(key_range.x, key_queries(c, b, last - 1u).y, last > c0));
+        let last = min(n0 + BLOCK, min(info[13u + b], c.tk));
+        let lo = key_queries(c, b, n0).x;
+        block_queries = g * vec2<u32>(lo, select(lo, key_queries(c, b, last - 1u).y, last > n0));
     }
     let queries = workgroupUniformLoad(&block_queries);
-    let lo = key_range.x;
-    let hi = key_range.y;
+    let kv = (b * c.hkv + kvh) * c.tk;
 
-    let kv_row = wg.y * c.tk + j;
-    var kr: array<vec4<f32>, V>;
-    var vr: array<vec4<f32>, V>;
-    var dk_acc: array<vec4<f32>, V>;
-    var dv_acc: array<vec4<f32>, V>;
-    for (var x = 0u; x < V; x++) {
-        let e = kv_row * d + 4u * x;
-        kr[x] = vec4<f32>(k[e], k[e + 1u], k[e + 2u], k[e + 3u]) * c.scale;
-        vr[x] = vec4<f32>(v[e], v[e + 1u], v[e + 2u], v[e + 3u]);
-        dk_acc[x] = vec4<f32>(0.0);
-        dv_acc[x] = vec4<f32>(0.0);
-    }
+    {{ row_setup }}
 
-    for (var r = g * group; r < (g + 1u) * group; r++) {
-        let head_row = (b * c.hq + r) * c.tq;
-        for (var t0 = queries.x; t0 < queries.y; t0 += TILE) {
-            let n = min(TILE, queries.y - t0);
-            for (var idx = lid; idx < n * V; idx += ROWS) {
-                let e = (head_row + t0) * d + 4u * idx;
-                q_tile[idx] = vec4<f32>(q[e], q[e + 1u], q[e + 2u], q[e + 3u]);
-                do_tile[idx] = vec4<f32>(d_o[e], d_o[e + 1u], d_o[e + 2u], d_o[e + 3u]);
-            }
-            workgroupBarrier();
-            let t_lo = max(lo, t0) - t0;
-            let t_hi = min(max(hi, t0), t0 + n) - t0;
-            for (var t = t_lo; t < t_hi; t++) {
-                let row = t * V;
-                let s = {{ score }};
-                let dp = {{ dp }};
-                let p = exp(s - lse[head_row + t0 + t]);
-                let ds = p * (dp - delta[head_row + t0 + t]);
-                {{ accumulate }}
-            }
-            workgroupBarrier();
+    for (var t0 = queries.x; t0 < queries.y; t0 += TILE) {
+        let n = min(TILE, queries.y - t0);
+        for (var idx = lid; idx < TILE * V; idx += THREADS) {
+            let i = idx / V;
+            let e = packed_row(c, b, kvh, t0 + min(i, n - 1u)).x * V + idx % V;
+            q_tile[idx] = select(vec4<f32>(0.0), q[e], i < n);
+            do_tile[idx] = select(vec4<f32>(0.0), d_o[e], i < n);
         }
+        for (var i = lid; i < TILE; i += THREADS) {
+            let row = packed_row(c, b, kvh, t0 + min(i, n - 1u)).x;
+            lse_tile[i / 4u][i % 4u] = select(0.0, lse[row], i < n);
+            delta_tile[i / 4u][i % 4u] = select(0.0, delta[row], i < n);
+        }
+        workgroupBarrier();
+        let c_hi = min(max(hi, t0), t0 + n) - t0;
+        for (var j0 = (max(lo, t0) - t0) / CHUNK * CHUNK; j0 < c_hi; j0 += CHUNK) {
+            let jv = vec4<u32>(t0 + j0) + vec4<u32>(0u, 1u, 2u, 3u);
+            {{ chunk_code }}
+        }
+        workgroupBarrier();
     }
 
-    if (c0 + lid < c.tk) {
-        for (var x = 0u; x < V; x++) {
-            for (var e = 0u; e < 4u; e++) {
-                dk[kv_row * d + 4u * x + e] = dk_acc[x][e] * c.scale;
-                dv[kv_row * d + 4u * x + e] = dv_acc[x][e];
-            }
-        }
-    }
+    {{ row_finish }}
 }

@@ -33,6 +33,10 @@ var<workgroup> k_tile: array<vec4<f32>, {{ tile_vec4s }}>;
 var<workgroup> v_tile: array<vec4<f32>, {{ tile_vec4s }}>;
 var<workgroup> block_keys: vec2<u32>;
 
+fn max4(x: vec4<f32>) -> f32 {
+    return max(max(x.x, x.y), max(x.z, x.w));
+}
+
 @compute @workgroup_size({{ threads }}, 1, 1)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let c = call();

@@ -9,10 +9,6 @@ use burn::tensor::{DType, Shape};
 use super::tiers::Geometry;
 use super::{DECODE_ROWS, FlashOps, FlashParams, KernelTier, KvLayout};
 
-/// Query rows (or key rows, backward) per workgroup of the tiled kernels.
-const ROWS: u32 = 64;
-/// Floats of one K/V (or Q/dO) tile: two tiles fill WebGPU's portable 16 KiB of workgroup memory.
-const TILE_ELEMS: u32 = 2048;
 /// Invocations of a flash-decoding workgroup, and keys per split.
 const DECODE_WG: u32 = 64;
 const SPLIT: usize = 256;
@@ -23,12 +19,6 @@ fn tier(like: &CubeTensor, params: &FlashParams) -> KernelTier {
     let properties = like.client.properties();
     let subgroups = properties.features.plane.contains(Plane::Ops) && properties.hardware.plane_size_min >= 8;
     params.tier.unwrap_or(if subgroups { KernelTier::Subgroup } else { KernelTier::Portable })
-}
-
-/// The tiled kernels' layout for this call's tier and head width d.
-fn geometry(like: &CubeTensor, params: &FlashParams, d: usize) -> Geometry {
-    let workgroup_bytes = like.client.properties().hardware.max_shared_memory_size;
-    Geometry::new(tier(like, params), d, workgroup_bytes)
 }
 
 /// A WGSL file with its `{{ name }}` placeholders filled.
@@ -56,25 +46,6 @@ impl KernelSource for Wgsl {
 /// The decoding kernel's workgroup copy of a query row: D rounded up to a power of two, at least 32.
 fn dmax(d: usize) -> u32 {
     (d.next_power_of_two() as u32).max(32)
-}
-
-/// `term` once per vec4 of a head row (`#` its index), joined by `sep`: a product over the row, unrolled.
-fn unroll(term: &str, vec4s: u32, sep: &str) -> String {
-    (0..vec4s).map(|x| term.replace('#', &format!("{x}u"))).collect::<Vec<_>>().join(sep)
-}
-
-/// A tiled kernel for head dimension d: tiles of ⌊2048 / d⌋ rows, and its unrolled row products.
-fn tiled(name: &'static str, text: &'static str, d: usize, products: &[(&'static str, &str, &str)]) -> Wgsl {
-    let vec4s = d as u32 / 4;
-    let tile = TILE_ELEMS / d as u32;
-    let mut values = vec![
-        ("rows", ROWS.to_string()),
-        ("tile", tile.to_string()),
-        ("vec4s", vec4s.to_string()),
-        ("tile_vec4s", (tile * vec4s).to_string()),
-    ];
-    values.extend(products.iter().map(|&(name, term, sep)| (name, unroll(term, vec4s, sep))));
-    Wgsl { name, text, values }
 }
 
 /// Launches `kernel` with the tensors bound in order and the info words bound last.
@@ -192,7 +163,8 @@ impl FlashOps for CubeBackend {
         } else if tq <= DECODE_ROWS {
             decode(&q, DECODE_F32.into(), &[&k, &v], &info(&params, &qs, ks[1], ks[2]), &o, &lse);
         } else {
-            let geometry = geometry(&q, &params, d);
+            let workgroup_bytes = q.client.properties().hardware.max_shared_memory_size;
+            let geometry = Geometry::queries(tier(&q, &params), d, workgroup_bytes);
             let text = include_str!("../../../../shaders/flash_forward.wgsl");
             let kernel = Wgsl { name: "flash_forward", text, values: geometry.forward() };
             let hkv = ks[1];
@@ -248,27 +220,21 @@ impl FlashOps for CubeBackend {
         let dk = empty(&q, &[b, hkv, tk, d]);
         let dv = empty(&q, &[b, hkv, tk, d]);
         let words = info(&params, &qs, hkv, tk);
+        let workgroup_bytes = q.client.properties().hardware.max_shared_memory_size;
+        let tier = tier(&q, &params);
         if b * hq * tq > 0 {
-            let products = [
-                ("score", "dot(qr[#], k_tile[row + #])", " + "),
-                ("dp", "dot(dor[#], v_tile[row + #])", " + "),
-                ("accumulate", "acc[#] += ds * k_tile[row + #];", " "),
-            ];
+            let geometry = Geometry::queries(tier, d, workgroup_bytes);
             let text = include_str!("../../../../shaders/flash_backward_dq.wgsl");
-            let kernel = tiled("flash_backward_dq", text, d, &products);
-            let count = ((tq as u32).div_ceil(ROWS), (b * hq) as u32);
-            launch(&q, kernel, ROWS, count, &[&q, &k, &v, &d_o, &lse, &delta, &dq], &words);
+            let kernel = Wgsl { name: "flash_backward_dq", text, values: geometry.dq() };
+            let count = (((hq / hkv * tq) as u32).div_ceil(geometry.block()), (b * hkv) as u32);
+            launch(&q, kernel, geometry.threads, count, &[&q, &k, &v, &d_o, &lse, &delta, &dq], &words);
         }
         if b * hkv * tk > 0 {
-            let products = [
-                ("score", "dot(kr[#], q_tile[row + #])", " + "),
-                ("dp", "dot(vr[#], do_tile[row + #])", " + "),
-                ("accumulate", "dv_acc[#] += p * do_tile[row + #]; dk_acc[#] += ds * q_tile[row + #];", " "),
-            ];
+            let geometry = Geometry::keys(tier, d, workgroup_bytes);
             let text = include_str!("../../../../shaders/flash_backward_dkdv.wgsl");
-            let kernel = tiled("flash_backward_dkdv", text, d, &products);
-            let count = ((tk as u32).div_ceil(ROWS), (b * hkv) as u32);
-            launch(&q, kernel, ROWS, count, &[&q, &k, &v, &d_o, &lse, &delta, &dk, &dv], &words);
+            let kernel = Wgsl { name: "flash_backward_dkdv", text, values: geometry.dkdv() };
+            let count = ((tk as u32).div_ceil(geometry.block()), (b * hkv) as u32);
+            launch(&q, kernel, geometry.threads, count, &[&q, &k, &v, &d_o, &lse, &delta, &dk, &dv], &words);
         }
         (dq, dk, dv)
     }

@@ -25,21 +25,31 @@ pub struct Geometry {
 }
 
 impl Geometry {
-    /// The layout of `tier` for head width d on an adapter with `workgroup_bytes` of workgroup memory.
-    pub fn new(tier: KernelTier, d: usize, workgroup_bytes: usize) -> Self {
+    /// The forward's (and dq's) layout in `tier` for head width d on an adapter with `workgroup_bytes` of workgroup
+    /// memory: query rows over lanes, K and V tiles.
+    pub fn queries(tier: KernelTier, d: usize, workgroup_bytes: usize) -> Self {
+        Self::new(tier, d, workgroup_bytes, 2, 8 * d)
+    }
+
+    /// dk/dv's layout: one key row per group of lanes (it holds k, v, dk and dv), Q and dO tiles with lse and D.
+    pub fn keys(tier: KernelTier, d: usize, workgroup_bytes: usize) -> Self {
+        Self::new(tier, d, workgroup_bytes, 1, 8 * d + 8)
+    }
+
+    /// Subgroup tier: d 64 → 4 lanes of 4 vec4s, d 128 → 8 lanes of 4, `pair` rows per group; tiles of rows taking
+    /// `row_bytes` each, with the block's range (a vec2<u32>), within the budget.
+    fn new(tier: KernelTier, d: usize, workgroup_bytes: usize, pair: u32, row_bytes: usize) -> Self {
         let vec4s = d as u32 / 4;
         let (lanes, rows, threads, budget) = match tier {
             KernelTier::Portable => (1, 1, 64, PORTABLE_BYTES),
-            // d 64 → 4 lanes of 4 vec4s, d 128 → 8 lanes of 4; two rows per group.
             KernelTier::Subgroup => {
                 let lanes = [8, 4, 2].into_iter().find(|&g| vec4s % g == 0 && vec4s / g >= 4).unwrap_or(1);
-                (lanes, 2, 128, workgroup_bytes.clamp(PORTABLE_BYTES, SUBGROUP_BYTES))
+                (lanes, pair, 128, workgroup_bytes.clamp(PORTABLE_BYTES, SUBGROUP_BYTES))
             }
         };
-        // Two tiles of `tile` rows of d floats, and the block's range (a vec2<u32>), within the budget.
-        let keys = ((budget - 16) / (8 * d)) as u32;
-        let chunk = if keys >= 8 { 8 } else { 4 };
-        Self { lanes, rows, threads, tile: keys / chunk * chunk, chunk, vec4s }
+        let tile = ((budget - 16) / row_bytes) as u32;
+        let chunk = if tile >= 8 { 8 } else { 4 };
+        Self { lanes, rows, threads, tile: tile / chunk * chunk, chunk, vec4s }
     }
 
     /// Rows per workgroup.
@@ -63,6 +73,7 @@ impl Geometry {
             ("chunk", self.chunk.to_string()),
             ("vec4s", self.vec4s.to_string()),
             ("tile_vec4s", (self.tile * self.vec4s).to_string()),
+            ("tile_quads", (self.tile / 4).to_string()),
         ]
     }
 
@@ -82,86 +93,215 @@ impl Geometry {
         code
     }
 
+    /// `let {name}{r}_{x} = {buffer}[…]{suffix};`: the lane's share of each of the group's rows (`row{r}.x` their
+    /// row index).
+    fn load(&self, code: &mut String, name: &str, buffer: &str, suffix: &str) {
+        for r in 0..self.rows {
+            for x in 0..self.per_lane() {
+                let at = self.at(&format!("row{r}.x * V"), x);
+                let _ = writeln!(code, "let {name}{r}_{x} = {buffer}[{at}]{suffix};");
+            }
+        }
+    }
+
+    /// `var {name}{r}_{x} = 0`: an accumulator over the lane's share of each row.
+    fn zero(&self, code: &mut String, name: &str) {
+        for r in 0..self.rows {
+            for x in 0..self.per_lane() {
+                let _ = writeln!(code, "var {name}{r}_{x} = vec4<f32>(0.0);");
+            }
+        }
+    }
+
+    /// `let lo, hi`: the union of the rows' ranges `range{r}`, which chunks are scanned.
+    fn union(&self, code: &mut String) {
+        let ends = |field: &str, f: &str| {
+            (0..self.rows).map(|r| format!("range{r}.{field}")).reduce(|a, b| format!("{f}({a}, {b})")).unwrap()
+        };
+        let _ = writeln!(code, "let lo = {}; let hi = {};", ends("x", "min"), ends("y", "max"));
+    }
+
+    /// `{out}{r}_{k}`: the dot products of row r's `held` with the chunk's tile rows 4k … 4k + 3 of `tile`, summed
+    /// over the group's lanes.
+    fn dots(&self, code: &mut String, out: &str, held: &str, tile: &str) {
+        for j in 0..self.chunk {
+            for x in 0..self.per_lane() {
+                let at = self.at(&format!("(j0 + {j}u) * V"), x);
+                let _ = writeln!(code, "let {out}t{j}_{x} = {tile}[{at}];");
+            }
+            for r in 0..self.rows {
+                let terms = (0..self.per_lane()).map(|x| format!("dot({held}{r}_{x}, {out}t{j}_{x})"));
+                let _ = writeln!(code, "let {out}s{r}_{j} = {};", terms.collect::<Vec<_>>().join(" + "));
+            }
+        }
+        for r in 0..self.rows {
+            for k in 0..self.chunk / 4 {
+                let quad = (0..4).map(|e| format!("{out}s{r}_{}", 4 * k + e)).collect::<Vec<_>>().join(", ");
+                let var = format!("{out}{r}_{k}");
+                let _ = writeln!(code, "var {var} = vec4<f32>({quad}); {}", self.reduce(&var));
+            }
+        }
+    }
+
+    /// `vis{r}_{k}`: which of the quad's rows row r sees, `index` giving the quad's positions (`#`: its first
+    /// chunk row) to test against `range{r}`.
+    fn visible(&self, code: &mut String, index: &str) {
+        for r in 0..self.rows {
+            for k in 0..self.chunk / 4 {
+                let at = index.replace('#', &format!("{}u", 4 * k));
+                let _ = writeln!(
+                    code,
+                    "let vis{r}_{k} = ({at} >= vec4<u32>(range{r}.x)) & ({at} < vec4<u32>(range{r}.y));"
+                );
+            }
+        }
+    }
+
+    /// `{acc}{r}_{x} += {coef}{r}_{⌊j/4⌋}[j mod 4] · {tile}[j0 + j]` over the chunk's rows j, for each (acc, coef,
+    /// tile): each tile vec4 read once for all the group's rows.
+    fn accumulate(&self, code: &mut String, terms: &[(&str, &str, &str)]) {
+        for j in 0..self.chunk {
+            for x in 0..self.per_lane() {
+                let at = self.at(&format!("(j0 + {j}u) * V"), x);
+                for &(acc, coef, tile) in terms {
+                    let _ = write!(code, "{{ let w = {tile}[{at}];");
+                    for r in 0..self.rows {
+                        let e = ["x", "y", "z", "w"][j as usize % 4];
+                        let _ = write!(code, " {acc}{r}_{x} += {coef}{r}_{}.{e} * w;", j / 4);
+                    }
+                    let _ = writeln!(code, " }}");
+                }
+            }
+        }
+    }
+
+    /// `{buffer}[…] = {value}` for the lane's share of each of the group's real rows, and `after` once per row; in
+    /// both `@` stands for the row r and `#` for an accumulator's suffix r_x.
+    fn store(&self, code: &mut String, buffer: &str, value: &str, after: &str) {
+        for r in 0..self.rows {
+            let _ = writeln!(code, "if (first + {r}u < rows) {{");
+            for x in 0..self.per_lane() {
+                let at = self.at(&format!("row{r}.x * V"), x);
+                let value = value.replace('#', &format!("{r}_{x}")).replace('@', &r.to_string());
+                let _ = writeln!(code, "    {buffer}[{at}] = {value};");
+            }
+            let _ = writeln!(code, "    {}", after.replace('@', &r.to_string()));
+            let _ = writeln!(code, "}}");
+        }
+    }
+
+    /// `row{r}` (its index in [B, Hq, Tq], its position) and `range{r}` (the keys it sees) for each of the group's
+    /// packed query rows.
+    fn query_rows(&self, code: &mut String) {
+        for r in 0..self.rows {
+            let _ = writeln!(code, "let row{r} = packed_row(c, b, kvh, min(first + {r}u, rows - 1u));");
+            let _ = writeln!(code, "let range{r} = row_keys(c, b, row{r}.y);");
+        }
+    }
+
     /// The forward kernel's placeholders: `row_setup` (the group's rows, q scaled, m, ℓ, u, the key range [lo, hi)),
     /// `chunk_code` (score `chunk` keys, rescale once, accumulate) and `row_finish` (o = u / ℓ, lse = m + ln ℓ).
     pub fn forward(&self) -> Vec<(&'static str, String)> {
-        let (rows, x_count) = (0..self.rows, 0..self.per_lane());
         let mut setup = String::new();
-        for r in rows.clone() {
-            let _ = writeln!(setup, "let row{r} = packed_row(c, b, kvh, min(first + {r}u, rows - 1u));");
-            let _ = writeln!(setup, "let range{r} = row_keys(c, b, row{r}.y);");
+        self.query_rows(&mut setup);
+        for r in 0..self.rows {
             let _ = writeln!(setup, "var m{r} = -3.0e38; var l{r} = 0.0;");
-            for x in x_count.clone() {
-                let at = self.at(&format!("row{r}.x * V"), x);
-                let _ = writeln!(setup, "let q{r}_{x} = q[{at}] * c.scale; var u{r}_{x} = vec4<f32>(0.0);");
-            }
         }
-        let ends = |field: &str, f: &str| {
-            rows.clone().map(|r| format!("range{r}.{field}")).reduce(|a, b| format!("{f}({a}, {b})")).unwrap()
-        };
-        let _ = writeln!(setup, "let lo = {}; let hi = {};", ends("x", "min"), ends("y", "max"));
+        self.load(&mut setup, "q", "q", " * c.scale");
+        self.zero(&mut setup, "u");
+        self.union(&mut setup);
 
-        let quads = self.chunk / 4;
         let mut chunk = String::new();
-        for j in 0..self.chunk {
-            for x in x_count.clone() {
-                let _ = writeln!(chunk, "let k{j}_{x} = k_tile[{}];", self.at(&format!("(j0 + {j}u) * V"), x));
-            }
-            for r in rows.clone() {
-                let dot = x_count.clone().map(|x| format!("dot(q{r}_{x}, k{j}_{x})")).collect::<Vec<_>>();
-                let _ = writeln!(chunk, "let sc{r}_{j} = {};", dot.join(" + "));
-            }
-        }
-        for r in rows.clone() {
-            for k in 0..quads {
-                let s = format!("s{r}_{k}");
-                let scores = (0..4).map(|e| format!("sc{r}_{}", 4 * k + e)).collect::<Vec<_>>().join(", ");
-                let _ = writeln!(chunk, "var {s} = vec4<f32>({scores}); {}", self.reduce(&s));
-                let j = format!("jv + vec4<u32>({}u)", 4 * k);
-                let _ = writeln!(
-                    chunk,
-                    "let vis{r}_{k} = ({j} >= vec4<u32>(range{r}.x)) & ({j} < vec4<u32>(range{r}.y)); \
-                     let ms{r}_{k} = select(vec4<f32>(-3.0e38), {s}, vis{r}_{k});"
-                );
-            }
-            let maxes = (0..quads)
-                .map(|k| format!("max(max(ms{r}_{k}.x, ms{r}_{k}.y), max(ms{r}_{k}.z, ms{r}_{k}.w))"))
-                .fold(format!("m{r}"), |a, b| format!("max({a}, {b})"));
+        self.dots(&mut chunk, "s", "q", "k_tile");
+        self.visible(&mut chunk, "(jv + vec4<u32>(#))");
+        let quads = 0..self.chunk / 4;
+        for r in 0..self.rows {
+            let masked = quads.clone().map(|k| format!("select(vec4<f32>(-3.0e38), s{r}_{k}, vis{r}_{k})"));
+            let maxes = masked.map(|m| format!("max4({m})")).fold(format!("m{r}"), |a, b| format!("max({a}, {b})"));
             let _ = writeln!(chunk, "let mx{r} = {maxes}; let corr{r} = exp(m{r} - mx{r});");
-            let mut sum = Vec::new();
-            for k in 0..quads {
-                let _ = writeln!(
-                    chunk,
-                    "let p{r}_{k} = select(vec4<f32>(0.0), exp(s{r}_{k} - vec4<f32>(mx{r})), vis{r}_{k});"
-                );
-                sum.push(format!("p{r}_{k}"));
+            for k in quads.clone() {
+                let p = format!("select(vec4<f32>(0.0), exp(s{r}_{k} - vec4<f32>(mx{r})), vis{r}_{k})");
+                let _ = writeln!(chunk, "let p{r}_{k} = {p};");
             }
-            let _ = writeln!(chunk, "l{r} = l{r} * corr{r} + dot({}, vec4<f32>(1.0)); m{r} = mx{r};", sum.join(" + "));
-            for x in x_count.clone() {
+            let sum = quads.clone().map(|k| format!("p{r}_{k}")).collect::<Vec<_>>().join(" + ");
+            let _ = writeln!(chunk, "l{r} = l{r} * corr{r} + dot({sum}, vec4<f32>(1.0)); m{r} = mx{r};");
+            for x in 0..self.per_lane() {
                 let _ = writeln!(chunk, "u{r}_{x} *= corr{r};");
             }
         }
-        for j in 0..self.chunk {
-            for x in x_count.clone() {
-                let _ = write!(chunk, "{{ let w = v_tile[{}];", self.at(&format!("(j0 + {j}u) * V"), x));
-                for r in rows.clone() {
-                    let _ = write!(chunk, " u{r}_{x} += p{r}_{}.{} * w;", j / 4, ["x", "y", "z", "w"][j as usize % 4]);
-                }
-                let _ = writeln!(chunk, " }}");
-            }
-        }
+        self.accumulate(&mut chunk, &[("u", "p", "v_tile")]);
 
         let mut finish = String::new();
-        for r in rows {
-            let _ = writeln!(finish, "if (first + {r}u < rows) {{");
-            let _ = writeln!(finish, "    let seen = l{r} > 0.0;");
-            for x in x_count.clone() {
-                let at = self.at(&format!("row{r}.x * V"), x);
-                let _ = writeln!(finish, "    o[{at}] = select(vec4<f32>(0.0), u{r}_{x} / l{r}, seen);");
-            }
-            let _ = writeln!(finish, "    if (lane == 0u) {{ lse[row{r}.x] = select(0.0, m{r} + log(l{r}), seen); }}");
-            let _ = writeln!(finish, "}}");
+        let lse = "if (lane == 0u) { lse[row@.x] = select(0.0, m@ + log(l@), l@ > 0.0); }";
+        self.store(&mut finish, "o", "select(vec4<f32>(0.0), u# / l@, l@ > 0.0)", lse);
+        let mut values = self.values();
+        values.extend([("row_setup", setup), ("chunk_code", chunk), ("row_finish", finish)]);
+        values
+    }
+
+    /// dq's placeholders: p = exp(s − lse) and dp = dO · v recomputed per chunk of keys, ds = p (dp − D),
+    /// dq = scale · Σ ds k.
+    pub fn dq(&self) -> Vec<(&'static str, String)> {
+        let mut setup = String::new();
+        self.query_rows(&mut setup);
+        self.load(&mut setup, "q", "q", " * c.scale");
+        self.load(&mut setup, "g", "d_o", "");
+        self.zero(&mut setup, "a");
+        for r in 0..self.rows {
+            let _ = writeln!(setup, "let lse{r} = lse[row{r}.x]; let dl{r} = delta[row{r}.x];");
         }
+        self.union(&mut setup);
+
+        let mut chunk = String::new();
+        self.dots(&mut chunk, "s", "q", "k_tile");
+        self.dots(&mut chunk, "dp", "g", "v_tile");
+        self.visible(&mut chunk, "(jv + vec4<u32>(#))");
+        for r in 0..self.rows {
+            for k in 0..self.chunk / 4 {
+                let p = format!("select(vec4<f32>(0.0), exp(s{r}_{k} - vec4<f32>(lse{r})), vis{r}_{k})");
+                let _ = writeln!(chunk, "let ds{r}_{k} = {p} * (dp{r}_{k} - vec4<f32>(dl{r}));");
+            }
+        }
+        self.accumulate(&mut chunk, &[("a", "ds", "k_tile")]);
+
+        let mut finish = String::new();
+        self.store(&mut finish, "dq", "a# * c.scale", "");
+        let mut values = self.values();
+        values.extend([("row_setup", setup), ("chunk_code", chunk), ("row_finish", finish)]);
+        values
+    }
+
+    /// dk/dv's placeholders, a group per key row j over the packed query rows that see it: p = exp(s − lse),
+    /// dv = Σ p dO, ds = p (dO · v − D), dk = scale · Σ ds q.
+    pub fn dkdv(&self) -> Vec<(&'static str, String)> {
+        let mut setup = String::new();
+        for r in 0..self.rows {
+            let _ = writeln!(setup, "let key{r} = min(first + {r}u, rows - 1u);");
+            let _ = writeln!(setup, "let row{r} = vec2<u32>(kv + key{r}, 0u);");
+            let _ = writeln!(setup, "let range{r} = key_queries(c, b, key{r}) * g;");
+        }
+        self.load(&mut setup, "k", "k", " * c.scale");
+        self.load(&mut setup, "v", "v", "");
+        self.zero(&mut setup, "dk");
+        self.zero(&mut setup, "dv");
+        self.union(&mut setup);
+
+        let mut chunk = String::new();
+        self.dots(&mut chunk, "s", "k", "q_tile");
+        self.dots(&mut chunk, "dp", "v", "do_tile");
+        self.visible(&mut chunk, "(jv + vec4<u32>(#))");
+        for k in 0..self.chunk / 4 {
+            let _ = writeln!(chunk, "let ls{k} = lse_tile[j0 / 4u + {k}u]; let dl{k} = delta_tile[j0 / 4u + {k}u];");
+            for r in 0..self.rows {
+                let p = format!("select(vec4<f32>(0.0), exp(s{r}_{k} - ls{k}), vis{r}_{k})");
+                let _ = writeln!(chunk, "let p{r}_{k} = {p}; let ds{r}_{k} = p{r}_{k} * (dp{r}_{k} - dl{k});");
+            }
+        }
+        self.accumulate(&mut chunk, &[("dv", "p", "do_tile"), ("dk", "ds", "q_tile")]);
+
+        let mut finish = String::new();
+        self.store(&mut finish, "dk", "dk# * c.scale", "");
+        self.store(&mut finish, "dv", "dv#", "");
         let mut values = self.values();
         values.extend([("row_setup", setup), ("chunk_code", chunk), ("row_finish", finish)]);
         values
