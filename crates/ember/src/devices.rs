@@ -3,7 +3,7 @@
 use anyhow::{Result, bail};
 use burn::tensor::{Device, DeviceKind};
 use clap::ValueEnum;
-use ember_kernels::wgpu_adapters;
+use ember_kernels::{Adapter, wgpu_adapters};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum DeviceChoice {
@@ -27,21 +27,34 @@ pub fn select(choice: DeviceChoice) -> Result<(Device, String)> {
         DeviceChoice::Cpu | DeviceChoice::Flex => (Device::flex(), "cpu (burn-flex)".into()),
         DeviceChoice::Ndarray => (ndarray(), "cpu (burn-ndarray)".into()),
         DeviceChoice::Wgpu => {
-            let found = wgpu_adapters();
-            let Some(best) = found.iter().find(|a| a.is_real_gpu()).or(found.first()) else {
+            let Some(best) = adapter(choice) else {
                 bail!("no wgpu adapter found (install a Vulkan driver, e.g. mesa-vulkan-drivers for lavapipe)");
             };
-            (Device::wgpu(DeviceKind::DefaultDevice), describe(best))
+            (Device::wgpu(DeviceKind::DefaultDevice), describe(&best))
         }
-        DeviceChoice::Auto => match wgpu_adapters().into_iter().find(|a| a.is_real_gpu()) {
+        DeviceChoice::Auto => match adapter(choice) {
             Some(gpu) => (Device::wgpu(DeviceKind::DefaultDevice), describe(&gpu)),
             None => select(DeviceChoice::Cpu)?,
         },
     })
 }
 
+/// The wgpu adapter a choice runs on: `wgpu` the first real GPU, else the first adapter; `auto` a real GPU only;
+/// None on the CPU.
+pub fn adapter(choice: DeviceChoice) -> Option<Adapter> {
+    let found = wgpu_adapters();
+    match choice {
+        DeviceChoice::Wgpu => {
+            let best = found.iter().position(Adapter::is_real_gpu).unwrap_or(0);
+            found.into_iter().nth(best)
+        }
+        DeviceChoice::Auto => found.into_iter().find(Adapter::is_real_gpu),
+        DeviceChoice::Cpu | DeviceChoice::Ndarray | DeviceChoice::Flex => None,
+    }
+}
+
 /// "wgpu (adapter, backend, driver …; cubecl's WGSL runtime)".
-fn describe(adapter: &ember_kernels::Adapter) -> String {
+fn describe(adapter: &Adapter) -> String {
     let driver = if adapter.driver.is_empty() { String::new() } else { format!(", driver {}", adapter.driver) };
     format!("wgpu ({}, {:?}{driver}; cubecl-wgpu runtime, WGSL)", adapter.name, adapter.backend)
 }

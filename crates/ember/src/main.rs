@@ -224,13 +224,22 @@ fn list_devices() {
         println!("wgpu     no adapter found");
     }
     for a in adapters {
+        let has = |f: ember_kernels::adapters::Features| if a.features.contains(f) { "yes" } else { "no" };
+        let subgroups = match a.features.contains(ember_kernels::adapters::Features::SUBGROUP) {
+            true => format!("{}–{} lanes", a.subgroup_sizes.0, a.subgroup_sizes.1),
+            false => "no".into(),
+        };
         println!(
-            "wgpu     {} | {:?} | {:?} | driver {} | workgroup memory {} B, invocations/workgroup {}, storage binding {} MiB, \
-             buffer {} MiB",
+            "wgpu     {} | {:?} | {:?} | driver {} | subgroups {subgroups}, f16 {}, f32 atomics {}; attention tiers {:?} \
+             (default {:?}) | workgroup memory {} B, invocations/workgroup {}, storage binding {} MiB, buffer {} MiB",
             a.name,
             a.kind,
             a.backend,
             a.driver,
+            has(ember_kernels::adapters::Features::SHADER_F16),
+            has(ember_kernels::adapters::Features::SHADER_FLOAT32_ATOMIC),
+            a.tiers(),
+            a.default_tier(),
             a.limits.max_compute_workgroup_storage_size,
             a.limits.max_compute_invocations_per_workgroup,
             a.limits.max_storage_buffer_binding_size >> 20,

@@ -2,15 +2,20 @@
 
 use burn::backend::wgpu::wgpu;
 
-pub use wgpu::{Backend, DeviceType, Limits};
+pub use wgpu::{Backend, DeviceType, Features, Limits};
 
-/// A wgpu adapter: name, kind, graphics API and limits.
+use crate::KernelTier;
+
+/// A wgpu adapter: name, kind, graphics API, features and limits.
 pub struct Adapter {
     pub name: String,
     pub kind: DeviceType,
     pub backend: Backend,
     /// The driver's name and version, as the driver reports them.
     pub driver: String,
+    pub features: Features,
+    /// Smallest and largest subgroup size (0, 0 where the adapter does not say).
+    pub subgroup_sizes: (u32, u32),
     pub limits: Limits,
 }
 
@@ -18,6 +23,24 @@ impl Adapter {
     /// A discrete, integrated or virtual GPU, not a software rasteriser.
     pub fn is_real_gpu(&self) -> bool {
         matches!(self.kind, DeviceType::DiscreteGpu | DeviceType::IntegratedGpu | DeviceType::VirtualGpu)
+    }
+
+    /// The attention tiers the adapter runs: portable everywhere, subgroup with wgpu's `SUBGROUP` and subgroups of at
+    /// least 8 lanes (lavapipe has them: 8 lanes).
+    pub fn tiers(&self) -> Vec<KernelTier> {
+        let subgroups = self.features.contains(Features::SUBGROUP) && self.subgroup_sizes.0 >= 8;
+        [KernelTier::Portable].into_iter().chain(subgroups.then_some(KernelTier::Subgroup)).collect()
+    }
+
+    /// The tier the kernels pick by default: subgroup where CubeCL enables subgroup operations (a GPU, not a CPU
+    /// adapter, with `SUBGROUP`), else portable.
+    pub fn default_tier(&self) -> KernelTier {
+        let tiers = self.tiers();
+        if self.kind != DeviceType::Cpu && tiers.contains(&KernelTier::Subgroup) {
+            KernelTier::Subgroup
+        } else {
+            KernelTier::Portable
+        }
     }
 }
 
@@ -28,7 +51,15 @@ pub fn wgpu_adapters() -> Vec<Adapter> {
         .map(|a| {
             let info = a.get_info();
             let driver = format!("{} {}", info.driver, info.driver_info).trim().to_string();
-            Adapter { name: info.name, kind: info.device_type, backend: info.backend, driver, limits: a.limits() }
+            Adapter {
+                name: info.name,
+                kind: info.device_type,
+                backend: info.backend,
+                driver,
+                features: a.features(),
+                subgroup_sizes: (info.subgroup_min_size, info.subgroup_max_size),
+                limits: a.limits(),
+            }
         })
         .collect()
 }

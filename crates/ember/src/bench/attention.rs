@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use burn::tensor::{Device, Distribution, Tensor};
 use clap::{Args, ValueEnum};
-use ember_kernels::{AttentionImpl, AttentionSpec, device_memory};
+use ember_kernels::{AttentionImpl, AttentionSpec, KernelTier, device_memory};
 
 use super::median;
 use crate::devices::{self, DeviceChoice};
@@ -32,57 +32,99 @@ pub struct BenchAttentionArgs {
     /// Calls per timed repetition, queued without reading anything back.
     #[arg(long, default_value_t = 4)]
     calls: usize,
+    /// Implementations to measure, in this order: ember (the default tier), portable, subgroup (a WGSL tier
+    /// forced), burn, naive. Default: on wgpu each tier the adapter runs, then burn and naive; on the CPU ember, burn,
+    /// naive.
+    #[arg(long, value_delimiter = ',')]
+    impls: Vec<String>,
+    /// The device's peak rate in GFLOP/s (the FP32 figure of its datasheet, say): adds each rate's percentage of it.
+    #[arg(long)]
+    peak_gflops: Option<f64>,
     /// Measure one configuration, IMPL:T:D, and print it as one line (what the table's child processes run).
     #[arg(long, hide = true)]
     one: Option<String>,
 }
 
-const IMPLS: [(&str, AttentionImpl); 3] =
-    [("ember", AttentionImpl::Auto), ("burn", AttentionImpl::Burn), ("naive", AttentionImpl::Naive)];
+const IMPLS: [(&str, AttentionImpl); 5] = [
+    ("ember", AttentionImpl::Auto),
+    ("portable", AttentionImpl::Tier(KernelTier::Portable)),
+    ("subgroup", AttentionImpl::Tier(KernelTier::Subgroup)),
+    ("burn", AttentionImpl::Burn),
+    ("naive", AttentionImpl::Naive),
+];
+
+/// A tier's name in [`IMPLS`].
+fn tier_name(tier: KernelTier) -> &'static str {
+    IMPLS.iter().find(|(_, i)| *i == AttentionImpl::Tier(tier)).map_or("ember", |(n, _)| n)
+}
 
 pub fn bench_attention(args: BenchAttentionArgs, choice: DeviceChoice) -> Result<()> {
     if let Some(one) = &args.one {
         return measure_one(&args, one, choice);
     }
+    if let Some(bad) = args.impls.iter().find(|n| !IMPLS.iter().any(|(m, _)| *m == n.as_str())) {
+        bail!("--impls: unknown implementation {bad:?} (ember, portable, subgroup, burn, naive)");
+    }
+    // Ember's figure for the speed-up row: "ember", else the tier Ember picks on this adapter.
+    let adapter = devices::adapter(choice);
+    let default_tier = adapter.as_ref().map_or("ember", |a| tier_name(a.default_tier()));
+    let mut args = args;
+    if args.impls.is_empty() {
+        let tiers = adapter.as_ref().map_or(vec!["ember"], |a| a.tiers().into_iter().map(tier_name).collect());
+        args.impls = tiers.into_iter().chain(["burn", "naive"]).map(String::from).collect();
+    }
+    let peak = args.peak_gflops.filter(|&p| p > 0.0);
+    let per_peak = peak.map_or(String::new(), |p| format!("; % peak: the rate as a percentage of {p:.0} GFLOP/s"));
     let (_, description) = devices::select(choice)?;
     println!(
         "bench attention on {description}: batch {}, {} heads, causal, f32; per call, median (minimum) of {} \
          repetitions of {} back-to-back calls and one device sync, after 2 untimed calls (shader compilation, \
          autotuning); implementations in turn; GFLOP/s of the median count 4·B·h·T²·d / 2 for the forward and 3.5× \
-         that for forward+backward; the largest allocation of the forward alone and of forward+backward (under \
-         autodiff Burn's built-in materialises the T×T scores by design)",
+         that for forward+backward{per_peak}; the largest allocation of the forward alone and of forward+backward \
+         (under autodiff Burn's built-in materialises the T×T scores by design)",
         args.batch, args.heads, args.iters, args.calls
     );
-    println!("\n| T | d | path | forward ms | GFLOP/s | fwd+bwd ms | GFLOP/s | largest allocation fwd | fwd+bwd |");
-    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|");
+    // With a peak rate, each GFLOP/s column is followed by its percentage of the peak.
+    let (pct_head, pct_rule) = if peak.is_some() { (" % peak |", "---:|") } else { ("", "") };
+    let columns = if peak.is_some() { 11 } else { 9 };
+    println!(
+        "\n| T | d | path | forward ms | GFLOP/s |{pct_head} fwd+bwd ms | GFLOP/s |{pct_head} largest allocation fwd | \
+         fwd+bwd |"
+    );
+    println!("|---:|---:|---|---:|---:|{pct_rule}---:|---:|{pct_rule}---:|---:|");
     for &d in &args.head_dims {
         for &t in &args.lengths {
             let mut forward = Vec::new();
-            for (name, _) in IMPLS {
+            for name in &args.impls {
                 let figures = child(&args, choice, name, t, d);
                 let flops = 2.0 * (args.batch * args.heads * t * t * d) as f64;
+                // "ms (min) | GFLOP/s |" and, with a peak, " % |".
                 let cell = |ms: Option<Timing>, factor: f64| {
-                    ms.map_or(("n/a".into(), "".into()), |ms| {
-                        let rate = factor * flops / (ms.median * 1e-3) / 1e9;
-                        (format!("{:.2} ({:.2})", ms.median, ms.min), format!("{rate:.1}"))
-                    })
+                    let Some(ms) = ms else { return format!("n/a | |{}", if peak.is_some() { " |" } else { "" }) };
+                    let rate = factor * flops / (ms.median * 1e-3) / 1e9;
+                    let pct = peak.map_or(String::new(), |p| format!(" {:.1} |", 100.0 * rate / p));
+                    format!("{:.2} ({:.2}) | {rate:.1} |{pct}", ms.median, ms.min)
                 };
                 let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / 1048576.0);
                 let (f, b, mem) = match &figures {
                     Ok(x) => (Some(x.forward), x.backward, format!("{} | {}", mib(x.forward_bytes), mib(x.all_bytes))),
                     Err(e) => (None, None, format!("failed: {e} | ")),
                 };
-                let ((fms, fg), (bms, bg)) = (cell(f, 1.0), cell(b, 3.5));
-                println!("| {t} | {d} | {name} | {fms} | {fg} | {bms} | {bg} | {mem} |");
-                forward.push(f.map(|f| f.median));
+                println!("| {t} | {d} | {name} | {} {} {mem} |", cell(f, 1.0), cell(b, 3.5));
+                forward.push((name.as_str(), f.map(|f| f.median)));
             }
-            if let [Some(ember), burn, naive] = forward[..] {
-                let ratio = |other: Option<f64>| other.map_or("n/a".into(), |o| format!("{:.2}×", o / ember));
-                println!(
-                    "| {t} | {d} | ember speed-up (forward) | vs burn {} | | vs naive {} | | | |",
-                    ratio(burn),
-                    ratio(naive)
-                );
+            let mine = |n: &str| n == "ember" || n == default_tier;
+            let ember = forward.iter().find(|(n, _)| mine(n)).and_then(|&(_, ms)| ms);
+            let others: Vec<_> = forward.iter().filter(|(n, _)| !mine(n)).collect();
+            if let Some(ember) = ember.filter(|_| !others.is_empty()) {
+                let mut cells =
+                    vec![t.to_string(), d.to_string(), format!("ember ({default_tier}) speed-up (forward)")];
+                for (name, other) in others {
+                    cells.push(other.map_or(format!("vs {name} n/a"), |o| format!("vs {name} {:.2}×", o / ember)));
+                    cells.push(String::new());
+                }
+                cells.resize(columns.max(cells.len()), String::new());
+                println!("| {} |", cells.join(" | "));
             }
         }
     }

@@ -1,6 +1,7 @@
 //! `ember bench decode`: generation tokens/s with the KV cache against recomputing the context every step, at
 //! several lengths, side by side in one run.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -33,14 +34,18 @@ pub struct BenchDecodeArgs {
     /// Rounds; cached and uncached alternate and the median is reported.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
-    /// With --model (a GGUF): a Python with torch and transformers; times its greedy `generate` on the same weights
-    /// (scripts/reference/hf_generate.py), alternating with Ember's cached decoding, for time to first token and
-    /// decode tokens/s over the longest length.
-    #[arg(long, value_name = "PYTHON", requires = "model")]
+    /// A Python with torch and transformers: times its greedy `generate` (scripts/reference/hf_generate.py),
+    /// alternating with Ember's cached decoding, for time to first token, prompt tokens/s and decode tokens/s over
+    /// the longest length. With --model (a GGUF) both run the same weights; with --config (a Llama-style [model])
+    /// both build the shape with random weights.
+    #[arg(long, value_name = "PYTHON")]
     transformers: Option<String>,
     /// The transformers reference to run (default: the copy of scripts/reference/hf_generate.py built in).
     #[arg(long, value_name = "FILE", requires = "transformers")]
     script: Option<std::path::PathBuf>,
+    /// With --transformers: the device transformers runs on (cpu, cuda).
+    #[arg(long, default_value = "cpu")]
+    transformers_device: String,
 }
 
 pub fn bench_decode(args: BenchDecodeArgs, device: DeviceChoice) -> Result<()> {
@@ -59,17 +64,24 @@ pub fn bench_decode(args: BenchDecodeArgs, device: DeviceChoice) -> Result<()> {
         (None, None) => bail!("give --config FILE or --model PATH"),
     };
     if let Some(python) = &args.transformers {
-        let path = args.model.as_deref().expect("clap: --transformers requires --model");
+        // The reference loads the same GGUF file, or builds the config's shape with random weights.
+        let mut model_args: Vec<OsString> = match (&args.config, &args.model) {
+            (Some(path), _) => vec![OsString::from("--config"), OsString::from(path)],
+            (None, Some(path)) => vec![OsString::from(path)],
+            (None, None) => unreachable!("a model was built above"),
+        };
+        model_args.extend([OsString::from("--device"), OsString::from(&args.transformers_device)]);
         let n = args.lengths.iter().copied().max().unwrap_or(128);
         let script = super::reference::HF_GENERATE.script(args.script.as_deref())?;
-        let python = (python.as_str(), script.path());
-        return against_transformers(&model, python, path, args.prompt_tokens, n, args.rounds, &device, &description);
+        let python = (python.as_str(), script.path(), model_args.as_slice());
+        let run = (args.prompt_tokens, n, args.rounds);
+        return against_transformers(&model, python, &source, run, &device, &description);
     }
     if model.block_size() < longest {
         bail!("the model's context is {} tokens; the longest run needs {longest}", model.block_size());
     }
     println!("bench decode: {source} on {description}, {}-token prompt, greedy", args.prompt_tokens);
-    println!("| generated tokens | cached tokens/s | uncached tokens/s | cached / uncached |");
+    println!("\n| generated tokens | cached tokens/s | uncached tokens/s | cached / uncached |");
     println!("|---|---|---|---|");
     let vocab = model.config().vocab();
     let mut rng = Rng::new(1);
@@ -87,25 +99,22 @@ pub fn bench_decode(args: BenchDecodeArgs, device: DeviceChoice) -> Result<()> {
     Ok(())
 }
 
-/// Time to first token and decode tokens/s of Ember's cached greedy decoding against transformers' `generate`, on
-/// the prompt ids (i · 7919 + 13) mod V that scripts/reference/hf_generate.py also uses.
-#[allow(clippy::too_many_arguments)]
+/// Time to first token, prompt tokens/s and decode tokens/s of Ember's cached greedy decoding against transformers'
+/// `generate` (`python script model_args...`), on the prompt ids (i · 7919 + 13) mod V that
+/// scripts/reference/hf_generate.py also uses; `run` is (prompt tokens, new tokens, rounds).
 fn against_transformers(
     model: &Gpt,
-    (python, script): (&str, &std::path::Path),
-    path: &std::path::Path,
-    prompt_tokens: usize,
-    n: usize,
-    rounds: usize,
+    (python, script, model_args): (&str, &std::path::Path, &[OsString]),
+    source: &str,
+    (prompt_tokens, n, rounds): (usize, usize, usize),
     device: &burn::tensor::Device,
     description: &str,
 ) -> Result<()> {
     let vocab = model.config().vocab();
     let prompt: Vec<u32> = (0..prompt_tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
-    println!(
-        "bench decode: {} on {description}, {prompt_tokens}-token prompt + {n} new tokens, greedy",
-        path.display()
-    );
+    println!("bench decode: {source} on {description}, {prompt_tokens}-token prompt + {n} new tokens, greedy");
+    // One untimed run first, as the reference warms up too (on wgpu: shader compilation and autotuning).
+    greedy_timed(model, KvKind::Contiguous, &prompt, n.clamp(2, 4), device);
     let (mut ember, mut hf) = (Vec::new(), Vec::new());
     for _ in 0..rounds.max(1) {
         let (ttft, decode) = greedy_timed(model, KvKind::Contiguous, &prompt, n, device);
@@ -113,7 +122,7 @@ fn against_transformers(
         ember.push((ttft, decode));
         let out = std::process::Command::new(python)
             .arg(script)
-            .arg(path)
+            .args(model_args)
             .args(["--prompt-tokens", &prompt_tokens.to_string(), "--new-tokens", &n.to_string()])
             .output()
             .with_context(|| format!("running {python} {}", script.display()))?;
@@ -128,11 +137,18 @@ fn against_transformers(
     let med = |xs: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| median(&mut xs.iter().map(f).collect::<Vec<_>>());
     let (e_ttft, e_dec) = (med(&ember, |x| x.0), med(&ember, |x| x.1));
     let (h_ttft, h_dec) = (med(&hf, |x| x.0), med(&hf, |x| x.1));
-    println!("| | time to first token | decode tokens/s |");
-    println!("|---|---|---|");
-    println!("| Ember | {e_ttft:.3} s | {e_dec:.2} |");
-    println!("| transformers | {h_ttft:.3} s | {h_dec:.2} |");
-    println!("| speed ratio Ember / transformers | {:.2}× | {:.2}× |", h_ttft / e_ttft, e_dec / h_dec);
+    // The time to first token holds the prompt's pass (and one sample): prompt tokens/s is the prompt over it.
+    let p = prompt_tokens as f64;
+    println!("\n| | time to first token | prompt tokens/s | decode tokens/s |");
+    println!("|---|---|---|---|");
+    println!("| Ember | {e_ttft:.3} s | {:.1} | {e_dec:.2} |", p / e_ttft);
+    println!("| transformers | {h_ttft:.3} s | {:.1} | {h_dec:.2} |", p / h_ttft);
+    println!(
+        "| speed ratio Ember / transformers | {:.2}× | {:.2}× | {:.2}× |",
+        h_ttft / e_ttft,
+        h_ttft / e_ttft,
+        e_dec / h_dec
+    );
     Ok(())
 }
 

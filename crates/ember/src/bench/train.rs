@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use ember_kernels::AttentionImpl;
+use ember_kernels::{AttentionImpl, device_memory};
 use ember_train::{StepPhases, Trainer, corpus};
 
 use crate::config::RunConfig;
@@ -37,6 +37,13 @@ pub struct BenchTrainArgs {
     /// The PyTorch reference trainer to run (default: the copy of scripts/reference/gpt_train.py built in).
     #[arg(long, value_name = "FILE", requires = "pytorch")]
     script: Option<PathBuf>,
+    /// With --pytorch: the device PyTorch trains on (cpu, cuda).
+    #[arg(long, default_value = "cpu")]
+    pytorch_device: String,
+    /// With --pytorch: PyTorch's precisions, each timed once per round (f32; bf16 is f32 weights under bf16
+    /// autocast).
+    #[arg(long, value_delimiter = ',', default_value = "f32")]
+    pytorch_dtype: Vec<String>,
     /// Attention implementation: auto (Ember's kernels: WGSL on wgpu, Rust on the CPU), burn (Burn's built-in) or
     /// naive.
     #[arg(long, default_value = "auto")]
@@ -49,7 +56,9 @@ pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice) -> Result<()> {
     let scratch = tempfile::tempdir().context("creating a scratch run directory")?;
     let (tok, corpus) = corpus::prepare(&config.data, scratch.path(), false)?;
     let mut model_config = config.model.clone();
-    model_config.vocab_size = Some(ember_core_model::tokenizer::vocab_size(&tok));
+    // As `ember train`: a larger vocabulary in the config stands (GPT-2's 50257 over a small corpus's BPE).
+    let vocab = ember_core_model::tokenizer::vocab_size(&tok);
+    model_config.vocab_size = Some(model_config.vocab_size.map_or(vocab, |v| v.max(vocab)));
     let resolved = scratch.path().join("config.toml");
     std::fs::write(&resolved, RunConfig { model: model_config.clone(), ..config.clone() }.to_toml())?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -62,8 +71,17 @@ pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice) -> Result<()> {
     );
 
     let script = super::reference::GPT_TRAIN.script(args.script.as_deref())?;
-    let (mut ember, mut torch) = (Vec::new(), Vec::new());
+    let (mut ember, mut torch) = (Vec::new(), vec![Vec::new(); args.pytorch_dtype.len()]);
     for round in 1..=args.rounds {
+        // PyTorch first in each round: its figures stand even when Ember's round is cut short.
+        if let Some(python) = &args.pytorch {
+            for (dtype, runs) in args.pytorch_dtype.iter().zip(&mut torch) {
+                let (tps, cuda_mb) = pytorch_round(python, script.path(), &resolved, &args, threads, dtype)?;
+                let memory = cuda_mb.map_or(String::new(), |mb| format!(", peak CUDA memory {mb:.1} MB"));
+                println!("round {round}: pytorch {dtype} {tps:>10.0} tokens/s{memory}");
+                runs.push(tps);
+            }
+        }
         let mut trainer =
             Trainer::new(model_config.clone(), config.train.clone(), corpus.clone(), scratch.path(), &device);
         trainer.model = trainer.model.with_attention(args.attention);
@@ -92,23 +110,37 @@ pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice) -> Result<()> {
             ms(p.optimizer)
         );
         ember.push(tps);
-        if let Some(python) = &args.pytorch {
-            let tps = pytorch_round(python, script.path(), &resolved, &args, threads)?;
-            println!("round {round}: pytorch {tps:>10.0} tokens/s");
-            torch.push(tps);
-        }
     }
     let ember_median = median(&mut ember);
     println!("ember median: {ember_median:.0} tokens/s, peak memory {:.1} MB", peak_rss_mb());
-    if !torch.is_empty() {
-        let torch_median = median(&mut torch);
-        println!("pytorch median: {torch_median:.0} tokens/s");
-        println!("ratio ember / pytorch: {:.2}x", ember_median / torch_median);
+    if let Some(memory) = device_memory(&device) {
+        let mib = |bytes: u64| bytes as f64 / 1048576.0;
+        println!(
+            "ember device memory: {:.1} MiB reserved by the pools after the rounds, largest allocation {:.1} MiB",
+            mib(memory.reserved),
+            mib(memory.largest_allocation)
+        );
+    }
+    for (dtype, runs) in args.pytorch_dtype.iter().zip(&mut torch) {
+        if runs.is_empty() {
+            continue;
+        }
+        let torch_median = median(runs);
+        println!("pytorch {dtype} median: {torch_median:.0} tokens/s");
+        println!("ratio ember / pytorch {dtype}: {:.2}x", ember_median / torch_median);
     }
     Ok(())
 }
 
-fn pytorch_round(python: &str, script: &Path, config: &Path, args: &BenchTrainArgs, threads: usize) -> Result<f64> {
+/// One PyTorch run: its tokens/s and, on CUDA, its peak allocated memory in MB.
+fn pytorch_round(
+    python: &str,
+    script: &Path,
+    config: &Path,
+    args: &BenchTrainArgs,
+    threads: usize,
+    dtype: &str,
+) -> Result<(f64, Option<f64>)> {
     let out = Command::new(python)
         .arg(script)
         .arg(config)
@@ -119,6 +151,10 @@ fn pytorch_round(python: &str, script: &Path, config: &Path, args: &BenchTrainAr
             &args.warmup.to_string(),
             "--threads",
             &threads.to_string(),
+            "--device",
+            &args.pytorch_device,
+            "--dtype",
+            dtype,
         ])
         .output()
         .with_context(|| format!("running {python} {}", script.display()))?;
@@ -129,11 +165,9 @@ fn pytorch_round(python: &str, script: &Path, config: &Path, args: &BenchTrainAr
             String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or_default()
         );
     }
-    stdout
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("tokens_per_s="))
-        .and_then(|v| v.parse().ok())
-        .context("the PyTorch reference printed no tokens_per_s")
+    let field = |key: &str| stdout.split_whitespace().find_map(|w| w.strip_prefix(key)?.parse::<f64>().ok());
+    let tps = field("tokens_per_s=").context("the PyTorch reference printed no tokens_per_s")?;
+    Ok((tps, field("cuda_peak_mb=")))
 }
 
 /// User + system CPU time of the whole process (all threads) so far, in seconds.

@@ -43,7 +43,7 @@ impl Geometry {
         let (lanes, rows, threads, budget) = match tier {
             KernelTier::Portable => (1, 1, 64, PORTABLE_BYTES),
             KernelTier::Subgroup => {
-                let lanes = [8, 4, 2].into_iter().find(|&g| vec4s % g == 0 && vec4s / g >= 4).unwrap_or(1);
+                let lanes = [8, 4, 2].into_iter().find(|&g| vec4s.is_multiple_of(g) && vec4s / g >= 4).unwrap_or(1);
                 (lanes, pair, 128, workgroup_bytes.clamp(PORTABLE_BYTES, SUBGROUP_BYTES))
             }
         };
