@@ -170,6 +170,16 @@ fn edge_cases_equal_the_reference() {
             },
             ..base.clone()
         },
+        // Decoding a wide GQA group at the widest heads: 8 heads × 4 rows in several row blocks per workgroup grid.
+        Case {
+            hq: 8,
+            hkv: 1,
+            tq: 4,
+            tk: 300,
+            d: 256,
+            spec: AttentionSpec { query_offset: 296, ..AttentionSpec::causal(256) },
+            ..base.clone()
+        },
     ];
     for kernels in kernel_devices() {
         for case in &cases {

@@ -9,9 +9,20 @@ use burn::tensor::{DType, Shape};
 use super::tiers::Geometry;
 use super::{DECODE_ROWS, FlashOps, FlashParams, KernelTier, KvLayout};
 
-/// Invocations of a flash-decoding workgroup, and keys per split.
-const DECODE_WG: u32 = 64;
-const SPLIT: usize = 256;
+/// Invocations of a flash-decoding workgroup, and of a merge workgroup (one per vec4 of a row of up to 256).
+const DECODE_WG: u32 = 128;
+const REDUCE_WG: u32 = 64;
+/// Decoding workgroups to aim for: four per SM of a 132-SM GPU (an H200), where the keys allow.
+const DECODE_WORKGROUPS: usize = 4 * 132;
+/// Keys per split: at least SPLIT_MIN (unless the cache is shorter), at most SPLIT_MAX (tiles of ≥ 4 keys keep a
+/// split's tile loop within llvmpipe's 65,535 iterations).
+const SPLIT_MIN: usize = 64;
+const SPLIT_MAX: usize = 16384;
+/// Query rows per decoding workgroup at most, and the workgroup memory its q rows may take.
+const DECODE_ROWS_MAX: usize = 16;
+const DECODE_Q_BYTES: usize = 6144;
+/// WebGPU's portable workgroup memory, which the decoding kernel stays within.
+const DECODE_BYTES: usize = 16384;
 
 /// The tier `params` forces, else the adapter's best: subgroups where cubecl reports them (it does not on CPU
 /// adapters such as lavapipe, though the device has them) and their size holds a group of lanes.
@@ -43,9 +54,67 @@ impl KernelSource for Wgsl {
     }
 }
 
-/// The decoding kernel's workgroup copy of a query row: D rounded up to a power of two, at least 32.
-fn dmax(d: usize) -> u32 {
-    (d.next_power_of_two() as u32).max(32)
+/// The decoding kernel's layout for head width d and `packed` query rows per (batch row, KV head) (its GQA group's
+/// heads × Tq): blocks of `rows` query rows, tiles of `tile` keys, rows `stride` vec4s long in workgroup memory (V
+/// rounded up to odd: no bank conflicts across rows), each score split over `dot_parts` invocations and each vec4 of
+/// u over `key_parts`.
+#[derive(Clone, Copy, Debug)]
+struct DecodeGeometry {
+    rows: usize,
+    blocks: usize,
+    tile: usize,
+    vec4s: usize,
+    stride: usize,
+    dot_parts: usize,
+    key_parts: usize,
+}
+
+impl DecodeGeometry {
+    fn new(d: usize, packed: usize) -> Self {
+        let (wg, packed) = (DECODE_WG as usize, packed.max(1));
+        let vec4s = (d / 4).max(1);
+        let stride = vec4s | 1;
+        let row_bytes = 16 * stride;
+        // Rows: as many as fit, split evenly over the fewest blocks.
+        let most = (DECODE_Q_BYTES / row_bytes).clamp(1, DECODE_ROWS_MAX);
+        let rows = packed.div_ceil(packed.div_ceil(most));
+        let blocks = packed.div_ceil(rows);
+        let key_parts = (wg / vec4s).max(1);
+        let dot_parts = |tile: usize| (wg / (rows * tile)).clamp(1, vec4s);
+        // Workgroup memory with `tile` keys: q, K and V rows; slices, scores, ranges and rescales (4-byte words, each
+        // variable rounded up to 16 bytes, its possible alignment); the split's range.
+        let bytes = |tile: usize| {
+            let words = [rows * tile * dot_parts(tile), rows * tile, 2 * rows, rows];
+            16 * stride * (rows + 2 * tile) + words.map(|n| (4 * n).next_multiple_of(16)).iter().sum::<usize>() + 16
+        };
+        let mut tile = (1..=32).rev().find(|&t| bytes(t) <= DECODE_BYTES).unwrap_or(1);
+        // Whole rounds of the key parts, where the tile holds one.
+        if tile >= key_parts {
+            tile -= tile % key_parts;
+        }
+        Self { rows, blocks, tile, vec4s, stride, dot_parts: dot_parts(tile), key_parts }
+    }
+
+    /// The decoding kernel's placeholders.
+    fn values(&self) -> Vec<(&'static str, String)> {
+        let slices = self.rows * self.tile * self.dot_parts;
+        [
+            ("workgroup", DECODE_WG as usize),
+            ("rows", self.rows),
+            ("tile", self.tile),
+            ("vec4s", self.vec4s),
+            ("stride", self.stride),
+            ("dot_parts", self.dot_parts),
+            ("key_parts", self.key_parts),
+            ("row_vec4s", self.rows * self.stride),
+            ("tile_vec4s", self.tile * self.stride),
+            ("slice_count", slices),
+            ("score_count", self.rows * self.tile),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k, v.to_string()))
+        .collect()
+    }
 }
 
 /// Launches `kernel` with the tensors bound in order and the info words bound last.
@@ -92,7 +161,13 @@ fn info(params: &FlashParams, q: &Shape, hkv: usize, tk: usize) -> Vec<u32> {
         KvLayout::Paged(p) => p.page_size,
         _ => 0,
     };
-    let splits = tk.div_ceil(SPLIT).max(1);
+    // Splits: enough for DECODE_WORKGROUPS workgroups over the (batch row, KV head, row block)s, within SPLIT_MIN and
+    // SPLIT_MAX keys each.
+    let groups = b * hkv.max(1) * DecodeGeometry::new(d, hq / hkv.max(1) * tq).blocks;
+    let wanted = DECODE_WORKGROUPS.div_ceil(groups.max(1));
+    let splits = wanted.min(tk / SPLIT_MIN).max(tk.div_ceil(SPLIT_MAX)).max(1);
+    let split = tk.div_ceil(splits).max(1);
+    let splits = tk.div_ceil(split).max(1);
     let mut words = vec![
         b as u32,
         hq as u32,
@@ -104,7 +179,7 @@ fn info(params: &FlashParams, q: &Shape, hkv: usize, tk: usize) -> Vec<u32> {
         params.causal as u32,
         params.query_offset as u32,
         params.window as u32,
-        SPLIT as u32,
+        split as u32,
         splits as u32,
         page as u32,
     ];
@@ -121,29 +196,31 @@ fn info(params: &FlashParams, q: &Shape, hkv: usize, tk: usize) -> Vec<u32> {
 const DECODE_F32: &str = include_str!("../../../../shaders/flash_kv_f32.wgsl");
 const DECODE_INT8: &str = include_str!("../../../../shaders/flash_kv_int8.wgsl");
 
-/// Flash-decoding: the split kernel reading keys and values through `kv_source` (WGSL binding `kv` from 5 on), then
-/// the merge into o and lse.
+/// Flash-decoding: the split kernel reading keys and values through `kv_source` (WGSL binding `kv` from 5 on), a
+/// workgroup per (split, (batch row, KV head, block of its GQA group's query rows)), then the merge into o and lse, a
+/// workgroup per query row.
 fn decode(q: &CubeTensor, kv_source: String, kv: &[&CubeTensor], words: &[u32], o: &CubeTensor, lse: &CubeTensor) {
-    let (rows, d, splits) = ((words[0] * words[1] * words[3]) as usize, words[5] as usize, words[11] as usize);
+    let [b, hq, hkv, tq, d] = [0usize, 1, 2, 3, 5].map(|i| words[i] as usize);
+    let (rows, splits) = (b * hq * tq, words[11] as usize);
     let (part_m, part_l) = (empty(q, &[rows, splits]), empty(q, &[rows, splits]));
     let part_u = empty(q, &[rows, splits, d]);
-    let dmax = dmax(d);
-    let values = vec![
-        ("kv_source", kv_source),
-        ("workgroup", DECODE_WG.to_string()),
-        ("dmax", dmax.to_string()),
-        ("slots", dmax.div_ceil(DECODE_WG).to_string()),
-    ];
+    let geometry = DecodeGeometry::new(d, hq / hkv * tq);
+    let mut values = geometry.values();
+    values.push(("kv_source", kv_source));
     let split = Wgsl { name: "flash_decode", text: include_str!("../../../../shaders/flash_decode.wgsl"), values };
     let reduce = Wgsl {
         name: "flash_decode_reduce",
         text: include_str!("../../../../shaders/flash_decode_reduce.wgsl"),
-        values: vec![("workgroup", DECODE_WG.to_string())],
+        values: vec![("workgroup", REDUCE_WG.to_string())],
     };
     let mut tensors = vec![q, &part_m, &part_l, &part_u];
     tensors.extend(kv);
-    launch_with_info_at(q, split, DECODE_WG, (splits as u32, rows as u32), &tensors, 4, words);
-    launch(q, reduce, DECODE_WG, (rows as u32, 1), &[&part_m, &part_l, &part_u, o, lse], words);
+    let count = (splits as u32, (b * hkv * geometry.blocks) as u32);
+    launch_with_info_at(q, split, DECODE_WG, count, &tensors, 4, words);
+    // Rows past the grid's 65,535 per dimension wrap into y (the merge kernel's row = x + y · min(rows, 65,535)).
+    let across = rows.min(65535);
+    let count = (across as u32, rows.div_ceil(across) as u32);
+    launch(q, reduce, REDUCE_WG, count, &[&part_m, &part_l, &part_u, o, lse], words);
 }
 
 impl FlashOps for CubeBackend {
