@@ -2,6 +2,8 @@
 // Per query row keep the running maximum m, ℓ = Σ e^(s_j − m) and u = Σ e^(s_j − m) v_j. A chunk of CHUNK keys is
 // scored at once; m, ℓ and u are then rescaled once by e^(m_old − m_new) and u += Σ_j p_j v_j. At the end o = u / ℓ
 // and lse = m + ln ℓ (saved for the backward pass). A row that sees no key gives o = 0.
+// When the grid is small, workgroup z takes only split z of the keys and writes its partial (m, ℓ, u); the decoding
+// merge kernel (flash_decode_reduce.wgsl) then combines the splits into o and lse.
 // Rows: a workgroup takes BLOCK rows of one (batch, KV head), its GQA group's query heads packed head-minor (row
 // n = t·g + r for query head r of the g in the group), so they share one K/V stream. A group of LANES lanes owns
 // ROWS rows; lane λ holds the vec4s x·LANES + λ of each row's q and u, so a score is LANES partial dot products summed
@@ -15,9 +17,7 @@
 @group(0) @binding(0) var<storage, read_write> q: array<vec4<f32>>;   // [B, Hq, Tq, D]
 @group(0) @binding(1) var<storage, read_write> k: array<vec4<f32>>;   // [B, Hkv, Tk, D]
 @group(0) @binding(2) var<storage, read_write> v: array<vec4<f32>>;   // [B, Hkv, Tk, D]
-@group(0) @binding(3) var<storage, read_write> o: array<vec4<f32>>;   // [B, Hq, Tq, D]
-@group(0) @binding(4) var<storage, read_write> lse: array<f32>;       // [B, Hq, Tq]
-@group(0) @binding(5) var<storage, read_write> info: array<u32>;
+{{ outputs }}
 
 {{ common }}
 
@@ -51,6 +51,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
         let last = min(n0 + BLOCK, rows) - 1u;
         block_keys = vec2<u32>(row_keys(c, b, packed_row(c, b, kvh, n0).y).x,
                                row_keys(c, b, packed_row(c, b, kvh, last).y).y);
+        {{ split_keys }}
     }
     let keys = workgroupUniformLoad(&block_keys);
     let kv = (b * c.hkv + kvh) * c.tk * V;

@@ -95,7 +95,7 @@ fn check(case: &Case, draws: &mut Draws, (device, imp): &(Device, AttentionImpl)
     let names = ["o", "dq", "dk", "dv"];
     let mut worst = 0.0f32;
     for ((name, a), b) in names.iter().zip(flash).zip(reference) {
-        worst = worst.max(max_diff(name, case, a, b));
+        worst = worst.max(max_diff(name, &(case, imp, device), a, b));
     }
     worst
 }
@@ -169,6 +169,17 @@ fn edge_cases_equal_the_reference() {
                 ..AttentionSpec::causal(64).with_window(Some(500))
             },
             ..base.clone()
+        },
+        // One long sequence, few heads: the forward splits its keys over workgroups and merges the splits.
+        Case { b: 1, hq: 2, hkv: 1, tq: 1100, tk: 1100, d: 64, spec: AttentionSpec::causal(64), ..base.clone() },
+        Case {
+            b: 1,
+            hq: 1,
+            hkv: 1,
+            tq: 1030,
+            tk: 1030,
+            d: 32,
+            spec: AttentionSpec { key_lengths: Some(vec![1001]), ..AttentionSpec::causal(32).with_window(Some(700)) },
         },
         // Decoding a wide GQA group at the widest heads: 8 heads × 4 rows in several row blocks per workgroup grid.
         Case {

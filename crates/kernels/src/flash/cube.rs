@@ -12,8 +12,10 @@ use super::{DECODE_ROWS, FlashOps, FlashParams, KernelTier, KvLayout};
 /// Invocations of a flash-decoding workgroup, and of a merge workgroup (one per vec4 of a row of up to 256).
 const DECODE_WG: u32 = 128;
 const REDUCE_WG: u32 = 64;
-/// Decoding workgroups to aim for: four per SM of a 132-SM GPU (an H200), where the keys allow.
-const DECODE_WORKGROUPS: usize = 4 * 132;
+/// Workgroups to aim for when splitting keys (decoding, small forward grids): four per SM of a 132-SM GPU (an H200).
+const FILL_WORKGROUPS: usize = 4 * 132;
+/// Keys per split of the tiled forward when its grid is too small to fill the GPU, at least.
+const SPLIT_KEYS: usize = 512;
 /// Keys per split: at least SPLIT_MIN (unless the cache is shorter), at most SPLIT_MAX (tiles of ≥ 4 keys keep a
 /// split's tile loop within llvmpipe's 65,535 iterations).
 const SPLIT_MIN: usize = 64;
@@ -119,15 +121,16 @@ impl DecodeGeometry {
 
 /// Launches `kernel` with the tensors bound in order and the info words bound last.
 fn launch(like: &CubeTensor, kernel: Wgsl, threads: u32, count: (u32, u32), tensors: &[&CubeTensor], info: &[u32]) {
-    launch_with_info_at(like, kernel, threads, count, tensors, tensors.len(), info);
+    launch_with_info_at(like, kernel, threads, [count.0, count.1, 1], tensors, tensors.len(), info);
 }
 
-/// The same with the info words bound at binding `at` and the tensors around it, in order.
+/// The same over a grid of `count` workgroups with the info words bound at binding `at` and the tensors around it,
+/// in order.
 fn launch_with_info_at(
     like: &CubeTensor,
     kernel: Wgsl,
     threads: u32,
-    count: (u32, u32),
+    count: [u32; 3],
     tensors: &[&CubeTensor],
     at: usize,
     info: &[u32],
@@ -138,7 +141,7 @@ fn launch_with_info_at(
     buffers.insert(at, info.binding());
     like.client.launch(
         Box::new(SourceKernel::new(kernel, CubeDim::new_1d(threads))),
-        CubeCount::Static(count.0, count.1, 1),
+        CubeCount::Static(count[0], count[1], count[2]),
         KernelArguments::new().with_buffers(buffers),
     );
 }
@@ -161,10 +164,10 @@ fn info(params: &FlashParams, q: &Shape, hkv: usize, tk: usize) -> Vec<u32> {
         KvLayout::Paged(p) => p.page_size,
         _ => 0,
     };
-    // Splits: enough for DECODE_WORKGROUPS workgroups over the (batch row, KV head, row block)s, within SPLIT_MIN and
+    // Splits: enough for FILL_WORKGROUPS workgroups over the (batch row, KV head, row block)s, within SPLIT_MIN and
     // SPLIT_MAX keys each.
     let groups = b * hkv.max(1) * DecodeGeometry::new(d, hq / hkv.max(1) * tq).blocks;
-    let wanted = DECODE_WORKGROUPS.div_ceil(groups.max(1));
+    let wanted = FILL_WORKGROUPS.div_ceil(groups.max(1));
     let splits = wanted.min(tk / SPLIT_MIN).max(tk.div_ceil(SPLIT_MAX)).max(1);
     let split = tk.div_ceil(splits).max(1);
     let splits = tk.div_ceil(split).max(1);
@@ -208,19 +211,27 @@ fn decode(q: &CubeTensor, kv_source: String, kv: &[&CubeTensor], words: &[u32], 
     let mut values = geometry.values();
     values.push(("kv_source", kv_source));
     let split = Wgsl { name: "flash_decode", text: include_str!("../../../../shaders/flash_decode.wgsl"), values };
+    let mut tensors = vec![q, &part_m, &part_l, &part_u];
+    tensors.extend(kv);
+    let count = (splits as u32, (b * hkv * geometry.blocks) as u32);
+    launch_with_info_at(q, split, DECODE_WG, [count.0, count.1, 1], &tensors, 4, words);
+    merge(q, words, [&part_m, &part_l, &part_u], o, lse);
+}
+
+/// The merge of split partial states [rows, splits] (m, ℓ, and u with D per entry) into o and lse, a workgroup per
+/// query row.
+fn merge(q: &CubeTensor, words: &[u32], parts: [&CubeTensor; 3], o: &CubeTensor, lse: &CubeTensor) {
+    let rows = (words[0] * words[1] * words[3]) as usize;
     let reduce = Wgsl {
         name: "flash_decode_reduce",
         text: include_str!("../../../../shaders/flash_decode_reduce.wgsl"),
         values: vec![("workgroup", REDUCE_WG.to_string())],
     };
-    let mut tensors = vec![q, &part_m, &part_l, &part_u];
-    tensors.extend(kv);
-    let count = (splits as u32, (b * hkv * geometry.blocks) as u32);
-    launch_with_info_at(q, split, DECODE_WG, count, &tensors, 4, words);
     // Rows past the grid's 65,535 per dimension wrap into y (the merge kernel's row = x + y · min(rows, 65,535)).
     let across = rows.min(65535);
     let count = (across as u32, rows.div_ceil(across) as u32);
-    launch(q, reduce, REDUCE_WG, count, &[&part_m, &part_l, &part_u, o, lse], words);
+    let [part_m, part_l, part_u] = parts;
+    launch(q, reduce, REDUCE_WG, count, &[part_m, part_l, part_u, o, lse], words);
 }
 
 impl FlashOps for CubeBackend {
@@ -242,12 +253,28 @@ impl FlashOps for CubeBackend {
         } else {
             let workgroup_bytes = q.client.properties().hardware.max_shared_memory_size;
             let geometry = Geometry::queries(tier(&q, &params), d, workgroup_bytes);
-            let text = include_str!("../../../../shaders/flash_forward.wgsl");
-            let kernel = Wgsl { name: "flash_forward", text, values: geometry.forward() };
-            let hkv = ks[1];
+            let (hkv, tk) = (ks[1], ks[2]);
             let count = (((hq / hkv * tq) as u32).div_ceil(geometry.block()), (b * hkv) as u32);
-            let words = info(&params, &qs, hkv, ks[2]);
-            launch(&q, kernel, geometry.threads, count, &[&q, &k, &v, &o, &lse], &words);
+            let mut words = info(&params, &qs, hkv, tk);
+            // Too few workgroups to fill a large GPU: split the keys too, at least SPLIT_KEYS each, and merge.
+            let workgroups = (count.0 * count.1) as usize;
+            let splits = FILL_WORKGROUPS.div_ceil(workgroups).min(tk / SPLIT_KEYS);
+            let text = include_str!("../../../../shaders/flash_forward.wgsl");
+            let kernel = Wgsl { name: "flash_forward", text, values: geometry.forward(splits > 1) };
+            if splits > 1 {
+                let split = tk.div_ceil(splits);
+                let splits = tk.div_ceil(split);
+                (words[10], words[11]) = (split as u32, splits as u32);
+                let rows = b * hq * tq;
+                let (part_m, part_l) = (empty(&q, &[rows, splits]), empty(&q, &[rows, splits]));
+                let part_u = empty(&q, &[rows, splits, d]);
+                let tensors = [&q, &k, &v, &part_m, &part_l, &part_u];
+                let grid = [count.0, count.1, splits as u32];
+                launch_with_info_at(&q, kernel, geometry.threads, grid, &tensors, tensors.len(), &words);
+                merge(&q, &words, [&part_m, &part_l, &part_u], &o, &lse);
+            } else {
+                launch(&q, kernel, geometry.threads, count, &[&q, &k, &v, &o, &lse], &words);
+            }
         }
         (o, lse)
     }

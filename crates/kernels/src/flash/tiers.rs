@@ -10,6 +10,17 @@ const PORTABLE_BYTES: usize = 16384;
 /// Workgroup memory the subgroup tier's tiles take at most (where the adapter allows it).
 const SUBGROUP_BYTES: usize = 32768;
 
+/// The forward's output bindings: o and lse, or a split's partial states for the merge kernel.
+const OUTPUTS: &str = "\
+@group(0) @binding(3) var<storage, read_write> o: array<vec4<f32>>;        // [B, Hq, Tq, D]
+@group(0) @binding(4) var<storage, read_write> lse: array<f32>;            // [B, Hq, Tq]
+@group(0) @binding(5) var<storage, read_write> info: array<u32>;";
+const SPLIT_OUTPUTS: &str = "\
+@group(0) @binding(3) var<storage, read_write> part_m: array<f32>;         // [B·Hq·Tq, splits]
+@group(0) @binding(4) var<storage, read_write> part_l: array<f32>;         // [B·Hq·Tq, splits]
+@group(0) @binding(5) var<storage, read_write> part_u: array<vec4<f32>>;   // [B·Hq·Tq, splits, D]
+@group(0) @binding(6) var<storage, read_write> info: array<u32>;";
+
 /// A tiled kernel's layout: groups of `lanes` lanes own `rows` rows each, lane λ holding the vec4s x·lanes + λ.
 #[derive(Clone, Copy, Debug)]
 pub struct Geometry {
@@ -190,20 +201,28 @@ impl Geometry {
         }
     }
 
-    /// `row{r}` (its index in [B, Hq, Tq], its position) and `range{r}` (the keys it sees) for each of the group's
-    /// packed query rows.
-    fn query_rows(&self, code: &mut String) {
+    /// `row{r}` (its index in [B, Hq, Tq], its position) and `range{r}` (the keys it sees, `within_keys`: of the
+    /// workgroup's `keys`) for each of the group's packed query rows.
+    fn query_rows(&self, code: &mut String, within_keys: bool) {
         for r in 0..self.rows {
             let _ = writeln!(code, "let row{r} = packed_row(c, b, kvh, min(first + {r}u, rows - 1u));");
-            let _ = writeln!(code, "let range{r} = row_keys(c, b, row{r}.y);");
+            let range = format!("row_keys(c, b, row{r}.y)");
+            let range = match within_keys {
+                true => format!("clamp({range}, vec2<u32>(keys.x), vec2<u32>(keys.y))"),
+                false => range,
+            };
+            let _ = writeln!(code, "let range{r} = {range};");
         }
     }
 
     /// The forward kernel's placeholders: `row_setup` (the group's rows, q scaled, m, ℓ, u, the key range [lo, hi)),
-    /// `chunk_code` (score `chunk` keys, rescale once, accumulate) and `row_finish` (o = u / ℓ, lse = m + ln ℓ).
-    pub fn forward(&self) -> Vec<(&'static str, String)> {
+    /// `chunk_code` (score `chunk` keys, rescale once, accumulate) and `row_finish` (o = u / ℓ, lse = m + ln ℓ); with
+    /// `split`, the workgroup takes split z of the keys (info word 10 keys each) and writes its partial m, ℓ and u
+    /// instead ([rows, splits], word 11 the count).
+    pub fn forward(&self, split: bool) -> Vec<(&'static str, String)> {
         let mut setup = String::new();
-        self.query_rows(&mut setup);
+        // A split sees only its own keys: chunks running past its end must not count the next split's.
+        self.query_rows(&mut setup, split);
         for r in 0..self.rows {
             let _ = writeln!(setup, "var m{r} = -3.0e38; var l{r} = 0.0;");
         }
@@ -232,10 +251,32 @@ impl Geometry {
         self.accumulate(&mut chunk, &[("u", "p", "v_tile")]);
 
         let mut finish = String::new();
-        let lse = "if (lane == 0u) { lse[row@.x] = select(0.0, m@ + log(l@), l@ > 0.0); }";
-        self.store(&mut finish, "o", "select(vec4<f32>(0.0), u# / l@, l@ > 0.0)", lse);
+        let outputs = if split {
+            for r in 0..self.rows {
+                let _ = writeln!(finish, "if (first + {r}u < rows) {{");
+                let _ = writeln!(finish, "    let part = row{r}.x * info[11] + wg.z;");
+                for x in 0..self.per_lane() {
+                    let _ = writeln!(finish, "    part_u[{}] = u{r}_{x};", self.at("part * V", x));
+                }
+                let _ = writeln!(finish, "    if (lane == 0u) {{ part_m[part] = m{r}; part_l[part] = l{r}; }}");
+                let _ = writeln!(finish, "}}");
+            }
+            SPLIT_OUTPUTS
+        } else {
+            let lse = "if (lane == 0u) { lse[row@.x] = select(0.0, m@ + log(l@), l@ > 0.0); }";
+            self.store(&mut finish, "o", "select(vec4<f32>(0.0), u# / l@, l@ > 0.0)", lse);
+            OUTPUTS
+        };
+        // Split z's keys: [z · split, (z + 1) · split) within the block's.
+        let split_keys = if split {
+            "let s0 = max(block_keys.x, wg.z * info[10]); \
+             block_keys = vec2<u32>(s0, max(s0, min(block_keys.y, (wg.z + 1u) * info[10])));"
+        } else {
+            ""
+        };
         let mut values = self.values();
         values.extend([("row_setup", setup), ("chunk_code", chunk), ("row_finish", finish)]);
+        values.extend([("outputs", outputs.to_string()), ("split_keys", split_keys.to_string())]);
         values
     }
 
@@ -243,7 +284,7 @@ impl Geometry {
     /// dq = scale · Σ ds k.
     pub fn dq(&self) -> Vec<(&'static str, String)> {
         let mut setup = String::new();
-        self.query_rows(&mut setup);
+        self.query_rows(&mut setup, false);
         self.load(&mut setup, "q", "q", " * c.scale");
         self.load(&mut setup, "g", "d_o", "");
         self.zero(&mut setup, "a");
