@@ -171,7 +171,7 @@ fn edge_cases_equal_the_reference() {
             ..base.clone()
         },
         // One long sequence, few heads: the forward splits its keys over workgroups and merges the splits.
-        Case { b: 1, hq: 2, hkv: 1, tq: 1100, tk: 1100, d: 64, spec: AttentionSpec::causal(64), ..base.clone() },
+        Case { b: 1, hq: 2, hkv: 1, tq: 1100, tk: 1100, d: 64, spec: AttentionSpec::causal(64) },
         Case {
             b: 1,
             hq: 1,
