@@ -289,6 +289,13 @@ if [ "$gpu" = 1 ]; then
     for impl in portable burn naive; do expect "$file" "^\| [0-9]+ \| [0-9]+ \| $impl \| [0-9.]+ " "timed $impl row"; done
     if [ "$quick" = 1 ] && grep -q "failed:" "$file"; then fail "a measurement failed in $(basename "$file")"; fi
   done
+  if [ "$quick" = 0 ]; then
+    file="$out/attention-dq.md"
+    heading "$file" "The backward's dq folded into the dk/dv pass (f32 atomic adds) or in a pass of its own (2pass)" \
+      "8 heads, batch 1, d 64, causal, f32; the forward columns run the same kernel."
+    run "$t_attention" "$file" ember --device wgpu bench attention --lengths 1024,4096 --head-dims 64 --heads 8 \
+      --iters "$iters" --calls "$calls" --impls subgroup,subgroup-2pass,portable,portable-2pass || true
+  fi
 else
   skip "no GPU adapter"
 fi

@@ -1,10 +1,15 @@
 // FlashAttention-2 backward, keys and values: for key j, over the query rows of its GQA group that see it (packed
 // head-minor as in the forward, n = t·g + r), p_nj = exp(s_nj − lse_n), dv_j = Σ_n p_nj dO_n,
 // ds_nj = p_nj (dO_n · v_j − D_n), dk_j = scale · Σ_n ds_nj q_n. The group's heads are summed here, so K and V are
-// never repeated and no atomics are needed.
+// never repeated.
+// Folded (where the adapter has f32 atomics, `chunk_end` filled): dq_n += scale · Σ_j ds_nj k_j too, so the dq pass is
+// skipped. Each chunk's ds of the block's key rows goes to workgroup memory, and the workgroup sums it against the
+// block's k rows and adds the chunk's rows of dq with one atomicAdd per element (dq zeroed before the launch).
 // A group of LANES lanes owns ROWS key rows, lane λ the vec4s x·LANES + λ of k, v, dk and dv; Q, dO, lse and D of a
-// tile of packed query rows in workgroup memory; chunks of CHUNK query rows scored at once. The first key blocks see
-// the most queries and run first. Every loop runs over tiles or chunks, far below llvmpipe's 65,535 iterations.
+// tile of packed query rows in workgroup memory; chunks of CHUNK query rows scored at once, every group walking every
+// chunk of the tile (barriers in uniform control flow) and scoring those its rows see. The first key blocks see the
+// most queries and run first. Runtime loops step over tiles and chunks only (the sum over the block is unrolled):
+// llvmpipe stops an invocation after 65,535 loop iterations in all.
 
 @group(0) @binding(0) var<storage, read_write> q: array<vec4<f32>>;     // [B, Hq, Tq, D]
 @group(0) @binding(1) var<storage, read_write> k: array<vec4<f32>>;     // [B, Hkv, Tk, D]
@@ -14,7 +19,7 @@
 @group(0) @binding(5) var<storage, read_write> delta: array<f32>;       // [B, Hq, Tq]
 @group(0) @binding(6) var<storage, read_write> dk: array<vec4<f32>>;    // [B, Hkv, Tk, D]
 @group(0) @binding(7) var<storage, read_write> dv: array<vec4<f32>>;    // [B, Hkv, Tk, D]
-@group(0) @binding(8) var<storage, read_write> info: array<u32>;
+{{ outputs }}
 
 {{ common }}
 
@@ -31,6 +36,7 @@ var<workgroup> do_tile: array<vec4<f32>, {{ tile_vec4s }}>;
 var<workgroup> lse_tile: array<vec4<f32>, {{ tile_quads }}>;
 var<workgroup> delta_tile: array<vec4<f32>, {{ tile_quads }}>;
 var<workgroup> block_queries: vec2<u32>;
+{{ fold_memory }}
 
 @compute @workgroup_size({{ threads }}, 1, 1)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
@@ -67,10 +73,16 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
             delta_tile[i / 4u][i % 4u] = select(0.0, delta[row], i < n);
         }
         workgroupBarrier();
+        // The group's chunks of the tile: [c_lo, c_hi).
+        let c_lo = (max(lo, t0) - t0) / CHUNK * CHUNK;
         let c_hi = min(max(hi, t0), t0 + n) - t0;
-        for (var j0 = (max(lo, t0) - t0) / CHUNK * CHUNK; j0 < c_hi; j0 += CHUNK) {
+        for (var j0 = 0u; j0 < n; j0 += CHUNK) {
             let jv = vec4<u32>(t0 + j0) + vec4<u32>(0u, 1u, 2u, 3u);
-            {{ chunk_code }}
+            if (j0 >= c_lo && j0 < c_hi) {
+                {{ chunk_code }}
+            } {{ chunk_skip }}
+            // Folded: dq_n += scale · Σ_j ds_nj k_j over the block's key rows j, for the chunk's rows n (atomicAdd).
+            {{ chunk_end }}
         }
         workgroupBarrier();
     }

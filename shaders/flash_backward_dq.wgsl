@@ -1,7 +1,8 @@
 // FlashAttention-2 backward, queries: recompute p_ij = exp(s_ij − lse_i) chunk by chunk, dp_ij = dO_i · v_j,
 // ds_ij = p_ij (dp_ij − D_i) with D_i = rowsum(dO_i ⊙ o_i), and dq_i = scale · Σ_j ds_ij k_j. No T×T buffer.
 // The forward's layout (flash_forward.wgsl): packed GQA rows, groups of LANES lanes owning ROWS rows, K and V tiles
-// in workgroup memory, per-row code unrolled at build time.
+// in workgroup memory, per-row code unrolled at build time. Launched only where dq is not folded into the dk/dv pass
+// (adapters without f32 atomics, or `AttentionImpl::FoldDq(_, false)`).
 
 @group(0) @binding(0) var<storage, read_write> q: array<vec4<f32>>;     // [B, Hq, Tq, D]
 @group(0) @binding(1) var<storage, read_write> k: array<vec4<f32>>;     // [B, Hkv, Tk, D]

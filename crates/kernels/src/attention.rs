@@ -62,6 +62,9 @@ pub enum AttentionImpl {
     Auto,
     /// Ember's kernels with the WGSL tier forced (on the CPU: the Rust kernels, as `Auto`).
     Tier(KernelTier),
+    /// As `Tier`, with the WGSL backward's dq folded into the dk/dv pass with f32 atomic adds (true: the adapter must
+    /// have wgpu `SHADER_FLOAT32_ATOMIC`) or run as a pass of its own (false); `Tier` folds where the adapter has them.
+    FoldDq(KernelTier, bool),
     /// The T×T score matrix, masked and soft-maxed with ordinary tensor ops.
     Naive,
     /// Burn's `attention` module op (fused kernels where the backend has them).
@@ -71,7 +74,7 @@ pub enum AttentionImpl {
 impl AttentionImpl {
     /// Ember's own kernels, whichever tier.
     pub fn is_ember(self) -> bool {
-        matches!(self, Self::Auto | Self::Tier(_))
+        matches!(self, Self::Auto | Self::Tier(_) | Self::FoldDq(..))
     }
 }
 

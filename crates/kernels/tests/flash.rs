@@ -1,7 +1,8 @@
 //! Ember's attention kernels — Rust on the CPU, WGSL on wgpu (lavapipe without a GPU) — against the reference path
 //! on the CPU, f32, max abs error ≤ 1e-4 for outputs and for the gradients of q, k and v, over a randomized sweep of
 //! lengths, head dimensions, GQA groups, masks, padding, query offsets, decoding and pages; on wgpu each WGSL tier
-//! forced in turn. Under CI a missing adapter fails.
+//! forced in turn (the backward's dq folded into the dk/dv pass where the adapter has f32 atomics, as lavapipe does),
+//! and the subgroup tier with dq in a pass of its own. Under CI a missing adapter fails.
 
 use burn::tensor::{Device, Tensor, TensorData};
 use ember_kernels::{
@@ -12,11 +13,15 @@ use ember_test_support::{max_abs_diff_tensors, wgpu_test_device};
 
 const TOLERANCE: f32 = 1e-4;
 
-/// Ember's kernels: Rust on the CPU, and where a wgpu adapter is present, each WGSL tier forced.
+/// Ember's kernels: Rust on the CPU, and where a wgpu adapter is present, each WGSL tier forced (dq folded where the
+/// adapter allows it), then the subgroup tier's two-pass backward.
 fn kernel_devices() -> Vec<(Device, AttentionImpl)> {
-    let tiers = [KernelTier::Portable, KernelTier::Subgroup];
-    let wgpu =
-        wgpu_test_device().into_iter().flat_map(|gpu| tiers.map(|tier| (gpu.clone(), AttentionImpl::Tier(tier))));
+    let imps = [
+        AttentionImpl::Tier(KernelTier::Portable),
+        AttentionImpl::Tier(KernelTier::Subgroup),
+        AttentionImpl::FoldDq(KernelTier::Subgroup, false),
+    ];
+    let wgpu = wgpu_test_device().into_iter().flat_map(|gpu| imps.map(|imp| (gpu.clone(), imp)));
     std::iter::once((Device::flex(), AttentionImpl::Auto)).chain(wgpu).collect()
 }
 

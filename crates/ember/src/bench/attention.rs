@@ -33,8 +33,9 @@ pub struct BenchAttentionArgs {
     #[arg(long, default_value_t = 4)]
     calls: usize,
     /// Implementations to measure, in this order: ember (the default tier), portable, subgroup (a WGSL tier
-    /// forced), burn, naive. Default: on wgpu each tier the adapter runs, then burn and naive; on the CPU ember, burn,
-    /// naive.
+    /// forced), portable-2pass, subgroup-2pass (the tier with dq in a backward pass of its own, not folded into the
+    /// dk/dv pass), burn, naive. Default: on wgpu each tier the adapter runs, then burn and naive; on the CPU ember,
+    /// burn, naive.
     #[arg(long, value_delimiter = ',')]
     impls: Vec<String>,
     /// The device's peak rate in GFLOP/s (the FP32 figure of its datasheet, say): adds each rate's percentage of it.
@@ -45,10 +46,12 @@ pub struct BenchAttentionArgs {
     one: Option<String>,
 }
 
-const IMPLS: [(&str, AttentionImpl); 5] = [
+const IMPLS: [(&str, AttentionImpl); 7] = [
     ("ember", AttentionImpl::Auto),
     ("portable", AttentionImpl::Tier(KernelTier::Portable)),
     ("subgroup", AttentionImpl::Tier(KernelTier::Subgroup)),
+    ("portable-2pass", AttentionImpl::FoldDq(KernelTier::Portable, false)),
+    ("subgroup-2pass", AttentionImpl::FoldDq(KernelTier::Subgroup, false)),
     ("burn", AttentionImpl::Burn),
     ("naive", AttentionImpl::Naive),
 ];
@@ -63,7 +66,8 @@ pub fn bench_attention(args: BenchAttentionArgs, choice: DeviceChoice) -> Result
         return measure_one(&args, one, choice);
     }
     if let Some(bad) = args.impls.iter().find(|n| !IMPLS.iter().any(|(m, _)| *m == n.as_str())) {
-        bail!("--impls: unknown implementation {bad:?} (ember, portable, subgroup, burn, naive)");
+        let names = IMPLS.map(|(name, _)| name).join(", ");
+        bail!("--impls: unknown implementation {bad:?} ({names})");
     }
     // Ember's figure for the speed-up row: "ember", else the tier Ember picks on this adapter.
     let adapter = devices::adapter(choice);

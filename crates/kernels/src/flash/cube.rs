@@ -1,10 +1,13 @@
 //! Launching the WGSL kernels on CubeCL wgpu tensors.
 
+use burn::backend::ops::FloatTensorOps;
 use burn::backend::wgpu::{
     CubeBackend, CubeDim, CubeTensor, KernelSource, SourceKernel, SourceTemplate, into_contiguous,
 };
-use burn::cubecl::{CubeCount, features::Plane, prelude::KernelId, server::KernelArguments};
-use burn::tensor::{DType, Shape};
+use burn::cubecl::features::{AtomicUsage, Plane};
+use burn::cubecl::ir::{ElemType, FloatKind, Type};
+use burn::cubecl::{CubeCount, prelude::KernelId, server::KernelArguments};
+use burn::tensor::{DType, FloatDType, Shape};
 
 use super::tiers::Geometry;
 use super::{DECODE_ROWS, FlashOps, FlashParams, KernelTier, KvLayout};
@@ -32,6 +35,16 @@ fn tier(like: &CubeTensor, params: &FlashParams) -> KernelTier {
     let properties = like.client.properties();
     let subgroups = properties.features.plane.contains(Plane::Ops) && properties.hardware.plane_size_min >= 8;
     params.tier.unwrap_or(if subgroups { KernelTier::Subgroup } else { KernelTier::Portable })
+}
+
+/// Whether the backward folds dq into the dk/dv pass: as `params` forces, else where the adapter adds f32 atomically
+/// (wgpu `SHADER_FLOAT32_ATOMIC`).
+fn fold_dq(like: &CubeTensor, params: &FlashParams) -> bool {
+    let f32_atomic = Type::atomic(ElemType::Float(FloatKind::F32));
+    let atomic_add = like.client.properties().atomic_type_usage(f32_atomic).contains(AtomicUsage::Add);
+    let fold = params.fold_dq.unwrap_or(atomic_add);
+    assert!(atomic_add || !fold, "folding dq into the dk/dv pass needs f32 atomics (wgpu SHADER_FLOAT32_ATOMIC)");
+    fold
 }
 
 /// A WGSL file with its `{{ name }}` placeholders filled.
@@ -320,13 +333,20 @@ impl FlashOps for CubeBackend {
         let (qs, ks) = (q.meta.shape().clone(), k.meta.shape().clone());
         let (b, hq, tq, d) = (qs[0], qs[1], qs[2], qs[3]);
         let (hkv, tk) = (ks[1], ks[2]);
-        let dq = empty(&q, &[b, hq, tq, d]);
+        let fold = fold_dq(&q, &params);
+        // Folded, the dk/dv pass adds into dq: zeros first.
+        let dq = if fold && b * hq * tq > 0 {
+            let zeros = CubeBackend::float_zeros(Shape::from(vec![b, hq, tq, d]), &q.device, FloatDType::F32);
+            f32_contiguous(zeros)
+        } else {
+            empty(&q, &[b, hq, tq, d])
+        };
         let dk = empty(&q, &[b, hkv, tk, d]);
         let dv = empty(&q, &[b, hkv, tk, d]);
         let words = info(&params, &qs, hkv, tk);
         let workgroup_bytes = q.client.properties().hardware.max_shared_memory_size;
         let tier = tier(&q, &params);
-        if b * hq * tq > 0 {
+        if b * hq * tq > 0 && !fold {
             let geometry = Geometry::queries(tier, d, workgroup_bytes);
             let text = include_str!("../../../../shaders/flash_backward_dq.wgsl");
             let kernel = Wgsl { name: "flash_backward_dq", text, values: geometry.dq() };
@@ -334,11 +354,15 @@ impl FlashOps for CubeBackend {
             launch(&q, kernel, geometry.threads, count, &[&q, &k, &v, &d_o, &lse, &delta, &dq], &words);
         }
         if b * hkv * tk > 0 {
-            let geometry = Geometry::keys(tier, d, workgroup_bytes);
+            let geometry = Geometry::keys(tier, d, workgroup_bytes, fold);
             let text = include_str!("../../../../shaders/flash_backward_dkdv.wgsl");
             let kernel = Wgsl { name: "flash_backward_dkdv", text, values: geometry.dkdv() };
             let count = ((tk as u32).div_ceil(geometry.block()), (b * hkv) as u32);
-            launch(&q, kernel, geometry.threads, count, &[&q, &k, &v, &d_o, &lse, &delta, &dk, &dv], &words);
+            let mut tensors = vec![&q, &k, &v, &d_o, &lse, &delta, &dk, &dv];
+            if fold {
+                tensors.push(&dq);
+            }
+            launch(&q, kernel, geometry.threads, count, &tensors, &words);
         }
         (dq, dk, dv)
     }

@@ -36,6 +36,9 @@ pub struct FlashParams {
     pub layout: KvLayout,
     /// The WGSL tier to run (None: the adapter's best).
     pub tier: Option<KernelTier>,
+    /// Whether the WGSL backward folds dq into the dk/dv pass with f32 atomic adds (true: the adapter must have wgpu
+    /// `SHADER_FLOAT32_ATOMIC`) or runs it as a pass of its own (None: folded where the adapter has them).
+    pub fold_dq: Option<bool>,
 }
 
 /// How the WGSL kernels spread query (or key) rows over lanes.
@@ -79,7 +82,11 @@ impl FlashParams {
             key_lengths: spec.key_lengths.clone().unwrap_or_default(),
             layout: KvLayout::Contiguous,
             tier: match spec.implementation {
-                crate::AttentionImpl::Tier(tier) => Some(tier),
+                crate::AttentionImpl::Tier(tier) | crate::AttentionImpl::FoldDq(tier, _) => Some(tier),
+                _ => None,
+            },
+            fold_dq: match spec.implementation {
+                crate::AttentionImpl::FoldDq(_, fold) => Some(fold),
                 _ => None,
             },
         }

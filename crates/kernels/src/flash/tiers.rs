@@ -33,23 +33,46 @@ pub struct Geometry {
     pub chunk: u32,
     /// vec4s of a head row.
     pub vec4s: u32,
+    /// dk/dv only: dq folded into the pass, and where it reads the block's K rows for it.
+    fold: Option<KRows>,
+}
+
+/// Where dk/dv's pass, with dq folded in, reads the block's K rows for dq = scale · Σ ds k.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KRows {
+    /// Workgroup memory, written once from the groups' registers.
+    Shared,
+    /// The k buffer, where K in workgroup memory would leave a tile of fewer than 16 query rows.
+    Buffer,
 }
 
 impl Geometry {
     /// The forward's (and dq's) layout in `tier` for head width d on an adapter with `workgroup_bytes` of workgroup
     /// memory: query rows over lanes, K and V tiles.
     pub fn queries(tier: KernelTier, d: usize, workgroup_bytes: usize) -> Self {
-        Self::new(tier, d, workgroup_bytes, 2, 8 * d)
+        Self::new(tier, d, workgroup_bytes, 2, 8 * d, 0)
     }
 
-    /// dk/dv's layout: one key row per group of lanes (it holds k, v, dk and dv), Q and dO tiles with lse and D.
-    pub fn keys(tier: KernelTier, d: usize, workgroup_bytes: usize) -> Self {
-        Self::new(tier, d, workgroup_bytes, 1, 8 * d + 8)
+    /// dk/dv's layout: one key row per group of lanes (it holds k, v, dk and dv), Q and dO tiles with lse and D. With
+    /// `fold`, dq too: a chunk's ds for each key row in workgroup memory, and the block's K rows where a tile of 16
+    /// query rows still fits beside them.
+    pub fn keys(tier: KernelTier, d: usize, workgroup_bytes: usize, fold: bool) -> Self {
+        let tiles = |per_key: usize| Self::new(tier, d, workgroup_bytes, 1, 8 * d + 8, per_key);
+        if !fold {
+            return tiles(0);
+        }
+        let shared = tiles(4 * 8 + 4 * d);
+        if shared.tile >= 16 {
+            Self { fold: Some(KRows::Shared), ..shared }
+        } else {
+            Self { fold: Some(KRows::Buffer), ..tiles(4 * 8) }
+        }
     }
 
     /// Subgroup tier: d 64 → 4 lanes of 4 vec4s, d 128 → 8 lanes of 4, `pair` rows per group; tiles of rows taking
-    /// `row_bytes` each, with the block's range (a vec2<u32>), within the budget.
-    fn new(tier: KernelTier, d: usize, workgroup_bytes: usize, pair: u32, row_bytes: usize) -> Self {
+    /// `row_bytes` each, with the block's range (a vec2<u32>) and `reserved` bytes for each row of the block, within
+    /// the budget.
+    fn new(tier: KernelTier, d: usize, workgroup_bytes: usize, pair: u32, row_bytes: usize, reserved: usize) -> Self {
         let vec4s = d as u32 / 4;
         let (lanes, rows, threads, budget) = match tier {
             KernelTier::Portable => (1, 1, 64, PORTABLE_BYTES),
@@ -58,9 +81,10 @@ impl Geometry {
                 (lanes, pair, 128, workgroup_bytes.clamp(PORTABLE_BYTES, SUBGROUP_BYTES))
             }
         };
-        let tile = ((budget - 16) / row_bytes) as u32;
+        let block = (threads / lanes * rows) as usize;
+        let tile = (budget.saturating_sub(16 + block * reserved) / row_bytes) as u32;
         let chunk = if tile >= 8 { 8 } else { 4 };
-        Self { lanes, rows, threads, tile: tile / chunk * chunk, chunk, vec4s }
+        Self { lanes, rows, threads, tile: tile / chunk * chunk, chunk, vec4s, fold: None }
     }
 
     /// Rows per workgroup.
@@ -313,8 +337,16 @@ impl Geometry {
     }
 
     /// dk/dv's placeholders, a group per key row j over the packed query rows that see it: p = exp(s − lse),
-    /// dv = Σ p dO, ds = p (dO · v − D), dk = scale · Σ ds q.
+    /// dv = Σ p dO, ds = p (dO · v − D), dk = scale · Σ ds q. Folded (`Geometry::keys`), dq too: each chunk's ds of
+    /// the block's key rows in workgroup memory, then dq_n += scale · Σ_j ds_nj k_j with one f32 atomic add per
+    /// element of the chunk's rows.
     pub fn dkdv(&self) -> Vec<(&'static str, String)> {
+        const INFO: &str = "@group(0) @binding(8) var<storage, read_write> info: array<u32>;";
+        const DQ_INFO: &str = "\
+@group(0) @binding(8) var<storage, read_write> dq: array<atomic<f32>>;  // [B, Hq, Tq, D], zeroed before the launch
+@group(0) @binding(9) var<storage, read_write> info: array<u32>;";
+        // The block's row of each of the group's key rows.
+        let local = |r: u32| format!("lid / LANES * ROWS + {r}u");
         let mut setup = String::new();
         for r in 0..self.rows {
             let _ = writeln!(setup, "let key{r} = min(first + {r}u, rows - 1u);");
@@ -322,6 +354,13 @@ impl Geometry {
             let _ = writeln!(setup, "let range{r} = key_queries(c, b, key{r}) * g;");
         }
         self.load(&mut setup, "k", "k", " * c.scale");
+        if self.fold == Some(KRows::Shared) {
+            for r in 0..self.rows {
+                for x in 0..self.per_lane() {
+                    let _ = writeln!(setup, "k_block[{}] = k{r}_{x};", self.at(&format!("({}) * V", local(r)), x));
+                }
+            }
+        }
         self.load(&mut setup, "v", "v", "");
         self.zero(&mut setup, "dk");
         self.zero(&mut setup, "dv");
@@ -344,7 +383,81 @@ impl Geometry {
         self.store(&mut finish, "dk", "dk# * c.scale", "");
         self.store(&mut finish, "dv", "dv#", "");
         let mut values = self.values();
-        values.extend([("row_setup", setup), ("chunk_code", chunk), ("row_finish", finish)]);
+        values.extend([("row_setup", setup), ("row_finish", finish)]);
+        let Some(k_rows) = self.fold else {
+            values.extend([("chunk_code", chunk), ("outputs", INFO.into())]);
+            values.extend(["fold_memory", "chunk_skip", "chunk_end"].map(|name| (name, String::new())));
+            return values;
+        };
+
+        // ds_tile: the chunk's ds_nj, [CHUNK][BLOCK] (zero past the last key, or where a group skips the chunk);
+        // k_block: the block's k · scale.
+        let mut memory = format!("var<workgroup> ds_tile: array<vec4<f32>, {}>;\n", self.chunk * self.block() / 4);
+        if k_rows == KRows::Shared {
+            let _ = writeln!(memory, "var<workgroup> k_block: array<vec4<f32>, {}>;", self.block() * self.vec4s);
+        }
+        let (mut store, mut skip) = (String::from("if (lane == 0u) {\n"), String::from("else if (lane == 0u) {\n"));
+        for r in 0..self.rows {
+            let _ = writeln!(store, "    let kb{r} = {};", local(r));
+            let _ = writeln!(skip, "    let kb{r} = {};", local(r));
+            for k in 0..self.chunk / 4 {
+                let _ = writeln!(store, "    let m{r}_{k} = select(vec4<f32>(0.0), ds{r}_{k}, first + {r}u < rows);");
+                for (e, field) in ["x", "y", "z", "w"].iter().enumerate() {
+                    let at = format!("ds_tile[{}u * (BLOCK / 4u) + kb{r} / 4u][kb{r} % 4u]", 4 * k + e as u32);
+                    let _ = writeln!(store, "    {at} = m{r}_{k}.{field};");
+                    let _ = writeln!(skip, "    {at} = 0.0;");
+                }
+            }
+        }
+        chunk.push_str(&store);
+        chunk.push_str("}\n");
+        skip.push('}');
+
+        // dq_n += scale · Σ_j ds_nj k_j, unrolled (llvmpipe counts every loop iteration of an invocation against one
+        // 65,535 budget): invocation λ sums the (row, vec4) slots λ + s · THREADS of the chunk's CHUNK × V, reading
+        // ds for four key rows at once; where THREADS is a multiple of V its slots share a vec4 column, and each k
+        // vec4 is read once for all of them.
+        let slots = (self.chunk * self.vec4s).div_ceil(self.threads);
+        let shared_column = self.threads.is_multiple_of(self.vec4s);
+        let key = |j: u32, s: u32| match k_rows {
+            KRows::Shared => format!("k_block[{j}u * V + qx{s}]"),
+            KRows::Buffer => format!("k[(kv + min(n0 + {j}u, rows - 1u)) * V + qx{s}]"),
+        };
+        let mut end = String::from("workgroupBarrier();\n{\n");
+        for s in 0..slots {
+            let slot = format!("lid + {}u", s * self.threads);
+            let _ = writeln!(end, "let qi{s} = ({slot}) / V; let qx{s} = ({slot}) % V;");
+            let _ = writeln!(end, "let at{s} = min(qi{s}, CHUNK - 1u) * (BLOCK / 4u); var part{s} = vec4<f32>(0.0);");
+        }
+        for m in 0..self.block() / 4 {
+            end.push('{');
+            if shared_column {
+                for e in 0..4 {
+                    let _ = write!(end, " let k{e} = {};", key(4 * m + e, 0));
+                }
+            }
+            for s in 0..slots {
+                let _ = write!(end, " let w{s} = ds_tile[at{s} + {m}u];");
+                let terms = (0..4).map(|e| {
+                    let k = if shared_column { format!("k{e}") } else { key(4 * m + e, s) };
+                    format!("w{s}.{} * {k}", ["x", "y", "z", "w"][e as usize])
+                });
+                let _ = write!(end, " part{s} += {};", terms.collect::<Vec<_>>().join(" + "));
+            }
+            end.push_str(" }\n");
+        }
+        let scaled = if k_rows == KRows::Shared { "" } else { " * c.scale" };
+        for s in 0..slots {
+            let _ = writeln!(end, "if (qi{s} < CHUNK && j0 + qi{s} < n && any(part{s} != vec4<f32>(0.0))) {{");
+            let _ = writeln!(end, "    let add = part{s}{scaled};");
+            let _ = writeln!(end, "    let at = (packed_row(c, b, kvh, t0 + j0 + qi{s}).x * V + qx{s}) * 4u;");
+            let _ = writeln!(end, "    atomicAdd(&dq[at], add.x); atomicAdd(&dq[at + 1u], add.y);");
+            let _ = writeln!(end, "    atomicAdd(&dq[at + 2u], add.z); atomicAdd(&dq[at + 3u], add.w);");
+            let _ = writeln!(end, "}}");
+        }
+        end.push_str("}\nworkgroupBarrier();");
+        values.extend([("chunk_code", chunk), ("outputs", DQ_INFO.into()), ("fold_memory", memory)]);
+        values.extend([("chunk_skip", skip), ("chunk_end", end)]);
         values
     }
 }
