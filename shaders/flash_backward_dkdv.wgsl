@@ -36,6 +36,7 @@ var<workgroup> do_tile: array<vec4<f32>, {{ tile_vec4s }}>;
 var<workgroup> lse_tile: array<vec4<f32>, {{ tile_quads }}>;
 var<workgroup> delta_tile: array<vec4<f32>, {{ tile_quads }}>;
 var<workgroup> block_queries: vec2<u32>;
+{{ exchange_memory }}
 {{ fold_memory }}
 
 @compute @workgroup_size({{ threads }}, 1, 1)

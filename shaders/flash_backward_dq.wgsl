@@ -26,6 +26,7 @@ const V: u32 = {{ vec4s }}u;
 var<workgroup> k_tile: array<vec4<f32>, {{ tile_vec4s }}>;
 var<workgroup> v_tile: array<vec4<f32>, {{ tile_vec4s }}>;
 var<workgroup> block_keys: vec2<u32>;
+{{ exchange_memory }}
 
 @compute @workgroup_size({{ threads }}, 1, 1)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {

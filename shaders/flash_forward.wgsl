@@ -32,6 +32,7 @@ const V: u32 = {{ vec4s }}u;              // D / 4
 var<workgroup> k_tile: array<vec4<f32>, {{ tile_vec4s }}>;
 var<workgroup> v_tile: array<vec4<f32>, {{ tile_vec4s }}>;
 var<workgroup> block_keys: vec2<u32>;
+{{ exchange_memory }}
 
 fn max4(x: vec4<f32>) -> f32 {
     return max(max(x.x, x.y), max(x.z, x.w));

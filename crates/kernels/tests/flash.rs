@@ -2,7 +2,7 @@
 //! on the CPU, f32, max abs error ≤ 1e-4 for outputs and for the gradients of q, k and v, over a randomized sweep of
 //! lengths, head dimensions, GQA groups, masks, padding, query offsets, decoding and pages; on wgpu each WGSL tier
 //! forced in turn (the backward's dq folded into the dk/dv pass where the adapter has f32 atomics, as lavapipe does),
-//! and the subgroup tier with dq in a pass of its own. Under CI a missing adapter fails.
+//! and each tier with dq in a pass of its own. Under CI a missing adapter fails.
 
 use burn::tensor::{Device, Tensor, TensorData};
 use ember_kernels::{
@@ -14,12 +14,13 @@ use ember_test_support::{max_abs_diff_tensors, wgpu_test_device};
 const TOLERANCE: f32 = 1e-4;
 
 /// Ember's kernels: Rust on the CPU, and where a wgpu adapter is present, each WGSL tier forced (dq folded where the
-/// adapter allows it), then the subgroup tier's two-pass backward.
+/// adapter allows it), then each tier's two-pass backward.
 fn kernel_devices() -> Vec<(Device, AttentionImpl)> {
     let imps = [
         AttentionImpl::Tier(KernelTier::Portable),
         AttentionImpl::Tier(KernelTier::Subgroup),
         AttentionImpl::FoldDq(KernelTier::Subgroup, false),
+        AttentionImpl::FoldDq(KernelTier::Portable, false),
     ];
     let wgpu = wgpu_test_device().into_iter().flat_map(|gpu| imps.map(|imp| (gpu.clone(), imp)));
     std::iter::once((Device::flex(), AttentionImpl::Auto)).chain(wgpu).collect()

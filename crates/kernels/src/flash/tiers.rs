@@ -33,6 +33,9 @@ pub struct Geometry {
     pub chunk: u32,
     /// vec4s of a head row.
     pub vec4s: u32,
+    /// Portable tier with several lanes per row: partial scores summed through workgroup memory (no subgroups), so
+    /// every group walks every chunk of a tile and the exchange's barriers stay in uniform control flow.
+    exchange: bool,
     /// dk/dv only: dq folded into the pass, and where it reads the block's K rows for it.
     fold: Option<KRows>,
 }
@@ -69,22 +72,30 @@ impl Geometry {
         }
     }
 
-    /// Subgroup tier: d 64 → 4 lanes of 4 vec4s, d 128 → 8 lanes of 4, `pair` rows per group; tiles of rows taking
-    /// `row_bytes` each, with the block's range (a vec2<u32>) and `reserved` bytes for each row of the block, within
-    /// the budget.
+    /// Subgroup tier: d 64 → 4 lanes of 4 vec4s, d 128 → 8 lanes of 4, `pair` rows per group. Portable tier: one
+    /// row per group, 64 groups; one lane per row below d = 128, two from there (16 vec4s each at d = 128; more lanes'
+    /// exchange would leave 16 KiB no room for tiles at d = 256), exchanging partial scores in workgroup memory. Tiles of rows taking
+    /// `row_bytes` each, with the block's range (a vec2<u32>), the exchange and `reserved` bytes for each row of the
+    /// block, within the budget.
     fn new(tier: KernelTier, d: usize, workgroup_bytes: usize, pair: u32, row_bytes: usize, reserved: usize) -> Self {
         let vec4s = d as u32 / 4;
         let (lanes, rows, threads, budget) = match tier {
-            KernelTier::Portable => (1, 1, 64, PORTABLE_BYTES),
+            KernelTier::Portable => {
+                let lanes = if vec4s >= 32 && vec4s.is_multiple_of(2) { 2 } else { 1 };
+                (lanes, 1, 64 * lanes, PORTABLE_BYTES)
+            }
             KernelTier::Subgroup => {
                 let lanes = [8, 4, 2].into_iter().find(|&g| vec4s.is_multiple_of(g) && vec4s / g >= 4).unwrap_or(1);
                 (lanes, pair, 128, workgroup_bytes.clamp(PORTABLE_BYTES, SUBGROUP_BYTES))
             }
         };
+        let exchange = tier == KernelTier::Portable && lanes > 1;
         let block = (threads / lanes * rows) as usize;
-        let tile = (budget.saturating_sub(16 + block * reserved) / row_bytes) as u32;
+        // The exchange: each invocation's quads of one chunk (8 keys) for each of its rows.
+        let exchanged = if exchange { threads as usize * rows as usize * 2 * 16 } else { 0 };
+        let tile = (budget.saturating_sub(16 + exchanged + block * reserved) / row_bytes) as u32;
         let chunk = if tile >= 8 { 8 } else { 4 };
-        Self { lanes, rows, threads, tile: tile / chunk * chunk, chunk, vec4s, fold: None }
+        Self { lanes, rows, threads, tile: tile / chunk * chunk, chunk, vec4s, exchange, fold: None }
     }
 
     /// Rows per workgroup.
@@ -109,7 +120,21 @@ impl Geometry {
             ("vec4s", self.vec4s.to_string()),
             ("tile_vec4s", (self.tile * self.vec4s).to_string()),
             ("tile_quads", (self.tile / 4).to_string()),
+            ("exchange_memory", self.exchange_memory()),
         ]
+    }
+
+    /// Quads of partial scores an invocation exchanges per `dots`.
+    fn exchanged(&self) -> u32 {
+        self.rows * self.chunk / 4
+    }
+
+    /// The exchange's workgroup array, where the portable tier has several lanes per row.
+    fn exchange_memory(&self) -> String {
+        match self.exchange {
+            true => format!("var<workgroup> exchange: array<vec4<f32>, {}>;", self.threads * self.exchanged()),
+            false => String::new(),
+        }
     }
 
     /// Element x of the lane's share of a row starting at vec4 `base`: vec4 base + x·lanes + λ.
@@ -120,6 +145,9 @@ impl Geometry {
     /// `total += subgroupShuffleXor(total, m)` for m = 1, 2, … < lanes: the group's partial sums, summed.
     fn reduce(&self, var: &str) -> String {
         let mut code = String::new();
+        if self.exchange {
+            return code;
+        }
         let mut mask = 1;
         while mask < self.lanes {
             let _ = write!(code, "{var} += subgroupShuffleXor({var}, {mask}u); ");
@@ -150,6 +178,11 @@ impl Geometry {
 
     /// `let lo, hi`: the union of the rows' ranges `range{r}`, which chunks are scanned.
     fn union(&self, code: &mut String) {
+        if self.exchange {
+            // Every chunk, for uniform barriers; the masks keep each row to its own keys.
+            let _ = writeln!(code, "let lo = 0u; let hi = 0xffffffffu;");
+            return;
+        }
         let ends = |field: &str, f: &str| {
             (0..self.rows).map(|r| format!("range{r}.{field}")).reduce(|a, b| format!("{f}({a}, {b})")).unwrap()
         };
@@ -176,6 +209,25 @@ impl Geometry {
                 let _ = writeln!(code, "var {var} = vec4<f32>({quad}); {}", self.reduce(&var));
             }
         }
+        if self.exchange {
+            self.exchange_partials(code, out);
+        }
+    }
+
+    /// Without subgroups: each lane's partial quads to workgroup memory, then the group's other lanes' added to them.
+    fn exchange_partials(&self, code: &mut String, out: &str) {
+        let quads = self.exchanged();
+        let var = |i: u32| format!("{out}{}_{}", i / (self.chunk / 4), i % (self.chunk / 4));
+        for i in 0..quads {
+            let _ = writeln!(code, "exchange[lid * {quads}u + {i}u] = {};", var(i));
+        }
+        let _ = writeln!(code, "workgroupBarrier();");
+        for i in 0..quads {
+            for partner in 1..self.lanes {
+                let _ = writeln!(code, "{} += exchange[(lid ^ {partner}u) * {quads}u + {i}u];", var(i));
+            }
+        }
+        let _ = writeln!(code, "workgroupBarrier();");
     }
 
     /// `vis{r}_{k}`: which of the quad's rows row r sees, `index` giving the quad's positions (`#`: its first
