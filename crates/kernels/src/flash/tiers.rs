@@ -199,7 +199,7 @@ impl Geometry {
             }
             for r in 0..self.rows {
                 let terms = (0..self.per_lane()).map(|x| format!("dot({held}{r}_{x}, {out}t{j}_{x})"));
-                let _ = writeln!(code, "let {out}s{r}_{j} = {};", terms.collect::<Vec<_>>().join(" + "));
+                let _ = writeln!(code, "let {out}s{r}_{j} = {};", pairwise(terms.collect()));
             }
         }
         for r in 0..self.rows {
@@ -512,4 +512,14 @@ impl Geometry {
         values.extend([("chunk_skip", skip), ("chunk_end", end)]);
         values
     }
+}
+
+/// Σ terms as a balanced tree of additions: independent partial sums instead of one chain of dependent adds.
+fn pairwise(terms: Vec<String>) -> String {
+    if terms.len() <= 1 {
+        return terms.concat();
+    }
+    let mut terms = terms;
+    let right = terms.split_off(terms.len() / 2);
+    format!("({} + {})", pairwise(terms), pairwise(right))
 }
