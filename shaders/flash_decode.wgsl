@@ -13,8 +13,8 @@
 // Rows in workgroup memory are S = V rounded up to odd vec4s long, so vec4 reads across rows fall on distinct banks.
 // Keys and values come from the source pasted in below (kv_source): contiguous or paged f32 (flash_kv_f32.wgsl), or
 // int8 codes with per-group scales, dequantized as they are read (flash_kv_int8.wgsl).
-// Every runtime loop runs over tiles, vec4s of a row or rows (llvmpipe stops a loop after 65,535 iterations); no
-// subgroup operations, at most 16 KiB of workgroup memory (WebGPU's portable limit).
+// Every runtime loop runs over tiles, vec4s of a row or rows (llvmpipe stops an invocation after 65,535 loop
+// iterations in all); no subgroup operations, at most 16 KiB of workgroup memory (WebGPU's portable limit).
 // Bindings are all read_write: cubecl sub-allocates tensors from shared buffers, which may alias.
 
 @group(0) @binding(0) var<storage, read_write> q: array<vec4<f32>>;        // [B, Hq, Tq, D]

@@ -10,8 +10,8 @@
 // by subgroup shuffles (LANES = 1: one lane per row, no subgroup operations: the portable tier).
 // K and V tiles in workgroup memory; tiles and chunks no row can see (above the causal diagonal, before the window,
 // past the key length) are skipped. Causal blocks run longest first.
-// The per-row code is unrolled at build time (the placeholders): llvmpipe stops any loop after 65,535 iterations, and
-// private arrays indexed at run time would live in memory rather than registers.
+// The per-row code is unrolled at build time (the placeholders): llvmpipe stops an invocation after 65,535 loop
+// iterations in all, and private arrays indexed at run time would live in memory rather than registers.
 // Bindings are all read_write: cubecl sub-allocates tensors from shared buffers, which may alias.
 
 @group(0) @binding(0) var<storage, read_write> q: array<vec4<f32>>;   // [B, Hq, Tq, D]
