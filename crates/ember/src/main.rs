@@ -7,6 +7,7 @@ mod devices;
 mod eval;
 mod inspect;
 mod progress;
+mod run_dir;
 mod serve;
 mod train;
 mod translate;

@@ -17,6 +17,7 @@ use tokenizers::Tokenizer;
 use crate::config::RunConfig;
 use crate::devices::{self, DeviceChoice};
 use crate::progress::Progress;
+use crate::run_dir;
 
 #[derive(Args)]
 pub struct TrainArgs {
@@ -32,6 +33,9 @@ pub struct TrainArgs {
     /// Skip the sample printed after training.
     #[arg(long)]
     no_sample: bool,
+    /// Start a new run even where train.out_dir holds a model or a checkpoint, replacing them.
+    #[arg(long, conflicts_with = "resume")]
+    force: bool,
 }
 
 pub fn train(args: TrainArgs, device: DeviceChoice) -> Result<()> {
@@ -46,18 +50,16 @@ pub fn train(args: TrainArgs, device: DeviceChoice) -> Result<()> {
             (run_dir.join(bundle::CONFIG), Some(run_dir.clone()))
         }
         (Some(path), None) if crate::config::is_translation(path) => {
-            return crate::translate::train(path, &args.overrides, device);
+            return crate::translate::train(path, &args.overrides, args.force, device);
         }
         (Some(path), None) => (path.clone(), None),
         (None, None) => bail!("give --config FILE or --resume RUN_DIR"),
     };
     let mut config = RunConfig::load(&config_path, &args.overrides)?;
     let run_dir = run_dir.unwrap_or_else(|| config.train.out_dir.clone());
-    if args.resume.is_none() && run_dir.join(bundle::CHECKPOINT).exists() {
-        bail!(
-            "{} already holds a checkpoint; continue it with --resume {0} or choose another train.out_dir",
-            run_dir.display()
-        );
+    let _lock = run_dir::lock(&run_dir)?;
+    if args.resume.is_none() {
+        run_dir::check_new(&run_dir, args.force)?;
     }
     let (device, description) = devices::select(device)?;
 

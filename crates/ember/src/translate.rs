@@ -18,6 +18,7 @@ use ember_train::translation::{self, BleuOf, TranslationConfig, TranslationTrain
 use crate::config::load_table;
 use crate::devices::{self, DeviceChoice};
 use crate::progress::Progress;
+use crate::run_dir;
 
 /// Sentences translated together.
 const CHUNK: usize = 32;
@@ -179,15 +180,10 @@ fn load_config(path: &Path, overrides: &[String]) -> Result<TranslationConfig> {
 }
 
 /// `ember train` on a translation config: trains, then scores the test set (when configured) with beam 4.
-pub fn train(config_path: &Path, overrides: &[String], choice: DeviceChoice) -> Result<()> {
+pub fn train(config_path: &Path, overrides: &[String], force: bool, choice: DeviceChoice) -> Result<()> {
     let config = load_config(config_path, overrides)?;
-    let run_dir = &config.train.out_dir;
-    if run_dir.join(bundle::MODEL).exists() {
-        bail!(
-            "{} already holds a model; continue it with --resume {0} or choose another train.out_dir",
-            run_dir.display()
-        );
-    }
+    let _lock = run_dir::lock(&config.train.out_dir)?;
+    run_dir::check_new(&config.train.out_dir, force)?;
     let (device, description) = devices::select(choice)?;
     println!("training translation model from {} on {description}", config_path.display());
     let trainer = TranslationTrainer::new(config, &device, greedy_bleu(&device))?;
@@ -197,6 +193,7 @@ pub fn train(config_path: &Path, overrides: &[String], choice: DeviceChoice) -> 
 /// `ember train --resume RUN_DIR` of a translation run: continues from its checkpoint, with its config.toml and
 /// vocabularies (`overrides` may raise `train.max_steps`).
 pub fn resume(run_dir: &Path, overrides: &[String], choice: DeviceChoice) -> Result<()> {
+    let _lock = run_dir::lock(run_dir)?;
     let config = load_config(&run_dir.join(bundle::CONFIG), overrides)?;
     let (device, description) = devices::select(choice)?;
     println!("resuming translation run {} on {description}", run_dir.display());

@@ -96,6 +96,46 @@ fn fresh_run_refuses_to_overwrite_a_checkpoint_and_prompt_outside_vocabulary_is_
     assert_clean_error(&out, "prompt");
 }
 
+/// A directory that holds someone's model (a run directory's weights, a Hugging Face directory) but no checkpoint is
+/// not silently overwritten by a new run; `--force` overwrites it on purpose.
+#[test]
+fn fresh_run_refuses_a_directory_holding_a_model_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 50_000);
+    for file in ["model.safetensors", "config.json"] {
+        let run = dir.path().join(format!("holds-{file}"));
+        std::fs::create_dir_all(&run).unwrap();
+        std::fs::write(run.join(file), b"someone's model").unwrap();
+        std::fs::write(run.join("tokenizer.json"), b"someone's tokenizer").unwrap();
+        let config = tiny_config(dir.path(), &corpus, &run, "");
+        let args = ["train", "--device", "cpu", "--no-sample", "--config", config.to_str().unwrap()];
+        let args = [&args[..], &["--set", "train.max_steps=1"]].concat();
+        assert_clean_error(&ember(&args), &format!("already holds a model ({file})"));
+        assert_eq!(std::fs::read(run.join(file)).unwrap(), b"someone's model", "{file} is untouched");
+        assert_eq!(std::fs::read(run.join("tokenizer.json")).unwrap(), b"someone's tokenizer");
+        let forced = ember(&[&args[..], &["--force"]].concat());
+        assert!(forced.status.success(), "--force overwrites: {}", String::from_utf8_lossy(&forced.stderr));
+    }
+}
+
+/// A second trainer on a run directory that a first one holds fails at once, before writing anything there.
+#[test]
+fn a_second_trainer_on_a_locked_run_directory_fails_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 50_000);
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let held = std::fs::File::create(run.join(".lock")).unwrap();
+    held.try_lock().expect("the test takes the lock first");
+    let config = tiny_config(dir.path(), &corpus, &run, "");
+    let args = ["train", "--device", "cpu", "--no-sample", "--config", config.to_str().unwrap()];
+    assert_clean_error(&ember(&args), "in use by another trainer");
+    assert!(!run.join("config.toml").exists(), "nothing written while the directory is held");
+    drop(held);
+    let args = [&args[..], &["--set", "train.max_steps=1"]].concat();
+    assert!(ember(&args).status.success(), "the released directory trains");
+}
+
 #[test]
 fn bleu_of_files_that_are_not_line_aligned_or_not_utf8() {
     let dir = tempfile::tempdir().unwrap();

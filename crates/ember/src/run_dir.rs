@@ -1,0 +1,62 @@
+//! The run directory a trainer writes. A new run refuses one that already holds a model or a checkpoint (unless
+//! `--force`), and every trainer holds an exclusive lock on its directory, so two trainers never interleave their
+//! writes there.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use ember_core_model::bundle;
+
+/// The lock file inside a run directory.
+const LOCK: &str = ".lock";
+
+/// Files that make a directory someone's model: a run directory's weights, a Hugging Face directory's config and
+/// sharded weights.
+const MODEL_FILES: [&str; 3] = [bundle::MODEL, "config.json", "model.safetensors.index.json"];
+
+/// Refuses a new run in `dir` when it holds a checkpoint or a model, unless `force` (its files are then replaced).
+pub fn check_new(dir: &Path, force: bool) -> Result<()> {
+    if force {
+        return Ok(());
+    }
+    if dir.join(bundle::CHECKPOINT).exists() {
+        bail!(
+            "{} already holds a checkpoint; continue it with --resume {0}, choose another train.out_dir, or pass \
+             --force to overwrite it",
+            dir.display()
+        );
+    }
+    if let Some(found) = MODEL_FILES.iter().find(|name| dir.join(name).exists()) {
+        bail!(
+            "{} already holds a model ({found}); choose another train.out_dir, or pass --force to overwrite it",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// An exclusive lock on a run directory: its `.lock` file locked with the operating system's file lock, which is
+/// released when this is dropped or when the process ends, however it ends.
+pub struct RunLock {
+    _file: File,
+}
+
+/// Locks `dir` (created if missing) for one trainer; a second gets a clear error at once instead of waiting.
+pub fn lock(dir: &Path) -> Result<RunLock> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating the run directory {}", dir.display()))?;
+    let path = dir.join(LOCK);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(RunLock { _file: file }),
+        Err(TryLockError::WouldBlock) => {
+            bail!("{} is in use by another trainer (it holds {})", dir.display(), path.display())
+        }
+        Err(TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
+    }
+}
