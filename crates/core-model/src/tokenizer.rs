@@ -115,8 +115,20 @@ pub fn load(path: &Path) -> Result<Tokenizer, TokenizerError> {
     Tokenizer::from_file(path).map_err(|e| TokenizerError::Load(format!("{}: {e}", path.display())))
 }
 
+/// Token ids of `text`; a character a character-level vocabulary lacks (whose tokenizer has no unknown token) is
+/// named in the error.
 pub fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, TokenizerError> {
-    let encoding = tokenizer.encode(text, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
+    let encoding = tokenizer.encode(text, false).map_err(|e| {
+        let characters = tokenizer.get_vocab(false).keys().all(|token| token.chars().count() == 1);
+        let missing = text.chars().find(|c| tokenizer.token_to_id(&c.to_string()).is_none()).filter(|_| characters);
+        match missing {
+            Some(c) => TokenizerError::Encode(format!(
+                "the character {c:?} (U+{:04X}) is not in the tokenizer's vocabulary ({e})",
+                c as u32
+            )),
+            None => TokenizerError::Encode(e.to_string()),
+        }
+    })?;
     Ok(encoding.get_ids().to_vec())
 }
 

@@ -4,6 +4,14 @@
 use ember_train::{EvalReport, Observer, StepReport};
 use indicatif::{ProgressBar, ProgressStyle};
 
+/// "steps 30..40", or where a resumed run is already past train.max_steps, that nothing is left to train.
+pub fn step_range(step: u64, max_steps: u64) -> String {
+    match step < max_steps {
+        true => format!("steps {step}..{max_steps}"),
+        false => format!("at step {step} of train.max_steps = {max_steps}: nothing to train (raise train.max_steps)"),
+    }
+}
+
 pub struct Progress {
     bar: ProgressBar,
 }

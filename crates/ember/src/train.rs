@@ -78,6 +78,11 @@ pub fn train(args: TrainArgs, device: DeviceChoice) -> Result<()> {
     }
     let seq_len = config.train.seq_len(&config.model);
     corpus.check_fits(&config.data.corpus, seq_len)?;
+    // The sample printed after training, checked before the first step rather than after the last.
+    if !args.no_sample {
+        ember_serve::prompt_ids(&tok, &config.sample.prompt, config.model.block_size)
+            .map_err(|e| anyhow::anyhow!("{}: [sample] {e}", config_path.display()))?;
+    }
     if args.resume.is_none() {
         bundle::write_atomic(&run_dir.join(bundle::CONFIG), config.to_toml().as_bytes())?;
     }
@@ -91,11 +96,10 @@ pub fn train(args: TrainArgs, device: DeviceChoice) -> Result<()> {
         .map(|p| p.shape.iter().product::<usize>())
         .sum::<usize>();
     println!(
-        "training {} parameters on {description}: {} tokens/step, steps {}..{}, run directory {}",
+        "training {} parameters on {description}: {} tokens/step, {}, run directory {}",
         params,
         trainer.tokens_per_step(),
-        trainer.step,
-        config.train.max_steps,
+        crate::progress::step_range(trainer.step, config.train.max_steps),
         run_dir.display()
     );
     let started = std::time::Instant::now();

@@ -208,13 +208,12 @@ fn run(mut trainer: TranslationTrainer, choice: DeviceChoice) -> Result<()> {
         (source, target) => format!("vocabularies {source} (source) and {target} (target)"),
     };
     println!(
-        "{} training pairs ({} longer than {} tokens left out), {} validation pairs, {vocabularies}; steps {}..{}",
+        "{} training pairs ({} longer than {} tokens left out), {} validation pairs, {vocabularies}; {}",
         task.train.len(),
         task.dropped,
         task.config.data.max_len,
         task.valid.len(),
-        trainer.step,
-        trainer.config.max_steps,
+        crate::progress::step_range(trainer.step, trainer.config.max_steps),
     );
     let mut progress = Progress::new(trainer.step, trainer.config.max_steps);
     let result = trainer.run(&mut progress);

@@ -136,6 +136,25 @@ fn a_second_trainer_on_a_locked_run_directory_fails_at_once() {
     assert!(ember(&args).status.success(), "the released directory trains");
 }
 
+/// The sample printed after training is checked before the first step: an unencodable or over-long prompt fails at
+/// once, naming the character or the lengths, and nothing is trained.
+#[test]
+fn sample_prompt_is_checked_before_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 50_000);
+    let run = dir.path().join("run");
+    let config = tiny_config(dir.path(), &corpus, &run, "");
+    let long = format!("\"{}\"", "e".repeat(40));
+    for (prompt, needle) in
+        [("\"€\"", "[sample] prompt: text cannot be encoded: the character '€' (U+20AC)"), (&long[..], "context of 32")]
+    {
+        let set = format!("sample.prompt={prompt}");
+        let out = ember(&["train", "--device", "cpu", "--config", config.to_str().unwrap(), "--set", &set]);
+        assert_clean_error(&out, needle);
+        assert!(!run.join("model.safetensors").exists(), "nothing trained");
+    }
+}
+
 #[test]
 fn bleu_of_files_that_are_not_line_aligned_or_not_utf8() {
     let dir = tempfile::tempdir().unwrap();

@@ -62,6 +62,8 @@ fn killing_training_mid_checkpoint_leaves_the_previous_checkpoint_loadable() {
         let out = ember(&["generate", "--device", "cpu", "--model", run.to_str().unwrap(), "--max-new-tokens", "2"]);
         assert!(out.status.success(), "after kill {i}: {}", String::from_utf8_lossy(&out.stderr));
     }
-    // max_steps below the checkpoint's step: nothing to train, but the checkpoint must load.
-    train_ok(&["--device", "cpu", "--resume", run.to_str().unwrap(), "--set", "train.max_steps=1"]);
+    // max_steps below the checkpoint's step: nothing to train, but the checkpoint must load, and the run says so.
+    let out = train_ok(&["--device", "cpu", "--resume", run.to_str().unwrap(), "--set", "train.max_steps=1"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("of train.max_steps = 1: nothing to train"), "{stdout}");
 }

@@ -205,13 +205,7 @@ impl<'a> Sequence<'a> {
         kv: KvSpec,
         device: &Device,
     ) -> Result<Self, GenerateError> {
-        let ids = tokenizer::encode(tokenizer, &settings.prompt).map_err(GenerateError::Prompt)?;
-        if ids.is_empty() {
-            return Err(GenerateError::EmptyPrompt);
-        }
-        if ids.len() > model.block_size() {
-            return Err(GenerateError::PromptTooLong { tokens: ids.len(), context: model.block_size() });
-        }
+        let ids = prompt_ids(tokenizer, &settings.prompt, model.block_size())?;
         Ok(Self {
             decoder: Decoder::new(model, kv, device),
             tokenizer,
@@ -291,6 +285,18 @@ impl<'a> Sequence<'a> {
         self.emitted = self.emitted.max(ready);
         Ok(piece)
     }
+}
+
+/// The prompt's token ids, checked: encodable, not empty, not longer than a context of `context` tokens.
+pub fn prompt_ids(tokenizer: &Tokenizer, prompt: &str, context: usize) -> Result<Vec<u32>, GenerateError> {
+    let ids = tokenizer::encode(tokenizer, prompt).map_err(GenerateError::Prompt)?;
+    if ids.is_empty() {
+        return Err(GenerateError::EmptyPrompt);
+    }
+    if ids.len() > context {
+        return Err(GenerateError::PromptTooLong { tokens: ids.len(), context });
+    }
+    Ok(ids)
 }
 
 /// Generates up to `max_new_tokens` after the prompt, calling `on_text` with each newly final piece of text.

@@ -10,5 +10,5 @@ pub mod sampling;
 pub mod scheduler;
 pub mod server;
 
-pub use generate::{Decoder, Finish, GenerateError, Generation, KvKind, KvSpec, Sequence, generate};
+pub use generate::{Decoder, Finish, GenerateError, Generation, KvKind, KvSpec, Sequence, generate, prompt_ids};
 pub use sampling::SampleConfig;
