@@ -48,6 +48,23 @@ fn a_directory_that_is_no_model_is_a_clear_error() {
     assert!(err.ends_with("no such file or directory"), "{err}");
 }
 
+/// Shards named in `model.safetensors.index.json` must be files of the model's directory: `..` and absolute paths are
+/// refused before anything is opened.
+#[test]
+fn shards_outside_the_model_directory_are_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("model");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(fixtures().join("gpt2-tiny/config.json"), dir.join("config.json")).unwrap();
+    std::fs::copy(fixtures().join("gpt2-tiny/model.safetensors"), root.path().join("outside.safetensors")).unwrap();
+    for shard in ["../outside.safetensors", "/etc/passwd"] {
+        let index = format!(r#"{{"weight_map": {{"wte.weight": "{shard}"}}}}"#);
+        std::fs::write(dir.join("model.safetensors.index.json"), index).unwrap();
+        let err = import::hf::load(&dir).err().expect("refused").to_string();
+        assert!(err.contains(&format!("shard {shard:?} is outside the model directory")), "{err}");
+    }
+}
+
 /// The real SmolLM2-135M-Instruct GGUF (Q4_1, dequantized): `scripts/prepare-data.sh smollm2` fetches it, and
 /// scripts/test.sh runs that before the tests.
 #[test]

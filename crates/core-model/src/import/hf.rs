@@ -2,7 +2,7 @@
 //! `GPT2LMHeadModel` and `LlamaForCausalLM`, mapped onto Ember's parameter names.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Component, Path};
 
 use burn::tensor::TensorData;
 use safetensors::tensor::Dtype;
@@ -155,6 +155,11 @@ fn read_safetensors(dir: &Path) -> Result<Tensors, ImportError> {
         let mut files: Vec<String> = map.values().filter_map(|v| v.as_str().map(String::from)).collect();
         files.sort();
         files.dedup();
+        // Shards are files of this directory: no absolute paths, no `..`.
+        let inside = |file: &String| Path::new(file).components().all(|c| matches!(c, Component::Normal(_)));
+        if let Some(outside) = files.iter().find(|file| !inside(file)) {
+            return Err(bad(format!("shard {outside:?} is outside the model directory")));
+        }
         files
     } else {
         vec!["model.safetensors".into()]
