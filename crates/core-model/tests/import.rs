@@ -60,7 +60,7 @@ fn shards_outside_the_model_directory_are_refused() {
     for shard in ["../outside.safetensors", "/etc/passwd"] {
         let index = format!(r#"{{"weight_map": {{"wte.weight": "{shard}"}}}}"#);
         std::fs::write(dir.join("model.safetensors.index.json"), index).unwrap();
-        let err = import::hf::load(&dir).err().expect("refused").to_string();
+        let err = import::hf::load(&dir).expect_err("refused").to_string();
         assert!(err.contains(&format!("shard {shard:?} is outside the model directory")), "{err}");
     }
 }
