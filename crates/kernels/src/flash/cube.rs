@@ -177,13 +177,6 @@ fn info(params: &FlashParams, q: &Shape, hkv: usize, tk: usize) -> Vec<u32> {
         KvLayout::Paged(p) => p.page_size,
         _ => 0,
     };
-    // Splits: enough for FILL_WORKGROUPS workgroups over the (batch row, KV head, row block)s, within SPLIT_MIN and
-    // SPLIT_MAX keys each.
-    let groups = b * hkv.max(1) * DecodeGeometry::new(d, hq / hkv.max(1) * tq).blocks;
-    let wanted = FILL_WORKGROUPS.div_ceil(groups.max(1));
-    let splits = wanted.min(tk / SPLIT_MIN).max(tk.div_ceil(SPLIT_MAX)).max(1);
-    let split = tk.div_ceil(splits).max(1);
-    let splits = tk.div_ceil(split).max(1);
     let mut words = vec![
         b as u32,
         hq as u32,
@@ -195,8 +188,8 @@ fn info(params: &FlashParams, q: &Shape, hkv: usize, tk: usize) -> Vec<u32> {
         params.causal as u32,
         params.query_offset as u32,
         params.window as u32,
-        split as u32,
-        splits as u32,
+        0, // split and splits: set by a launch that splits the keys (`split_keys`)
+        0,
         page as u32,
     ];
     words.extend((0..b).map(|r| params.key_lengths.get(r).map_or(tk, |&l| l.min(tk)) as u32));
@@ -212,23 +205,37 @@ fn info(params: &FlashParams, q: &Shape, hkv: usize, tk: usize) -> Vec<u32> {
 const DECODE_F32: &str = include_str!("../../../../shaders/flash_kv_f32.wgsl");
 const DECODE_INT8: &str = include_str!("../../../../shaders/flash_kv_int8.wgsl");
 
+/// Cuts the tk keys into about `splits` splits of equal length (at least one key each) and records the split length
+/// and the count in the info words; returns the count.
+fn split_keys(words: &mut [u32], tk: usize, splits: usize) -> usize {
+    let split = tk.div_ceil(splits.max(1)).max(1);
+    let splits = tk.div_ceil(split).max(1);
+    (words[10], words[11]) = (split as u32, splits as u32);
+    splits
+}
+
 /// Flash-decoding: the split kernel reading keys and values through `kv_source` (WGSL binding `kv` from 5 on), a
 /// workgroup per (split, (batch row, KV head, block of its GQA group's query rows)), then the merge into o and lse, a
 /// workgroup per query row.
-fn decode(q: &CubeTensor, kv_source: String, kv: &[&CubeTensor], words: &[u32], o: &CubeTensor, lse: &CubeTensor) {
-    let [b, hq, hkv, tq, d] = [0usize, 1, 2, 3, 5].map(|i| words[i] as usize);
-    let (rows, splits) = (b * hq * tq, words[11] as usize);
+fn decode(q: &CubeTensor, kv_source: String, kv: &[&CubeTensor], words: Vec<u32>, o: &CubeTensor, lse: &CubeTensor) {
+    let mut words = words;
+    let [b, hq, hkv, tq, tk, d] = [0usize, 1, 2, 3, 4, 5].map(|i| words[i] as usize);
+    let geometry = DecodeGeometry::new(d, hq / hkv * tq);
+    // Splits: enough for FILL_WORKGROUPS workgroups over the (batch row, KV head, row block)s, within SPLIT_MIN and
+    // SPLIT_MAX keys each.
+    let wanted = FILL_WORKGROUPS.div_ceil(b * hkv * geometry.blocks);
+    let splits = split_keys(&mut words, tk, wanted.min(tk / SPLIT_MIN).max(tk.div_ceil(SPLIT_MAX)));
+    let rows = b * hq * tq;
     let (part_m, part_l) = (empty(q, &[rows, splits]), empty(q, &[rows, splits]));
     let part_u = empty(q, &[rows, splits, d]);
-    let geometry = DecodeGeometry::new(d, hq / hkv * tq);
     let mut values = geometry.values();
     values.push(("kv_source", kv_source));
     let split = Wgsl { name: "flash_decode", text: include_str!("../../../../shaders/flash_decode.wgsl"), values };
     let mut tensors = vec![q, &part_m, &part_l, &part_u];
     tensors.extend(kv);
     let count = (splits as u32, (b * hkv * geometry.blocks) as u32);
-    launch_with_info_at(q, split, DECODE_WG, [count.0, count.1, 1], &tensors, 4, words);
-    merge(q, words, [&part_m, &part_l, &part_u], o, lse);
+    launch_with_info_at(q, split, DECODE_WG, [count.0, count.1, 1], &tensors, 4, &words);
+    merge(q, &words, [&part_m, &part_l, &part_u], o, lse);
 }
 
 /// The merge of split partial states [rows, splits] (m, ℓ, and u with D per entry) into o and lse, a workgroup per
@@ -260,9 +267,9 @@ impl FlashOps for CubeBackend {
         }
         if let KvLayout::Paged(p) = &params.layout {
             let words = info(&params, &qs, ks[1], p.keys);
-            decode(&q, DECODE_F32.into(), &[&k, &v], &words, &o, &lse);
+            decode(&q, DECODE_F32.into(), &[&k, &v], words, &o, &lse);
         } else if tq <= DECODE_ROWS {
-            decode(&q, DECODE_F32.into(), &[&k, &v], &info(&params, &qs, ks[1], ks[2]), &o, &lse);
+            decode(&q, DECODE_F32.into(), &[&k, &v], info(&params, &qs, ks[1], ks[2]), &o, &lse);
         } else {
             let workgroup_bytes = q.client.properties().hardware.max_shared_memory_size;
             let geometry = Geometry::queries(tier(&q, &params), d, workgroup_bytes);
@@ -275,9 +282,7 @@ impl FlashOps for CubeBackend {
             let text = include_str!("../../../../shaders/flash_forward.wgsl");
             let kernel = Wgsl { name: "flash_forward", text, values: geometry.forward(splits > 1) };
             if splits > 1 {
-                let split = tk.div_ceil(splits);
-                let splits = tk.div_ceil(split);
-                (words[10], words[11]) = (split as u32, splits as u32);
+                let splits = split_keys(&mut words, tk, splits);
                 let rows = b * hq * tq;
                 let (part_m, part_l) = (empty(&q, &[rows, splits]), empty(&q, &[rows, splits]));
                 let part_u = empty(&q, &[rows, splits, d]);
@@ -314,7 +319,7 @@ impl FlashOps for CubeBackend {
             let words = info(&params, &qs, hkv, keys);
             // The source is pasted into the kernel after its placeholders are filled: fill its own first.
             let source = DECODE_INT8.replace("{{ group }}", &group.to_string());
-            decode(&q, source, &[&k_codes, &k_scales, &v_codes, &v_scales], &words, &o, &lse);
+            decode(&q, source, &[&k_codes, &k_scales, &v_codes, &v_scales], words, &o, &lse);
         }
         o
     }
