@@ -3,6 +3,7 @@
 use anyhow::{Result, bail};
 use burn::tensor::{Device, DeviceKind};
 use clap::ValueEnum;
+use ember_kernels::adapters::DeviceType;
 use ember_kernels::{Adapter, wgpu_adapters};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -37,6 +38,27 @@ pub fn select(choice: DeviceChoice) -> Result<(Device, String)> {
             None => select(DeviceChoice::Cpu)?,
         },
     })
+}
+
+/// The device for a choice on the `local_rank`-th rank of a machine: on wgpu, that rank's real GPU (ranks beyond the
+/// GPUs share them in turn; without a real GPU every rank takes the default adapter); the CPU is the CPU.
+pub fn select_local(choice: DeviceChoice, local_rank: usize) -> Result<(Device, String)> {
+    if local_rank == 0 || !matches!(choice, DeviceChoice::Wgpu | DeviceChoice::Auto) {
+        return select(choice);
+    }
+    let gpus: Vec<Adapter> = wgpu_adapters().into_iter().filter(Adapter::is_real_gpu).collect();
+    if gpus.is_empty() {
+        return select(choice);
+    }
+    let gpu = &gpus[local_rank % gpus.len()];
+    // Burn numbers the adapters of each type apart: the GPU's index among those of its type.
+    let index = gpus.iter().filter(|a| a.kind == gpu.kind).position(|a| std::ptr::eq(a, gpu)).unwrap_or(0);
+    let kind = match gpu.kind {
+        DeviceType::IntegratedGpu => DeviceKind::IntegratedGpu(index),
+        DeviceType::VirtualGpu => DeviceKind::VirtualGpu(index),
+        _ => DeviceKind::DiscreteGpu(index),
+    };
+    Ok((Device::wgpu(kind), describe(gpu)))
 }
 
 /// The wgpu adapter a choice runs on: `wgpu` the first real GPU, else the first adapter; `auto` a real GPU only;

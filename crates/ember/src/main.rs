@@ -7,6 +7,7 @@ mod devices;
 mod eval;
 mod inspect;
 mod progress;
+mod ranks;
 mod run_dir;
 mod serve;
 mod train;
@@ -14,11 +15,13 @@ mod translate;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::rc::Rc;
 
 use anyhow::{Result, bail};
 use clap::{Args, Parser, Subcommand};
 use ember_core_model::{bundle, import};
 use ember_serve::SampleConfig;
+use ember_train::collective::Collective;
 
 use crate::devices::DeviceChoice;
 
@@ -119,10 +122,24 @@ fn main() -> ExitCode {
         }
     }
     let cli = Cli::parse();
-    let command = || {
+    // Training commands join an `mpiexec` launch (in builds with the `mpi` feature); the ranks on a machine split
+    // its cores before rayon's pool starts.
+    let trains = matches!(cli.command, Command::Train(_) | Command::Bench(bench::BenchCommand::Train(_)));
+    let launch = match if trains { ranks::join() } else { Ok(ranks::single()) } {
+        Ok(launch) => launch,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = ranks::share_cores(&launch) {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
+    let command = move || {
         // The CPU kernels keep rayon's workers looking for work between kernels for the whole command.
         let _awake = ember_kernels::keep_workers_awake();
-        run(cli)
+        run(cli, ranks::shared(launch))
     };
     match on_worker(command) {
         Ok(()) => ExitCode::SUCCESS,
@@ -140,14 +157,17 @@ fn on_worker<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| f())
 }
 
-fn run(cli: Cli) -> Result<()> {
+fn run(cli: Cli, collective: Rc<dyn Collective>) -> Result<()> {
     match cli.command {
-        Command::Train(args) => train::train(args, cli.device),
+        Command::Train(args) => train::train(args, cli.device, collective),
         Command::Generate(args) => generate(args, cli.device),
         Command::Import(args) => import(args),
         Command::Inspect(args) => inspect::inspect(args),
         Command::Serve(args) => serve::serve(args, cli.device),
-        Command::Bench(command) => bench::bench(command, cli.device),
+        Command::Bench(command) => {
+            let result = bench::bench(command, cli.device, collective.clone());
+            ranks::end_all_on_error(result, &*collective)
+        }
         Command::Eval(args) => eval::eval(args, cli.device),
         Command::Translate(args) => translate::translate(args, cli.device),
         Command::Average(args) => translate::average(args),

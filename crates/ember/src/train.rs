@@ -2,6 +2,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::rc::Rc;
 
 use anyhow::{Result, bail};
 use burn::module::Module;
@@ -10,6 +11,7 @@ use clap::Args;
 use ember_core_model::tokenizer;
 use ember_core_model::{Gpt, bundle};
 use ember_serve::{Generation, KvKind, KvSpec, SampleConfig};
+use ember_train::collective::Collective;
 use ember_train::corpus;
 use ember_train::{Trainer, config::KNOWN_DATASETS};
 use tokenizers::Tokenizer;
@@ -17,6 +19,7 @@ use tokenizers::Tokenizer;
 use crate::config::RunConfig;
 use crate::devices::{self, DeviceChoice};
 use crate::progress::Progress;
+use crate::ranks;
 use crate::run_dir;
 
 #[derive(Args)]
@@ -38,35 +41,62 @@ pub struct TrainArgs {
     force: bool,
 }
 
-pub fn train(args: TrainArgs, device: DeviceChoice) -> Result<()> {
+/// Trains alone, or as one rank of `collective`: rank 0 prepares and writes the run directory, the other ranks read
+/// what it wrote (so the directory must be one every rank sees) and write nothing.
+pub fn train(args: TrainArgs, device: DeviceChoice, collective: Rc<dyn Collective>) -> Result<()> {
+    let result = train_rank(args, device, collective.clone());
+    ranks::end_all_on_error(result, &*collective)
+}
+
+fn train_rank(args: TrainArgs, device: DeviceChoice, collective: Rc<dyn Collective>) -> Result<()> {
     let (config_path, run_dir) = match (&args.config, &args.resume) {
         (_, Some(run_dir)) => {
             if !run_dir.join(bundle::CHECKPOINT).exists() {
                 bail!("{} has no checkpoint to resume from (expected {})", run_dir.display(), bundle::CHECKPOINT);
             }
             if crate::config::is_translation(&run_dir.join(bundle::CONFIG)) {
-                return crate::translate::resume(run_dir, &args.overrides, device);
+                return crate::translate::resume(run_dir, &args.overrides, device, collective);
             }
             (run_dir.join(bundle::CONFIG), Some(run_dir.clone()))
         }
         (Some(path), None) if crate::config::is_translation(path) => {
-            return crate::translate::train(path, &args.overrides, args.force, device);
+            return crate::translate::train(path, &args.overrides, args.force, device, collective);
         }
         (Some(path), None) => (path.clone(), None),
         (None, None) => bail!("give --config FILE or --resume RUN_DIR"),
     };
     let mut config = RunConfig::load(&config_path, &args.overrides)?;
     let run_dir = run_dir.unwrap_or_else(|| config.train.out_dir.clone());
-    let _lock = run_dir::lock(&run_dir)?;
-    if args.resume.is_none() {
+    let (rank, ranks) = (collective.rank(), collective.ranks());
+    let writes = rank == 0;
+    let _lock = match writes {
+        true => Some(run_dir::lock(&run_dir)?),
+        false => None,
+    };
+    if args.resume.is_none() && writes {
         run_dir::check_new(&run_dir, args.force)?;
     }
-    let (device, description) = devices::select(device)?;
+    let (device, description) = devices::select_local(device, collective.local_rank())?;
+    if ranks > 1 {
+        let (pid, threads) = (std::process::id(), rayon::current_num_threads());
+        println!("rank {rank} of {ranks}: pid {pid}, {description}, {threads} threads");
+    }
 
     if args.resume.is_none() {
         ensure_corpus(&config)?;
     }
-    let (tok, corpus) = corpus::prepare(&config.data, &run_dir, args.resume.is_some())?;
+    let (tok, corpus) = match writes {
+        true => corpus::prepare(&config.data, &run_dir, args.resume.is_some())?,
+        false => {
+            collective.barrier(); // rank 0 has written the tokenizer and the token splits
+            corpus::load(&run_dir).map_err(|e| {
+                anyhow::anyhow!("{e} (every rank reads the run directory rank 0 writes: put it where all can see it)")
+            })?
+        }
+    };
+    if writes {
+        collective.barrier();
+    }
     let vocab = tokenizer::vocab_size(&tok);
     // A larger model vocabulary leaves rows unused (nanoGPT pads GPT-2's 50257 to 50304); a smaller one cannot work.
     match config.model.vocab_size {
@@ -83,30 +113,49 @@ pub fn train(args: TrainArgs, device: DeviceChoice) -> Result<()> {
         ember_serve::prompt_ids(&tok, &config.sample.prompt, config.model.block_size)
             .map_err(|e| anyhow::anyhow!("{}: [sample] {e}", config_path.display()))?;
     }
-    if args.resume.is_none() {
+    if args.resume.is_none() && writes {
         bundle::write_atomic(&run_dir.join(bundle::CONFIG), config.to_toml().as_bytes())?;
     }
-    device.seed(config.train.seed);
-    let mut trainer = match &args.resume {
+    // Each rank its own dropout masks; the weights are initialised from train.seed alone, so they agree.
+    device.seed(config.train.seed.wrapping_add(rank as u64));
+    let trainer = match &args.resume {
         Some(dir) => Trainer::resume(config.model.clone(), config.train.clone(), corpus, dir, &device)?,
         None => Trainer::new(config.model.clone(), config.train.clone(), corpus, &run_dir, &device),
     };
+    let mut trainer = trainer.with_collective(collective.clone());
     let params = ember_core_model::params::param_infos(&trainer.model)
         .iter()
         .map(|p| p.shape.iter().product::<usize>())
         .sum::<usize>();
-    println!(
-        "training {} parameters on {description}: {} tokens/step, {}, run directory {}",
-        params,
-        trainer.tokens_per_step(),
-        crate::progress::step_range(trainer.step, config.train.max_steps),
-        run_dir.display()
-    );
+    let parallel = match ranks {
+        1 => String::new(),
+        _ => format!(" ({ranks} ranks × batch {})", config.train.batch_size),
+    };
+    if writes {
+        println!(
+            "training {} parameters on {description}: {} tokens/step{parallel}, {}, run directory {}",
+            params,
+            trainer.tokens_per_step(),
+            crate::progress::step_range(trainer.step, config.train.max_steps),
+            run_dir.display()
+        );
+    }
     let started = std::time::Instant::now();
-    let mut progress = Progress::new(trainer.step, config.train.max_steps);
-    let last = trainer.run(&mut progress);
-    progress.finish();
-    let last = last?;
+    let last = match writes {
+        true => {
+            let mut progress = Progress::new(trainer.step, config.train.max_steps);
+            let last = trainer.run(&mut progress);
+            progress.finish();
+            last?
+        }
+        false => trainer.run(&mut ())?,
+    };
+    if ranks > 1 {
+        println!("rank {rank} of {ranks}: step {}, parameters {:016x}", trainer.step, trainer.fingerprint());
+    }
+    if !writes {
+        return Ok(());
+    }
     let secs = started.elapsed().as_secs_f64();
     println!(
         "done in {secs:.1} s: train loss {:.4}, val loss {:.4}; wrote {} and {}",

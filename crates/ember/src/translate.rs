@@ -3,6 +3,7 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
@@ -11,6 +12,7 @@ use ember_core_model::bundle;
 use ember_core_model::seq2seq::Seq2Seq;
 use ember_serve::beam::{BeamConfig, translate_batch};
 use ember_train::bleu::corpus_bleu;
+use ember_train::collective::Collective;
 use ember_train::parallel::{BOS, EOS, Vocabularies, encode, read_tsv, source_batch};
 use ember_train::trainer::BleuError;
 use ember_train::translation::{self, BleuOf, TranslationConfig, TranslationTrainer};
@@ -180,28 +182,71 @@ fn load_config(path: &Path, overrides: &[String]) -> Result<TranslationConfig> {
 }
 
 /// `ember train` on a translation config: trains, then scores the test set (when configured) with beam 4.
-pub fn train(config_path: &Path, overrides: &[String], force: bool, choice: DeviceChoice) -> Result<()> {
+/// Trains alone or as one rank of `collective`: rank 0 trains the vocabularies and writes the run directory, the
+/// other ranks read them from it.
+pub fn train(
+    config_path: &Path,
+    overrides: &[String],
+    force: bool,
+    choice: DeviceChoice,
+    collective: Rc<dyn Collective>,
+) -> Result<()> {
     let config = load_config(config_path, overrides)?;
-    let _lock = run_dir::lock(&config.train.out_dir)?;
-    run_dir::check_new(&config.train.out_dir, force)?;
-    let (device, description) = devices::select(choice)?;
-    println!("training translation model from {} on {description}", config_path.display());
-    let trainer = TranslationTrainer::new(config, &device, greedy_bleu(&device))?;
-    run(trainer, choice)
+    let writes = collective.rank() == 0;
+    let _lock = match writes {
+        true => Some(run_dir::lock(&config.train.out_dir)?),
+        false => None,
+    };
+    if writes {
+        run_dir::check_new(&config.train.out_dir, force)?;
+    }
+    let (device, description) = devices::select_local(choice, collective.local_rank())?;
+    let bleu = greedy_bleu(&device);
+    let trainer = match writes {
+        true => {
+            println!("training translation model from {} on {description}", config_path.display());
+            let trainer = TranslationTrainer::new(config, &device, bleu)?;
+            collective.barrier();
+            trainer
+        }
+        false => {
+            collective.barrier(); // rank 0 has written the vocabularies
+            TranslationTrainer::replica(config, &device, bleu)?
+        }
+    };
+    run(trainer.with_collective(collective), choice)
 }
 
 /// `ember train --resume RUN_DIR` of a translation run: continues from its checkpoint, with its config.toml and
 /// vocabularies (`overrides` may raise `train.max_steps`).
-pub fn resume(run_dir: &Path, overrides: &[String], choice: DeviceChoice) -> Result<()> {
-    let _lock = run_dir::lock(run_dir)?;
+pub fn resume(
+    run_dir: &Path,
+    overrides: &[String],
+    choice: DeviceChoice,
+    collective: Rc<dyn Collective>,
+) -> Result<()> {
+    let writes = collective.rank() == 0;
+    let _lock = match writes {
+        true => Some(run_dir::lock(run_dir)?),
+        false => None,
+    };
     let config = load_config(&run_dir.join(bundle::CONFIG), overrides)?;
-    let (device, description) = devices::select(choice)?;
-    println!("resuming translation run {} on {description}", run_dir.display());
+    let (device, description) = devices::select_local(choice, collective.local_rank())?;
+    if writes {
+        println!("resuming translation run {} on {description}", run_dir.display());
+    }
     let trainer = TranslationTrainer::resume(config, run_dir, &device, greedy_bleu(&device))?;
-    run(trainer, choice)
+    run(trainer.with_collective(collective), choice)
 }
 
+/// Rank 0 reports and evaluates the test set; the other ranks train silently.
 fn run(mut trainer: TranslationTrainer, choice: DeviceChoice) -> Result<()> {
+    let (rank, ranks) = (trainer.shard().rank, trainer.shard().ranks);
+    if rank > 0 {
+        trainer.run(&mut ())?;
+        println!("rank {rank} of {ranks}: step {}, parameters {:016x}", trainer.step, trainer.fingerprint());
+        return Ok(());
+    }
     let task = &trainer.task;
     let vocabularies = match task.vocab.sizes() {
         (joint, _) if task.vocab.joint => format!("joint vocabulary {joint}"),
@@ -219,6 +264,9 @@ fn run(mut trainer: TranslationTrainer, choice: DeviceChoice) -> Result<()> {
     let result = trainer.run(&mut progress);
     progress.finish();
     result?;
+    if ranks > 1 {
+        println!("rank 0 of {ranks}: step {}, parameters {:016x}", trainer.step, trainer.fingerprint());
+    }
     println!("run directory: {}", trainer.run_dir.display());
     if let Some(test) = &trainer.task.config.data.test {
         evaluate(&trainer.run_dir, test, 4, 0.6, choice)?;

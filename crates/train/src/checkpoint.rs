@@ -19,8 +19,15 @@ pub struct TrainState<S> {
     pub step: u64,
     /// Training tokens consumed so far.
     pub tokens: u64,
+    /// Data-parallel ranks that trained the run (1 alone).
+    #[serde(default = "one_rank")]
+    pub ranks: usize,
     #[serde(flatten)]
     pub task: S,
+}
+
+fn one_rank() -> usize {
+    1
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -11,6 +11,7 @@ use ember_core_model::tokenizer::{self, TokenizerError};
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
+use crate::collective::Shard;
 use crate::config::{DataConfig, TokenizerKind};
 
 pub const TRAIN_BIN: &str = "train.bin";
@@ -62,8 +63,7 @@ pub fn prepare(data: &DataConfig, run_dir: &Path, reuse: bool) -> Result<(Tokeni
     let (tok_path, train_path, val_path) =
         (run_dir.join(bundle::TOKENIZER), run_dir.join(TRAIN_BIN), run_dir.join(VAL_BIN));
     if reuse && tok_path.exists() && train_path.exists() && val_path.exists() {
-        let corpus = Corpus { train: read_tokens(&train_path)?, val: read_tokens(&val_path)? };
-        return Ok((tokenizer::load(&tok_path)?, corpus));
+        return load(run_dir);
     }
     let text = read_text(&data.corpus)?;
     let tok = match data.tokenizer {
@@ -78,6 +78,12 @@ pub fn prepare(data: &DataConfig, run_dir: &Path, reuse: bool) -> Result<(Tokeni
     write_tokens(&val_path, &corpus.val)?;
     tokenizer::save(&tok, &tok_path)?;
     Ok((tok, corpus))
+}
+
+/// The tokenizer and token splits a run directory holds (written by [`prepare`]).
+pub fn load(run_dir: &Path) -> Result<(Tokenizer, Corpus), CorpusError> {
+    let corpus = Corpus { train: read_tokens(&run_dir.join(TRAIN_BIN))?, val: read_tokens(&run_dir.join(VAL_BIN))? };
+    Ok((tokenizer::load(&run_dir.join(bundle::TOKENIZER))?, corpus))
 }
 
 /// Encodes text line by line (newlines kept), which the tokenizer handles in parallel.
@@ -136,9 +142,14 @@ impl Sampler {
 
     /// B windows at uniformly random offsets i ∈ [0, len − T − 1].
     pub fn batch(&mut self, tokens: &[u32], b: usize, t: usize, device: &Device) -> Batch {
+        self.shard(tokens, b, t, Shard::WHOLE, device)
+    }
+
+    /// `shard`'s B windows of a global batch of B · ranks: every rank draws the same offsets and keeps its own.
+    pub fn shard(&mut self, tokens: &[u32], b: usize, t: usize, shard: Shard, device: &Device) -> Batch {
+        let offsets: Vec<usize> = (0..b * shard.ranks).map(|_| self.rng.below(tokens.len() - t)).collect();
         let (mut x, mut y) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
-        for _ in 0..b {
-            let i = self.rng.below(tokens.len() - t);
+        for &i in &offsets[shard.rows(b * shard.ranks)] {
             x.extend(tokens[i..i + t].iter().map(|&id| id as i64));
             y.extend(tokens[i + 1..i + t + 1].iter().map(|&id| id as i64));
         }
@@ -165,6 +176,18 @@ mod tests {
         assert!(x.chunks(8).all(|w| w.windows(2).all(|p| p[1] - p[0] == 1)), "windows are contiguous");
         let again = b.batch(&tokens, 4, 8, &dev).x.into_data().convert::<i64>().try_to_vec::<i64>().unwrap();
         assert_eq!(x, again);
+    }
+
+    /// Two ranks' shards are the two halves of the one-process batch of twice the windows.
+    #[test]
+    fn shards_split_the_global_batch() {
+        let dev = Device::flex();
+        let tokens: Vec<u32> = (0..100).collect();
+        let ids = |batch: Batch| batch.x.into_data().convert::<i64>().try_to_vec::<i64>().unwrap();
+        let whole = ids(Sampler::new(5).batch(&tokens, 6, 4, &dev));
+        let halves: Vec<i64> =
+            (0..2).flat_map(|rank| ids(Sampler::new(5).shard(&tokens, 3, 4, Shard { rank, ranks: 2 }, &dev))).collect();
+        assert_eq!(whole, halves);
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! Training: corpora and batching, the causal-LM loss, AdamW with parameter groups and global-norm clipping,
-//! learning-rate schedules, checkpoints, metrics, and the one loop ([`trainer`]) that trains both the language model
+//! learning-rate schedules, checkpoints, metrics, data parallelism ([`collective`], [`replicas`]), and the one loop ([`trainer`]) that trains both the language model
 //! ([`lm`]) and the translator ([`translation`]).
 
 pub mod bleu;
 pub mod checkpoint;
+pub mod collective;
 pub mod config;
 pub mod corpus;
 pub mod lm;
@@ -12,6 +13,7 @@ pub mod metrics;
 pub mod optim;
 pub mod parallel;
 pub mod plot;
+pub mod replicas;
 pub mod schedule;
 pub mod trainer;
 pub mod translation;

@@ -9,6 +9,7 @@ use ember_core_model::params::ParamInfo;
 use ember_core_model::{Gpt, ModelConfig, Rng};
 use serde::{Deserialize, Serialize};
 
+use crate::collective::{Collective, Shard};
 use crate::config::TrainConfig;
 use crate::corpus::{Corpus, Sampler};
 use crate::loss::lm_loss;
@@ -22,6 +23,8 @@ pub struct LanguageModel {
     pub config: TrainConfig,
     pub corpus: Corpus,
     pub sampler: Sampler,
+    /// This rank's part of each batch.
+    shard: Shard,
     /// The autodiff device batches are made on.
     device: Device,
 }
@@ -53,33 +56,36 @@ impl Task for LanguageModel {
 
     fn next_loss(&mut self, model: &Gpt) -> BatchLoss {
         let (b, t) = (self.config.batch_size, self.seq_len());
-        let batch = self.sampler.batch(&self.corpus.train, b, t, &self.device);
+        let batch = self.sampler.shard(&self.corpus.train, b, t, self.shard, &self.device);
         BatchLoss { loss: lm_loss(model.forward(batch.x), batch.y, None), tokens: b * t }
     }
 
+    fn set_shard(&mut self, shard: Shard) {
+        self.shard = shard;
+    }
+
     /// Mean loss over `eval_iters` batches of the train and val splits, from a fixed generator so every evaluation
-    /// sees the same windows and training's sampler is untouched.
-    fn evaluate(&mut self, model: &Gpt, step: u64) -> Result<EvalReport, TrainError> {
+    /// sees the same windows and training's sampler is untouched. Each rank scores its shard of every batch.
+    fn evaluate(&mut self, model: &Gpt, step: u64, collective: &dyn Collective) -> Result<EvalReport, TrainError> {
         let model = model.valid();
         let inner = self.device.clone().inner();
         let (b, t) = (self.config.batch_size, self.seq_len());
-        let mean_loss = |tokens: &[u32], seed: u64| {
+        // Σ over this rank's batches of its mean loss: every shard has b windows, so the ranks' sums add up to
+        // ranks × Σ of the batch means.
+        let loss_sum = |tokens: &[u32], seed: u64| {
             let mut sampler = Sampler::new(seed);
-            let total: f32 = (0..self.config.eval_iters)
+            (0..self.config.eval_iters)
                 .map(|_| {
-                    let batch = sampler.batch(tokens, b, t, &inner);
+                    let batch = sampler.shard(tokens, b, t, self.shard, &inner);
                     lm_loss(model.forward(batch.x), batch.y, None).into_scalar::<f32>()
                 })
-                .sum();
-            total / self.config.eval_iters as f32
+                .sum::<f32>()
         };
         let seed = self.config.seed.wrapping_add(2);
-        Ok(EvalReport {
-            step,
-            train_loss: Some(mean_loss(&self.corpus.train, seed)),
-            val_loss: mean_loss(&self.corpus.val, seed),
-            val_bleu: None,
-        })
+        let mut sums = [loss_sum(&self.corpus.train, seed), loss_sum(&self.corpus.val, seed)];
+        collective.all_reduce_sum(&mut sums);
+        let mean = |sum: f32| sum / (self.config.eval_iters * self.shard.ranks) as f32;
+        Ok(EvalReport { step, train_loss: Some(mean(sums[0])), val_loss: mean(sums[1]), val_bleu: None })
     }
 
     fn state(&self) -> LmState {
@@ -123,7 +129,7 @@ impl TrainLoop<LanguageModel> {
         let model = Gpt::new(&model_config, &mut Rng::new(config.seed), &device);
         let sampler = Sampler::new(config.seed.wrapping_add(1));
         let loop_config = LoopConfig::from(&config);
-        let task = LanguageModel { model_config, config, corpus, sampler, device };
+        let task = LanguageModel { model_config, config, corpus, sampler, shard: Shard::WHOLE, device };
         TrainLoop::fresh(task, model, loop_config, run_dir)
     }
 
@@ -140,9 +146,9 @@ impl TrainLoop<LanguageModel> {
         TrainLoop::from_checkpoint(task, model, loop_config, run_dir, &inner)
     }
 
-    /// Tokens per optimizer step.
+    /// Tokens per optimizer step, all ranks'.
     pub fn tokens_per_step(&self) -> usize {
-        self.task.config.batch_size * self.task.seq_len() * self.task.config.grad_accum
+        self.task.config.batch_size * self.task.seq_len() * self.task.config.grad_accum * self.shard().ranks
     }
 }
 

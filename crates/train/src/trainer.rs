@@ -1,10 +1,11 @@
 //! The training loop every task shares: the learning-rate schedule, backward, gradient accumulation, global-norm
 //! clipping, AdamW, the non-finite-loss stop, evaluation and checkpoint cadence, the time budget, `metrics.jsonl`,
-//! the observer and the loss curve. A [`Task`] (the language model in [`crate::lm`], the translator in
+//! the observer and the loss curve, alone or as one rank of a data-parallel group ([`crate::collective`]). A [`Task`] (the language model in [`crate::lm`], the translator in
 //! [`crate::translation`]) supplies the model, the loss of each next batch, its evaluation and its data position.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use burn::module::Module;
@@ -16,8 +17,10 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, CheckpointError, TrainState};
+use crate::collective::{Collective, Shard, Single};
 use crate::metrics::{self, MetricsWriter};
 use crate::optim::{AdamW, AdamWConfig, clip_scale, global_grad_norm};
+use crate::replicas::{self, Global};
 
 /// How a BLEU scorer failed (decoding, detokenising).
 pub type BleuError = Box<dyn std::error::Error + Send + Sync>;
@@ -38,6 +41,10 @@ pub enum TrainError {
     Bleu { step: u64, cause: BleuError },
     #[error("{run_dir}: cannot resume: {reason}")]
     Resume { run_dir: PathBuf, reason: String },
+    #[error(
+        "the replicas differ at step {step}: rank {rank}'s parameters are not every rank's (fingerprint {fingerprint:016x})"
+    )]
+    Diverged { step: u64, rank: usize, fingerprint: u64 },
 }
 
 /// One optimizer step, as the progress bar and `metrics.jsonl` see it.
@@ -49,7 +56,7 @@ pub struct StepReport {
     pub lr: f64,
     /// Global gradient norm before clipping.
     pub grad_norm: f64,
-    /// Training tokens of this step over its wall time.
+    /// Training tokens of this step (all ranks') over its wall time.
     pub tokens_per_s: f64,
 }
 
@@ -94,10 +101,18 @@ pub trait Task {
     fn learning_rate(&self, step: u64) -> f64;
     /// Whether AdamW applies decoupled weight decay to `param`.
     fn decays(&self, param: &ParamInfo) -> bool;
-    /// The loss of the next training batch.
+    /// The loss of this rank's shard of the next training batch.
     fn next_loss(&mut self, model: &Self::Model) -> BatchLoss;
-    /// Measures `model` after `step` optimizer steps.
-    fn evaluate(&mut self, model: &Self::Model, step: u64) -> Result<EvalReport, TrainError>;
+    /// Which part of each batch [`Task::next_loss`] trains on (the whole batch until told otherwise).
+    fn set_shard(&mut self, shard: Shard);
+    /// Measures `model` after `step` optimizer steps; every rank calls it, and gets the same report (a task may
+    /// split the work between the ranks of `collective`).
+    fn evaluate(
+        &mut self,
+        model: &Self::Model,
+        step: u64,
+        collective: &dyn Collective,
+    ) -> Result<EvalReport, TrainError>;
     fn state(&self) -> Self::State;
     /// Puts the data position back where [`Task::state`] found it.
     fn restore(&mut self, state: Self::State, run_dir: &Path) -> Result<(), TrainError>;
@@ -137,6 +152,8 @@ pub struct StepPhases {
     pub backward: Duration,
     /// Gradient norm, clipping and the optimizer update.
     pub optimizer: Duration,
+    /// Averaging gradients with the other ranks (zero alone).
+    pub all_reduce: Duration,
 }
 
 /// A training run of task `T`: its model, the optimizer and the counters.
@@ -153,6 +170,9 @@ pub struct TrainLoop<T: Task> {
     params: Vec<ParamInfo>,
     /// Where the steps' time went so far.
     pub phases: StepPhases,
+    collective: Rc<dyn Collective>,
+    /// Ranks the run was trained on so far (a resumed run must keep them).
+    trained_ranks: usize,
 }
 
 /// One step's outcome, before it is reported.
@@ -161,6 +181,8 @@ struct Stepped {
     grad_norm: f64,
     lr: f64,
     tokens: usize,
+    /// Some rank asked to stop after this step.
+    stop: bool,
 }
 
 impl<T: Task> TrainLoop<T> {
@@ -178,7 +200,22 @@ impl<T: Task> TrainLoop<T> {
             tokens: 0,
             params,
             phases: StepPhases::default(),
+            collective: Rc::new(Single),
+            trained_ranks: 1,
         }
+    }
+
+    /// This loop as one rank of `collective`: the task trains on the rank's shard of each batch, gradients are
+    /// averaged over the ranks, and only rank 0 writes the run directory.
+    pub fn with_collective(mut self, collective: Rc<dyn Collective>) -> Self {
+        self.task.set_shard(Shard::from(&*collective));
+        self.collective = collective;
+        self
+    }
+
+    /// This process's rank and the number of ranks.
+    pub fn shard(&self) -> Shard {
+        Shard::from(&*self.collective)
     }
 
     /// Continues the run whose `checkpoint.safetensors` is in `run_dir`: weights, AdamW moments, step count and the
@@ -198,6 +235,7 @@ impl<T: Task> TrainLoop<T> {
         run.optim.load_state(&run.params, &ckpt.optim, ckpt.state.step, device);
         run.step = ckpt.state.step;
         run.tokens = ckpt.state.tokens;
+        run.trained_ranks = ckpt.state.ranks;
         run.task.restore(ckpt.state.task, run_dir)?;
         Ok(run)
     }
@@ -205,11 +243,12 @@ impl<T: Task> TrainLoop<T> {
     /// One optimizer step over `grad_accum` batches; returns the mean loss and the gradient norm. A non-finite loss
     /// leaves the model, the optimizer and the step count as they were.
     pub fn step(&mut self) -> (f32, f64) {
-        let stepped = self.train_step();
+        let stepped = self.train_step(false);
         (stepped.loss, stepped.grad_norm)
     }
 
-    fn train_step(&mut self) -> Stepped {
+    /// One optimizer step; `wants_stop` is this rank's wish to stop after it, which every rank learns.
+    fn train_step(&mut self, wants_stop: bool) -> Stepped {
         let accum = self.config.grad_accum;
         let lr = self.task.learning_rate(self.step);
         let mut accumulator = GradientsAccumulator::<T::Model>::new();
@@ -226,29 +265,42 @@ impl<T: Task> TrainLoop<T> {
             self.phases.forward += forward_done - started;
             self.phases.backward += forward_done.elapsed();
         }
+        let mut grads = accumulator.grads();
+        let mut stop = wants_stop;
+        if self.collective.ranks() > 1 {
+            let started = Instant::now();
+            let global =
+                replicas::average_gradients(&self.model, &mut grads, loss_sum, tokens, stop, &*self.collective);
+            Global { loss: loss_sum, tokens, stop } = global;
+            self.phases.all_reduce += started.elapsed();
+        }
         if !loss_sum.is_finite() {
-            return Stepped { loss: loss_sum, grad_norm: f64::NAN, lr, tokens };
+            return Stepped { loss: loss_sum, grad_norm: f64::NAN, lr, tokens, stop };
         }
         let started = Instant::now();
-        let grads = accumulator.grads();
         let grad_norm = global_grad_norm(&self.model, &grads);
         let scale = clip_scale(grad_norm, self.config.grad_clip);
         self.model = self.optim.step(self.model.clone(), &grads, lr, scale);
         self.phases.optimizer += started.elapsed();
         self.step += 1;
         self.tokens += tokens as u64;
-        Stepped { loss: loss_sum, grad_norm, lr, tokens }
+        Stepped { loss: loss_sum, grad_norm, lr, tokens, stop }
     }
 
     /// The task's evaluation of the current model.
     pub fn evaluate(&mut self) -> Result<EvalReport, TrainError> {
-        self.task.evaluate(&self.model, self.step)
+        self.task.evaluate(&self.model, self.step, &*self.collective)
     }
 
-    /// Writes `checkpoint.safetensors` and `model.safetensors` for the current step, then the task's own files.
+    /// Writes `checkpoint.safetensors` and `model.safetensors` for the current step, then the task's own files
+    /// (rank 0 only).
     pub fn save_checkpoint(&mut self) -> Result<(), TrainError> {
+        if self.collective.rank() != 0 {
+            return Ok(());
+        }
         let weights = params::state_dict(&self.model);
-        let state = TrainState { step: self.step, tokens: self.tokens, task: self.task.state() };
+        let ranks = self.collective.ranks();
+        let state = TrainState { step: self.step, tokens: self.tokens, ranks, task: self.task.state() };
         checkpoint::save(&self.run_dir, &weights, self.optim.state(&self.params), &state)?;
         self.task.on_checkpoint(&self.run_dir, self.step, &weights)
     }
@@ -258,9 +310,21 @@ impl<T: Task> TrainLoop<T> {
     /// `metrics.jsonl` (started afresh at step 0, cut back to the checkpoint's step when resumed) and draws
     /// `loss.svg`. Returns the last evaluation.
     pub fn run(&mut self, observer: &mut dyn Observer) -> Result<EvalReport, TrainError> {
-        let mut metrics = match self.step {
-            0 => MetricsWriter::create(&self.run_dir)?,
-            step => MetricsWriter::resume(&self.run_dir, step)?,
+        let ranks = self.collective.ranks();
+        if self.step > 0 && self.trained_ranks != ranks {
+            let reason = format!(
+                "its checkpoint was trained on {} rank(s) and this run has {ranks}; resume with the same number \
+                 (mpiexec -n {}) so that every step sees the batch it would have",
+                self.trained_ranks, self.trained_ranks
+            );
+            return Err(TrainError::Resume { run_dir: self.run_dir.clone(), reason });
+        }
+        self.check_replicas()?;
+        let writes = self.collective.rank() == 0;
+        let mut metrics = match (writes, self.step) {
+            (false, _) => None,
+            (true, 0) => Some(MetricsWriter::create(&self.run_dir)?),
+            (true, step) => Some(MetricsWriter::resume(&self.run_dir, step)?),
         };
         let (started, budget, max) = (Instant::now(), self.config.max_minutes, self.config.max_steps);
         let out_of_time = || budget.is_some_and(|m| started.elapsed().as_secs_f64() >= m * 60.0);
@@ -270,19 +334,22 @@ impl<T: Task> TrainLoop<T> {
         }
         while self.step < max {
             let step_started = Instant::now();
-            let Stepped { loss, grad_norm, lr, tokens } = self.train_step();
+            let Stepped { loss, grad_norm, lr, tokens, stop } = self.train_step(out_of_time());
             if !loss.is_finite() {
                 return Err(TrainError::NonFinite { loss, step: self.step + 1, run_dir: self.run_dir.clone() });
             }
             let tokens_per_s = tokens as f64 / step_started.elapsed().as_secs_f64();
             let report = StepReport { step: self.step, loss, lr, grad_norm, tokens_per_s };
-            metrics.append(&report)?;
+            if let Some(metrics) = &mut metrics {
+                metrics.append(&report)?;
+            }
             observer.on_step(&report);
-            let last = self.step == max || out_of_time();
+            let last = self.step == max || stop;
             if self.step.is_multiple_of(self.config.eval_interval) || last {
                 last_eval = Some(self.eval_and_log(&mut metrics, observer)?);
             }
             if self.step.is_multiple_of(self.config.checkpoint_interval) || last {
+                self.check_replicas()?;
                 self.save_checkpoint()?;
                 observer.on_checkpoint(self.step);
             }
@@ -295,18 +362,40 @@ impl<T: Task> TrainLoop<T> {
             // Resumed at or past max_steps: nothing to train, but the caller still hears how the model does.
             _ => self.eval_and_log(&mut metrics, observer)?,
         };
-        metrics::draw_loss_curve(&self.run_dir)?;
+        if writes {
+            metrics::draw_loss_curve(&self.run_dir)?;
+        }
         Ok(last_eval)
     }
 
+    /// Every rank evaluates; rank 0 logs.
     fn eval_and_log(
         &mut self,
-        metrics: &mut MetricsWriter,
+        metrics: &mut Option<MetricsWriter>,
         observer: &mut dyn Observer,
     ) -> Result<EvalReport, TrainError> {
         let report = self.evaluate()?;
-        metrics.append(&report)?;
+        if let Some(metrics) = metrics {
+            metrics.append(&report)?;
+        }
         observer.on_eval(&report);
         Ok(report)
+    }
+
+    /// The fingerprint of this replica's parameters.
+    pub fn fingerprint(&self) -> u64 {
+        replicas::parameter_fingerprint(&self.model)
+    }
+
+    /// Fails unless every rank holds the same parameters (always true alone).
+    fn check_replicas(&self) -> Result<(), TrainError> {
+        if self.collective.ranks() == 1 {
+            return Ok(());
+        }
+        let fingerprint = self.fingerprint();
+        match self.collective.agree(fingerprint) {
+            true => Ok(()),
+            false => Err(TrainError::Diverged { step: self.step, rank: self.collective.rank(), fingerprint }),
+        }
     }
 }

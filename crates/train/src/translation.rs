@@ -20,6 +20,7 @@ use ember_core_model::{ModelConfig, Rng, tokenizer};
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
+use crate::collective::{Collective, Shard};
 use crate::loss::smoothed_loss;
 use crate::optim::AdamWConfig;
 use crate::parallel::{
@@ -219,6 +220,8 @@ pub struct Translation {
     pub valid_text: Vec<(String, String)>,
     /// Training pairs left out for exceeding `data.max_len`.
     pub dropped: usize,
+    /// This rank's part of each batch.
+    shard: Shard,
     /// The autodiff device batches are made on.
     device: Device,
     bleu: Box<BleuOf>,
@@ -284,6 +287,7 @@ impl Translation {
             valid,
             valid_text,
             dropped,
+            shard: Shard::WHOLE,
             device,
             bleu,
             epoch_rng: rng.clone(),
@@ -314,6 +318,11 @@ impl Translation {
     pub fn epoch(&self) -> u64 {
         self.epoch
     }
+
+    /// The epoch's batches, of `max_tokens` per rank: each global batch holds about `max_tokens` for every rank.
+    fn epoch_batches(&mut self) -> Vec<Vec<usize>> {
+        token_batches(&self.train, self.config.train.max_tokens * self.shard.ranks, &mut self.rng)
+    }
 }
 
 impl Task for Translation {
@@ -330,23 +339,36 @@ impl Task for Translation {
         false
     }
 
-    /// The next batch of the epoch, starting a newly shuffled epoch when this one is done.
+    /// This rank's rows of the next batch of the epoch, starting a newly shuffled epoch when this one is done. A
+    /// batch of fewer rows than ranks leaves some rank none: it computes on the first row and counts no tokens, so
+    /// its gradient weighs nothing in the average.
     fn next_loss(&mut self, model: &Seq2Seq) -> BatchLoss {
-        let t = &self.config.train;
         if self.position == self.batches.len() {
             self.epoch_rng = self.rng.clone();
-            self.batches = token_batches(&self.train, t.max_tokens, &mut self.rng);
+            self.batches = self.epoch_batches();
             self.position = 0;
             self.epoch += 1;
         }
-        let b = PairBatch::new(&self.train, &self.batches[self.position], &self.device);
+        let rows = &self.batches[self.position];
+        let mine = &rows[self.shard.rows(rows.len())];
+        let b = PairBatch::new(&self.train, if mine.is_empty() { &rows[..1] } else { mine }, &self.device);
         self.position += 1;
+        let tokens = if mine.is_empty() { 0 } else { b.tokens };
         let logits = model.forward(b.src, &b.src_lengths, b.tgt_in);
-        BatchLoss { loss: smoothed_loss(logits, b.tgt_out, b.mask, t.label_smoothing), tokens: b.tokens }
+        BatchLoss { loss: smoothed_loss(logits, b.tgt_out, b.mask, self.config.train.label_smoothing), tokens }
     }
 
-    /// Validation loss, and the BLEU of the first `bleu_sentences` validation pairs.
-    fn evaluate(&mut self, model: &Seq2Seq, step: u64) -> Result<EvalReport, TrainError> {
+    /// Also redraws the current epoch's batches (a resumed run's) for the new number of ranks.
+    fn set_shard(&mut self, shard: Shard) {
+        self.shard = shard;
+        if self.epoch > 0 {
+            self.rng = self.epoch_rng.clone();
+            self.batches = self.epoch_batches();
+        }
+    }
+
+    /// Validation loss, and the BLEU of the first `bleu_sentences` validation pairs (each rank computes both).
+    fn evaluate(&mut self, model: &Seq2Seq, step: u64, _: &dyn Collective) -> Result<EvalReport, TrainError> {
         let val_loss = self.validation_loss(model);
         let sentences = &self.valid_text[..self.config.train.bleu_sentences.min(self.valid_text.len())];
         let bleu =
@@ -376,7 +398,7 @@ impl Task for Translation {
         self.rng = state.epoch_rng.clone();
         self.batches = match state.epoch {
             0 => Vec::new(),
-            _ => token_batches(&self.train, self.config.train.max_tokens, &mut self.rng),
+            _ => self.epoch_batches(),
         };
         if state.position > self.batches.len() {
             return Err(refuse(format!(
@@ -451,15 +473,34 @@ impl TrainLoop<Translation> {
         device: &Device,
         bleu: Box<BleuOf>,
     ) -> Result<Self, TranslationError> {
+        let (task, model, loop_config) = Self::from_run_dir(config, run_dir, device, bleu)?;
+        let inner = task.device.clone().inner();
+        Ok(TrainLoop::from_checkpoint(task, model, loop_config, run_dir, &inner)?)
+    }
+
+    /// The fresh run another rank started with [`TranslationTrainer::new`] in `config`'s `train.out_dir`, for the
+    /// ranks that do not write: the same data, the vocabularies it wrote, the same seeded model.
+    pub fn replica(config: TranslationConfig, device: &Device, bleu: Box<BleuOf>) -> Result<Self, TranslationError> {
+        let run_dir = config.train.out_dir.clone();
+        let (task, model, loop_config) = Self::from_run_dir(config, &run_dir, device, bleu)?;
+        Ok(TrainLoop::fresh(task, model, loop_config, &run_dir))
+    }
+
+    /// The task, the freshly initialised model and the loop settings of a run directory that holds vocabularies.
+    fn from_run_dir(
+        config: TranslationConfig,
+        run_dir: &Path,
+        device: &Device,
+        bleu: Box<BleuOf>,
+    ) -> Result<(Translation, Seq2Seq, LoopConfig), TranslationError> {
         let (train_text, valid_text) = read_data(&config.data)?;
         let vocab = load_vocabularies(run_dir)?;
         let device = device.clone().autodiff();
         let mut rng = Rng::new(config.train.seed);
         let model = Seq2Seq::new(&config.seq2seq_config(&vocab), &mut rng, &device);
         let loop_config = LoopConfig::from(&config.train);
-        let inner = device.clone().inner();
         let task = Translation::build(config, vocab, &train_text, valid_text, rng, device, bleu)?;
-        Ok(TrainLoop::from_checkpoint(task, model, loop_config, run_dir, &inner)?)
+        Ok((task, model, loop_config))
     }
 }
 

@@ -8,8 +8,11 @@ mod reference;
 mod serve;
 mod train;
 
+use std::rc::Rc;
+
 use anyhow::Result;
 use clap::Subcommand;
+use ember_train::collective::Collective;
 
 use crate::devices::DeviceChoice;
 
@@ -27,9 +30,9 @@ pub enum BenchCommand {
     Attention(attention::BenchAttentionArgs),
 }
 
-pub fn bench(command: BenchCommand, device: DeviceChoice) -> Result<()> {
+pub fn bench(command: BenchCommand, device: DeviceChoice, collective: Rc<dyn Collective>) -> Result<()> {
     match command {
-        BenchCommand::Train(args) => train::bench_train(args, device),
+        BenchCommand::Train(args) => train::bench_train(args, device, collective),
         BenchCommand::Decode(args) => decode::bench_decode(args, device),
         BenchCommand::Serve(args) => serve::bench_serve(args, device),
         BenchCommand::Kv(args) => kv::bench_kv(args, device),

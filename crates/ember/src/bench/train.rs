@@ -3,11 +3,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::rc::Rc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ember_kernels::{AttentionImpl, device_memory};
+use ember_train::collective::Collective;
 use ember_train::{StepPhases, Trainer, corpus};
 
 use crate::config::RunConfig;
@@ -50,9 +52,15 @@ pub struct BenchTrainArgs {
     attention: AttentionImpl,
 }
 
-pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice) -> Result<()> {
+/// Under `mpiexec` every rank trains its shard of each batch and rank 0 reports global tokens/s, each rank's share
+/// and the time spent averaging gradients.
+pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice, collective: Rc<dyn Collective>) -> Result<()> {
     let config = RunConfig::load(&args.config, &args.overrides)?;
-    let (device, description) = devices::select(device)?;
+    let (ranks, rank) = (collective.ranks(), collective.rank());
+    if ranks > 1 && args.pytorch.is_some() {
+        bail!("--pytorch runs beside one process; leave it out under mpiexec");
+    }
+    let (device, description) = devices::select_local(device, collective.local_rank())?;
     let scratch = tempfile::tempdir().context("creating a scratch run directory")?;
     let (tok, corpus) = corpus::prepare(&config.data, scratch.path(), false)?;
     let mut model_config = config.model.clone();
@@ -61,14 +69,20 @@ pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice) -> Result<()> {
     model_config.vocab_size = Some(model_config.vocab_size.map_or(vocab, |v| v.max(vocab)));
     let resolved = scratch.path().join("config.toml");
     std::fs::write(&resolved, RunConfig { model: model_config.clone(), ..config.clone() }.to_toml())?;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!(
-        "bench train: {} on {description}, {} warm-up + {} timed steps per round, {threads} threads, attention {:?}",
+    let threads = rayon::current_num_threads();
+    let say = |line: String| {
+        if rank == 0 {
+            println!("{line}");
+        }
+    };
+    say(format!(
+        "bench train: {} on {description}, {} warm-up + {} timed steps per round, {threads} threads, attention {:?}{}",
         args.config.display(),
         args.warmup,
         args.steps,
-        args.attention
-    );
+        args.attention,
+        if ranks > 1 { format!(", {ranks} ranks (data-parallel over MPI)") } else { String::new() }
+    ));
 
     let script = super::reference::GPT_TRAIN.script(args.script.as_deref())?;
     let (mut ember, mut torch) = (Vec::new(), vec![Vec::new(); args.pytorch_dtype.len()]);
@@ -83,7 +97,8 @@ pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice) -> Result<()> {
             }
         }
         let mut trainer =
-            Trainer::new(model_config.clone(), config.train.clone(), corpus.clone(), scratch.path(), &device);
+            Trainer::new(model_config.clone(), config.train.clone(), corpus.clone(), scratch.path(), &device)
+                .with_collective(collective.clone());
         trainer.model = trainer.model.with_attention(args.attention);
         for _ in 0..args.warmup {
             trainer.step();
@@ -102,17 +117,21 @@ pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice) -> Result<()> {
         };
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / args.steps as f64;
         let p = trainer.phases;
-        println!(
-            "round {round}: ember   {tps:>10.0} tokens/s  ms/step: forward+loss {:.1}, backward {:.1}, optimizer {:.1}; \
-             CPU use {cpu_use:.0}%{steal}",
+        let per_rank = match ranks {
+            1 => String::new(),
+            _ => format!(" ({:.0} per rank), all-reduce {:.1} ms/step,", tps / ranks as f64, ms(p.all_reduce)),
+        };
+        say(format!(
+            "round {round}: ember   {tps:>10.0} tokens/s{per_rank}  ms/step: forward+loss {:.1}, backward {:.1}, \
+             optimizer {:.1}; CPU use {cpu_use:.0}%{steal}",
             ms(p.forward),
             ms(p.backward),
             ms(p.optimizer)
-        );
+        ));
         ember.push(tps);
     }
     let ember_median = median(&mut ember);
-    println!("ember median: {ember_median:.0} tokens/s, peak memory {:.1} MB", peak_rss_mb());
+    say(format!("ember median: {ember_median:.0} tokens/s, peak memory {:.1} MB (rank 0)", peak_rss_mb()));
     if let Some(memory) = device_memory(&device) {
         let mib = |bytes: u64| bytes as f64 / 1048576.0;
         println!(
