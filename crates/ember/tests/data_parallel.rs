@@ -183,15 +183,15 @@ fn kill_rank_1(dir: &Path, args: &[String]) -> (std::process::ExitStatus, String
     (status, text, pid, killed.elapsed().as_secs_f64())
 }
 
-/// The survivor always ends, non-zero; it names the lost rank unless hydra kills it first, which happens in a few
-/// percent of kills on MPICH 4.0 over UCX (more on a loaded machine), so up to five launches are tried for the
-/// message.
+/// The survivor always ends, non-zero. It names the lost rank when it runs before MPICH's hydra, which follows its
+/// SIGUSR1 with a SIGKILL 0.3 ms later, kills it: about 70 % of kills on this 2-core machine, so up to eight launches
+/// are tried for the message.
 #[test]
 fn a_killed_rank_ends_the_other_with_an_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let args = baby_gpt(dir.path(), &dir.path().join("run"), 6, 1, 1_000_000);
     let mut silent = Vec::new();
-    for attempt in 1..=5 {
+    for attempt in 1..=8 {
         std::fs::remove_dir_all(dir.path().join("run")).ok();
         let (status, text, pid, seconds) = kill_rank_1(dir.path(), &args);
         assert!(!status.success(), "{text}");

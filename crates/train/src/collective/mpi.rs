@@ -1,16 +1,22 @@
 //! [`Collective`] over MPI: the ranks of an `mpiexec` launch, on one machine or several. MPI is initialised with
 //! `MPI_THREAD_SERIALIZED`, so the trainer may call it from whichever thread runs it, one call at a time.
 //!
-//! A rank that dies ends the launch: by default `mpiexec` (MPICH's hydra, Open MPI's mpirun) kills the others at
-//! once. With MPICH's `-disable-auto-cleanup` it signals them instead (SIGUSR1), and each survivor names the ranks
-//! it lost on its own machine before it exits.
+//! A rank that dies ends the launch, never a hang. By default `mpiexec` kills the other ranks at once: MPICH's hydra
+//! reports the dead process's pid, which each rank's first line of output ties to its rank; Open MPI's mpirun names
+//! the rank. Under MPICH's `-disable-auto-cleanup` the survivors are sent SIGUSR1 first and name the lost rank
+//! themselves (hydra 4.0 still kills them 0.3 ms later, so a survivor that is not scheduled in time ends unheard).
+//! While waiting in a collective a rank also checks every 20 ms that the others on its machine are alive, so a
+//! launcher that does not kill (or a rank stuck in MPI) cannot leave it waiting forever.
 
 use std::ffi::CString;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use mpi::Threading;
 use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
+use mpi::request::{Request, Scope};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
@@ -62,7 +68,7 @@ impl Mpi {
         &self.host
     }
 
-    /// Learns every rank's process id and machine, and installs the SIGUSR1 handler that names the lost ones.
+    /// Learns every rank's process id and machine, and installs the signal handlers.
     fn watch_for_lost_ranks(&self) {
         let n = self.world.size() as usize;
         let pid = std::process::id();
@@ -80,17 +86,50 @@ impl Mpi {
             .collect();
         let elsewhere = format!("error: a rank on another machine was lost; rank {me} stops\n");
         if WATCHED.set(Watched { here, elsewhere }).is_ok() {
-            // SAFETY: the handler only reads WATCHED (set before it is installed) and calls async-signal-safe
-            // functions (open, read, close, write, signal, raise, _exit).
+            // SAFETY: both handlers only touch an atomic or WATCHED (set before they are installed) and call
+            // async-signal-safe functions (open, read, close, write, nanosleep, signal, _exit).
             unsafe {
-                libc::signal(libc::SIGUSR1, on_lost_rank as *const () as libc::sighandler_t);
-                libc::signal(libc::SIGABRT, on_lost_rank as *const () as libc::sighandler_t);
+                libc::signal(libc::SIGUSR1, on_failure_report as *const () as libc::sighandler_t);
+                libc::signal(libc::SIGABRT, on_abort as *const () as libc::sighandler_t);
+            }
+        }
+    }
+
+    /// Completes a non-blocking collective, checking every 20 ms that this machine's other ranks are alive: a lost
+    /// rank is named and this one exits. After the launcher reports a failure with every local rank alive, the lost
+    /// rank is on another machine: said after a second, and this one exits.
+    fn complete<'a, D: ?Sized, S: Scope<'a>>(&self, mut request: Request<'a, D, S>) {
+        let watched = WATCHED.get().expect("watch_for_lost_ranks ran at init");
+        let (mut checked, mut reported) = (Instant::now(), None);
+        loop {
+            match request.test() {
+                Ok(_) => return,
+                Err(pending) => request = pending,
+            }
+            if checked.elapsed() < CHECK_EVERY {
+                continue;
+            }
+            checked = Instant::now();
+            if name_lost(watched, 1) {
+                // SAFETY: ends the process at once; MPI cannot be finalised with a rank missing.
+                unsafe { libc::_exit(1) };
+            }
+            if FAILURE_REPORTED.load(Ordering::Relaxed)
+                && reported.get_or_insert_with(Instant::now).elapsed() > Duration::from_secs(1)
+            {
+                say(&watched.elsewhere);
+                // SAFETY: as above.
+                unsafe { libc::_exit(1) };
             }
         }
     }
 }
 
-/// Ranks a SIGUSR1 may be about: those on this machine (`/proc/PID/stat`, message) and the message for the others.
+/// How often a rank waiting in a collective checks the others on its machine.
+const CHECK_EVERY: Duration = Duration::from_millis(20);
+
+/// The ranks a lost-rank check looks at: those on this machine (`/proc/PID/stat`, message), and the message for a
+/// rank lost elsewhere.
 struct Watched {
     here: Vec<(CString, String)>,
     elsewhere: String,
@@ -98,8 +137,62 @@ struct Watched {
 
 static WATCHED: OnceLock<Watched> = OnceLock::new();
 
-/// Whether the process whose `/proc/PID/stat` this is still runs: it exists and is not a zombie (a killed rank stays
-/// one until its launcher reaps it). Uses only open, read and close, which are async-signal-safe.
+/// Set by SIGUSR1, MPICH's notice (under `-disable-auto-cleanup`) that a process of the launch failed.
+static FAILURE_REPORTED: AtomicBool = AtomicBool::new(false);
+
+/// Names the lost ranks of this machine and exits at once (the launcher may not wait long); a failure elsewhere is
+/// left to the waiting collective.
+extern "C" fn on_failure_report(_signal: libc::c_int) {
+    if WATCHED.get().is_some_and(|watched| name_lost(watched, 1)) {
+        // SAFETY: ends the process without running destructors, as a signal handler must.
+        unsafe { libc::_exit(1) };
+    }
+    FAILURE_REPORTED.store(true, Ordering::Relaxed);
+}
+
+/// An abort, which is how the transport (UCX) ends a rank whose peer vanished mid-transfer: names the lost ranks of
+/// this machine and exits; an abort with every rank of this machine alive is not about a lost rank and proceeds.
+extern "C" fn on_abort(_signal: libc::c_int) {
+    if WATCHED.get().is_some_and(|watched| name_lost(watched, 50)) {
+        // SAFETY: ends the process without running destructors, as a signal handler must.
+        unsafe { libc::_exit(1) };
+    }
+    // SAFETY: with the default action back, the abort under way ends the process when the handler returns.
+    unsafe { libc::signal(libc::SIGABRT, libc::SIG_DFL) };
+}
+
+/// Writes `message` to stderr (async-signal-safe).
+fn say(message: &str) {
+    // SAFETY: write(2) of a live buffer to stderr.
+    unsafe { libc::write(2, message.as_ptr().cast(), message.len()) };
+}
+
+/// Names the ranks of this machine that are gone, looking up to `tries` times 20 ms apart; whether any was.
+/// Async-signal-safe.
+fn name_lost(watched: &Watched, tries: usize) -> bool {
+    let pause = libc::timespec { tv_sec: 0, tv_nsec: 20_000_000 };
+    for attempt in 0..tries {
+        let mut named = false;
+        for (stat, message) in &watched.here {
+            if !alive(stat) {
+                say(message);
+                named = true;
+            }
+        }
+        if named {
+            return true;
+        }
+        if attempt + 1 < tries {
+            // SAFETY: nanosleep with a valid duration and no remainder wanted.
+            unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
+        }
+    }
+    false
+}
+
+/// Whether the process whose `/proc/PID/stat` this is still runs: it exists, is not exiting (PF_EXITING is set the
+/// moment a kill takes effect, while the memory of a large process is still being torn down) and is not a zombie
+/// (as a killed rank stays until its launcher reaps it). Uses only open, read and close, which are async-signal-safe.
 fn alive(stat: &CString) -> bool {
     let mut buf = [0u8; 512];
     // SAFETY: a NUL-terminated path; a stack buffer of the length given; the descriptor is closed once.
@@ -113,47 +206,15 @@ fn alive(stat: &CString) -> bool {
         read
     };
     let text = &buf[..read.max(0) as usize];
-    // "PID (COMMAND) STATE …": the state follows the last ')'.
-    let state = text.iter().rposition(|&b| b == b')').and_then(|i| text.get(i + 2));
-    !matches!(state, None | Some(b'Z' | b'X'))
-}
-
-/// MPICH's notice that a process of the launch failed (SIGUSR1), or an abort, which is how the transport (UCX) ends a
-/// rank whose peer vanished mid-transfer: names the ranks of this machine that are gone (the others cannot be looked
-/// up from here) and exits. An abort with every rank of this machine alive is not about a lost rank: it proceeds.
-extern "C" fn on_lost_rank(signal: libc::c_int) {
-    let Some(watched) = WATCHED.get() else { return };
-    let say = |message: &str| {
-        // SAFETY: write(2) of a live buffer to stderr.
-        unsafe { libc::write(2, message.as_ptr().cast(), message.len()) };
-    };
-    // A process killed a moment ago may still be tearing down (neither gone nor a zombie yet): look for a second.
-    let pause = libc::timespec { tv_sec: 0, tv_nsec: 20_000_000 };
-    let mut named = false;
-    for _ in 0..50 {
-        for (stat, message) in &watched.here {
-            if !alive(stat) {
-                say(message);
-                named = true;
-            }
-        }
-        if named {
-            break;
-        }
-        // SAFETY: nanosleep with a valid duration and no remainder wanted.
-        unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
-    }
-    match (named, signal == libc::SIGABRT) {
-        // SAFETY: with the default action back, the abort under way ends the process when the handler returns.
-        (false, true) => unsafe {
-            libc::signal(libc::SIGABRT, libc::SIG_DFL);
-            return;
-        },
-        (false, false) => say(&watched.elsewhere),
-        (true, _) => {}
-    }
-    // SAFETY: ends the process without running destructors, as a signal handler must.
-    unsafe { libc::_exit(1) };
+    // "PID (COMMAND) STATE PPID PGRP SESSION TTY TPGID FLAGS …": the fields after the last ')'.
+    let Some(close) = text.iter().rposition(|&b| b == b')') else { return false };
+    let mut fields = text[close + 1..].split(|&b| b == b' ').filter(|f| !f.is_empty());
+    let state = fields.next().and_then(|f| f.first().copied());
+    let flags = fields
+        .nth(5)
+        .map(|f| f.iter().take_while(|b| b.is_ascii_digit()).fold(0u64, |n, &b| n * 10 + (b - b'0') as u64));
+    const PF_EXITING: u64 = 0x4;
+    !matches!(state, None | Some(b'Z' | b'X')) && flags.is_some_and(|f| f & PF_EXITING == 0)
 }
 
 impl Collective for Mpi {
@@ -168,7 +229,9 @@ impl Collective for Mpi {
     fn all_reduce_sum(&self, buf: &mut [f32]) {
         for chunk in buf.chunks_mut(CHUNK) {
             let send = chunk.to_vec();
-            self.world.all_reduce_into(&send[..], chunk, SystemOperation::sum());
+            mpi::request::scope(|scope| {
+                self.complete(self.world.immediate_all_reduce_into(scope, &send[..], chunk, SystemOperation::sum()))
+            });
         }
     }
 
@@ -176,12 +239,14 @@ impl Collective for Mpi {
     fn agree(&self, value: u64) -> bool {
         let send = [value, !value];
         let mut max = [0u64; 2];
-        self.world.all_reduce_into(&send[..], &mut max[..], SystemOperation::max());
+        mpi::request::scope(|scope| {
+            self.complete(self.world.immediate_all_reduce_into(scope, &send[..], &mut max[..], SystemOperation::max()))
+        });
         max[0] == !max[1]
     }
 
     fn barrier(&self) {
-        self.world.barrier();
+        self.complete(self.world.immediate_barrier());
     }
 
     fn local_rank(&self) -> usize {
