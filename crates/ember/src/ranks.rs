@@ -42,6 +42,16 @@ pub fn shared(launch: Launch) -> Rc<dyn Collective> {
     Rc::from(launch as Box<dyn Collective>)
 }
 
+/// Each rank's first line when there are several: its pid (which `mpiexec` reports when a rank dies), its device
+/// and its threads.
+pub fn announce(collective: &dyn Collective, device: &str) {
+    if collective.ranks() > 1 {
+        let (rank, ranks, pid, threads) =
+            (collective.rank(), collective.ranks(), std::process::id(), rayon::current_num_threads());
+        println!("rank {rank} of {ranks}: pid {pid}, {device}, {threads} threads");
+    }
+}
+
 /// `result`, unless it is an error on one of several ranks: then the error is printed with the rank and every rank
 /// is ended, so none waits for a rank that has stopped.
 pub fn end_all_on_error<T>(result: Result<T>, collective: &dyn Collective) -> Result<T> {

@@ -77,10 +77,7 @@ fn train_rank(args: TrainArgs, device: DeviceChoice, collective: Rc<dyn Collecti
         run_dir::check_new(&run_dir, args.force)?;
     }
     let (device, description) = devices::select_local(device, collective.local_rank())?;
-    if ranks > 1 {
-        let (pid, threads) = (std::process::id(), rayon::current_num_threads());
-        println!("rank {rank} of {ranks}: pid {pid}, {description}, {threads} threads");
-    }
+    ranks::announce(&*collective, &description);
 
     if args.resume.is_none() {
         ensure_corpus(&config)?;

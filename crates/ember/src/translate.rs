@@ -201,6 +201,7 @@ pub fn train(
         run_dir::check_new(&config.train.out_dir, force)?;
     }
     let (device, description) = devices::select_local(choice, collective.local_rank())?;
+    crate::ranks::announce(&*collective, &description);
     let bleu = greedy_bleu(&device);
     let trainer = match writes {
         true => {
@@ -232,6 +233,7 @@ pub fn resume(
     };
     let config = load_config(&run_dir.join(bundle::CONFIG), overrides)?;
     let (device, description) = devices::select_local(choice, collective.local_rank())?;
+    crate::ranks::announce(&*collective, &description);
     if writes {
         println!("resuming translation run {} on {description}", run_dir.display());
     }
