@@ -45,7 +45,7 @@ pub fn average_gradients<M: Module>(
     buf.iter_mut().for_each(|g| *g *= scale);
     let flat = Tensor::<1>::from_data(TensorData::new(buf, [n]), &device);
     model.visit(&mut Unflatten { grads: flatten.grads, flat, offset: 0 });
-    Global { loss: loss_sum * scale, tokens: total.round() as usize, stop: stops > 0.0 }
+    Global { loss: loss_sum / total, tokens: total.round() as usize, stop: stops > 0.0 }
 }
 
 /// Each parameter's gradient (zeros where it has none), flattened, in the model's order.
