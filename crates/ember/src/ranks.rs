@@ -9,9 +9,12 @@ use ember_train::collective::{Collective, Single};
 /// A collective that can move to the thread that runs the command.
 pub type Launch = Box<dyn Collective + Send>;
 
-/// Joins the MPI launch this process belongs to (a process started without `mpiexec` is a launch of one).
+/// Joins the MPI launch this process belongs to (a process started without `mpiexec` is a launch of one). Under a
+/// launcher the rank runs sheltered in a child process (see `collective::mpi::shelter`), so that it can name a lost
+/// rank before the launcher's kill ends it; this must run before any thread starts.
 #[cfg(feature = "mpi")]
 pub fn join() -> Result<Launch> {
+    ember_train::collective::mpi::shelter();
     Ok(Box::new(ember_train::collective::mpi::Mpi::init()?))
 }
 
@@ -42,8 +45,7 @@ pub fn shared(launch: Launch) -> Rc<dyn Collective> {
     Rc::from(launch as Box<dyn Collective>)
 }
 
-/// Each rank's first line when there are several: its pid (which `mpiexec` reports when a rank dies), its device
-/// and its threads.
+/// Each rank's first line when there are several: its pid, its device and its threads.
 pub fn announce(collective: &dyn Collective, device: &str) {
     if collective.ranks() > 1 {
         let (rank, ranks, pid, threads) =

@@ -148,8 +148,7 @@ fn a_resumed_run_continues_as_the_uninterrupted_one_on_as_many_ranks() {
 /// 1's pid and the seconds from the kill to the end of the launch.
 fn kill_rank_1(dir: &Path, args: &[String]) -> (std::process::ExitStatus, String, i32, f64) {
     let log = dir.join("log.txt");
-    // MPICH's hydra kills the survivors itself unless told to leave them to the application.
-    let mut launch = mpiexec(&["-disable-auto-cleanup"], &strs(args));
+    let mut launch = mpiexec(&[], &strs(args));
     let file = std::fs::File::create(&log).unwrap();
     let mut child = launch.stdout(file.try_clone().unwrap()).stderr(file).stdin(Stdio::null()).spawn().unwrap();
     let read = || std::fs::read_to_string(&log).unwrap_or_default();
@@ -183,15 +182,15 @@ fn kill_rank_1(dir: &Path, args: &[String]) -> (std::process::ExitStatus, String
     (status, text, pid, killed.elapsed().as_secs_f64())
 }
 
-/// The survivor always ends, non-zero. It names the lost rank when it runs before MPICH's hydra, which follows its
-/// SIGUSR1 with a SIGKILL 0.3 ms later, kills it: about 70 % of kills on this 2-core machine, so up to eight launches
-/// are tried for the message.
+/// The launcher kills the survivor at once; the rank it shelters is told by SIGTERM and names the lost one first.
+/// A launch that does not name it is retried twice, so that one scheduling accident on a loaded machine is told
+/// apart from a survivor that never names the lost rank.
 #[test]
 fn a_killed_rank_ends_the_other_with_an_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let args = baby_gpt(dir.path(), &dir.path().join("run"), 6, 1, 1_000_000);
     let mut silent = Vec::new();
-    for attempt in 1..=8 {
+    for attempt in 1..=3 {
         std::fs::remove_dir_all(dir.path().join("run")).ok();
         let (status, text, pid, seconds) = kill_rank_1(dir.path(), &args);
         assert!(!status.success(), "{text}");

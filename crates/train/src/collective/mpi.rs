@@ -1,16 +1,17 @@
 //! [`Collective`] over MPI: the ranks of an `mpiexec` launch, on one machine or several. MPI is initialised with
 //! `MPI_THREAD_SERIALIZED`, so the trainer may call it from whichever thread runs it, one call at a time.
 //!
-//! A rank that dies ends the launch, never a hang. By default `mpiexec` kills the other ranks at once: MPICH's hydra
-//! reports the dead process's pid, which each rank's first line of output ties to its rank; Open MPI's mpirun names
-//! the rank. Under MPICH's `-disable-auto-cleanup` the survivors are sent SIGUSR1 first and name the lost rank
-//! themselves (hydra 4.0 still kills them 0.3 ms later, so a survivor that is not scheduled in time ends unheard).
-//! While waiting in a collective a rank also checks every 20 ms that the others on its machine are alive, so a
-//! launcher that does not kill (or a rank stuck in MPI) cannot leave it waiting forever.
+//! A rank that dies ends the launch, never a hang, and the survivors on its machine name it. The launcher kills
+//! every survivor the moment one rank dies (MPICH's hydra sends SIGKILL to each rank's process group, even under
+//! `-disable-auto-cleanup`, 0.3 ms after its SIGUSR1), which leaves a rank no time to speak. So [`shelter`] runs each
+//! rank in a child process of its own process group: the launcher's kill reaches the small parent, whose death
+//! reaches the rank as SIGTERM, and the rank names the lost rank before it exits. While waiting in a collective a rank
+//! also checks every 20 ms that the ranks on its machine are alive, so a launcher that does not kill cannot leave it
+//! waiting forever.
 
 use std::ffi::CString;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use mpi::Threading;
@@ -85,12 +86,14 @@ impl Mpi {
             })
             .collect();
         let elsewhere = format!("error: a rank on another machine was lost; rank {me} stops\n");
-        if WATCHED.set(Watched { here, elsewhere }).is_ok() {
-            // SAFETY: both handlers only touch an atomic or WATCHED (set before they are installed) and call
+        let stopped = format!("error: rank {me} was stopped by the launcher\n");
+        if WATCHED.set(Watched { here, elsewhere, stopped }).is_ok() {
+            // SAFETY: the handlers only touch an atomic or WATCHED (set before they are installed) and call
             // async-signal-safe functions (open, read, close, write, nanosleep, signal, _exit).
             unsafe {
                 libc::signal(libc::SIGUSR1, on_failure_report as *const () as libc::sighandler_t);
                 libc::signal(libc::SIGABRT, on_abort as *const () as libc::sighandler_t);
+                libc::signal(libc::SIGTERM, on_stop as *const () as libc::sighandler_t);
             }
         }
     }
@@ -133,6 +136,8 @@ const CHECK_EVERY: Duration = Duration::from_millis(20);
 struct Watched {
     here: Vec<(CString, String)>,
     elsewhere: String,
+    /// For a stop with no rank of this machine lost.
+    stopped: String,
 }
 
 static WATCHED: OnceLock<Watched> = OnceLock::new();
@@ -148,6 +153,18 @@ extern "C" fn on_failure_report(_signal: libc::c_int) {
         unsafe { libc::_exit(1) };
     }
     FAILURE_REPORTED.store(true, Ordering::Relaxed);
+}
+
+/// SIGTERM: the launcher stopped the rank (in a sheltered rank, the parent was killed): names the lost ranks of this
+/// machine, giving a rank killed a moment ago a second to be seen gone, or says it was stopped; then exits.
+extern "C" fn on_stop(_signal: libc::c_int) {
+    if let Some(watched) = WATCHED.get()
+        && !name_lost(watched, 50)
+    {
+        say(&watched.stopped);
+    }
+    // SAFETY: ends the process without running destructors, as a signal handler must.
+    unsafe { libc::_exit(1) };
 }
 
 /// An abort, which is how the transport (UCX) ends a rank whose peer vanished mid-transfer: names the lost ranks of
@@ -215,6 +232,61 @@ fn alive(stat: &CString) -> bool {
         .map(|f| f.iter().take_while(|b| b.is_ascii_digit()).fold(0u64, |n, &b| n * 10 + (b - b'0') as u64));
     const PF_EXITING: u64 = 0x4;
     !matches!(state, None | Some(b'Z' | b'X')) && flags.is_some_and(|f| f & PF_EXITING == 0)
+}
+
+/// The sheltered rank's process id, for the parent's signal forwarding.
+static RANK_PID: AtomicI32 = AtomicI32::new(0);
+
+/// When this process was started by an MPI launcher, forks: the child returns and becomes the rank, in a process
+/// group of its own, and receives SIGTERM when the parent dies; the parent stays behind for the launcher, passes on
+/// the signals the launcher sends (SIGINT, SIGTERM, SIGUSR1, SIGHUP) and exits as the rank did, never returning.
+/// Must run before any thread starts. A process started without a launcher, or whose fork fails, goes on as it is.
+pub fn shelter() {
+    let launched =
+        ["PMI_RANK", "PMI_FD", "PMIX_RANK", "OMPI_COMM_WORLD_RANK"].iter().any(|v| std::env::var_os(v).is_some());
+    if !launched {
+        return;
+    }
+    // SAFETY: no other thread runs yet, so the child may go on running Rust code after fork.
+    let parent = unsafe { libc::getpid() };
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        return;
+    }
+    if child == 0 {
+        // SAFETY: plain process-control calls on this process; a parent already gone is caught by getppid.
+        unsafe {
+            libc::setpgid(0, 0);
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+        }
+        return;
+    }
+    RANK_PID.store(child, Ordering::Relaxed);
+    // SAFETY: the handler only reads an atomic and calls kill, which is async-signal-safe.
+    unsafe {
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGUSR1, libc::SIGHUP] {
+            libc::signal(signal, pass_on as *const () as libc::sighandler_t);
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child; an interrupted wait (a signal passed on) is retried.
+    while unsafe { libc::waitpid(child, &mut status, 0) } < 0 {}
+    // SAFETY: exit as the rank did: its status, or its signal with the default action.
+    unsafe {
+        if libc::WIFSIGNALED(status) {
+            libc::signal(libc::WTERMSIG(status), libc::SIG_DFL);
+            libc::raise(libc::WTERMSIG(status));
+        }
+        libc::_exit(libc::WEXITSTATUS(status));
+    }
+}
+
+extern "C" fn pass_on(signal: libc::c_int) {
+    // SAFETY: kill is async-signal-safe.
+    unsafe { libc::kill(RANK_PID.load(Ordering::Relaxed), signal) };
 }
 
 impl Collective for Mpi {
