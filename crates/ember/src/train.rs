@@ -107,7 +107,7 @@ fn train_rank(args: TrainArgs, device: DeviceChoice, collective: Rc<dyn Collecti
     corpus.check_fits(&config.data.corpus, seq_len)?;
     // The sample printed after training, checked before the first step rather than after the last.
     if !args.no_sample {
-        ember_serve::prompt_ids(&tok, &config.sample.prompt, config.model.block_size)
+        ember_serve::prompt_ids(&tok, &config.sample.prompt, config.model.block_size, config.model.vocab())
             .map_err(|e| anyhow::anyhow!("{}: [sample] {e}", config_path.display()))?;
     }
     if args.resume.is_none() && writes {

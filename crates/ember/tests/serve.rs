@@ -235,3 +235,23 @@ print(r.choices[0].text)
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8(out.stdout).unwrap().trim_end_matches('\n'), generate_cli(&run, &prompts[0], 12));
 }
+
+/// A tokenizer that reaches past the model's vocabulary (one character more than the model was trained on) is an
+/// error naming the id: a clean one-line error from `ember generate`, a 400 from the server, which goes on serving.
+#[test]
+fn a_prompt_past_the_vocabulary_is_refused_and_the_server_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let (run, prompts) = tiny_model(dir.path());
+    let corpus = std::fs::read_to_string(dir.path().join("corpus.txt")).unwrap();
+    assert!(!corpus.contains('é'));
+    let wider = ember_core_model::tokenizer::train_char(&format!("{corpus}é")).unwrap();
+    ember_core_model::tokenizer::save(&wider, &run.join("tokenizer.json")).unwrap();
+
+    let out = generate_on_cpu(&run, &["--prompt", "é", "--max-new-tokens", "2"]);
+    common::assert_clean_error(&out, "past the model's vocabulary");
+    let server = Server::start(&run);
+    let (status, body) = server.request("POST", "/v1/completions", Some(&json!({"prompt": "é", "max_tokens": 2})));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("past the model's vocabulary"), "{body}");
+    server.complete(json!({"prompt": prompts[0], "max_tokens": 2}));
+}

@@ -20,6 +20,11 @@ pub enum GenerateError {
     EmptyPrompt,
     #[error("the prompt is {tokens} tokens, longer than the model's context of {context}")]
     PromptTooLong { tokens: usize, context: usize },
+    #[error(
+        "the prompt encodes to token id {id}, past the model's vocabulary of {vocab}: the tokenizer does not belong \
+         to this model"
+    )]
+    TokenPastVocabulary { id: u32, vocab: usize },
     #[error(transparent)]
     Decode(TokenizerError),
 }
@@ -205,7 +210,7 @@ impl<'a> Sequence<'a> {
         kv: KvSpec,
         device: &Device,
     ) -> Result<Self, GenerateError> {
-        let ids = prompt_ids(tokenizer, &settings.prompt, model.block_size())?;
+        let ids = prompt_ids(tokenizer, &settings.prompt, model.block_size(), model.config().vocab())?;
         Ok(Self {
             decoder: Decoder::new(model, kv, device),
             tokenizer,
@@ -288,13 +293,21 @@ impl<'a> Sequence<'a> {
 }
 
 /// The prompt's token ids, checked: encodable, not empty, not longer than a context of `context` tokens.
-pub fn prompt_ids(tokenizer: &Tokenizer, prompt: &str, context: usize) -> Result<Vec<u32>, GenerateError> {
+pub fn prompt_ids(
+    tokenizer: &Tokenizer,
+    prompt: &str,
+    context: usize,
+    vocab: usize,
+) -> Result<Vec<u32>, GenerateError> {
     let ids = tokenizer::encode(tokenizer, prompt).map_err(GenerateError::Prompt)?;
     if ids.is_empty() {
         return Err(GenerateError::EmptyPrompt);
     }
     if ids.len() > context {
         return Err(GenerateError::PromptTooLong { tokens: ids.len(), context });
+    }
+    if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(GenerateError::TokenPastVocabulary { id, vocab });
     }
     Ok(ids)
 }
