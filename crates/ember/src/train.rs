@@ -95,6 +95,7 @@ fn train_rank(args: TrainArgs, device: DeviceChoice, collective: Rc<dyn Collecti
         collective.barrier();
     }
     let vocab = tokenizer::vocab_size(&tok);
+    corpus.check_ids(vocab, &run_dir)?;
     // A larger model vocabulary leaves rows unused (nanoGPT pads GPT-2's 50257 to 50304); a smaller one cannot work.
     match config.model.vocab_size {
         Some(v) if v < vocab => {

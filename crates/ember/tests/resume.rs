@@ -67,3 +67,42 @@ fn killing_training_mid_checkpoint_leaves_the_previous_checkpoint_loadable() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("of train.max_steps = 1: nothing to train"), "{stdout}");
 }
+
+/// A run whose checkpoint or token cache was damaged after it was written: resuming stops with an error naming
+/// the damage instead of panicking (a short or missing AdamW moment, a token id past the vocabulary).
+#[test]
+fn a_damaged_checkpoint_or_token_cache_is_refused_on_resume() {
+    use ember_core_model::bundle;
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 20_000);
+    let run = dir.path().join("run");
+    let config = tiny_config(dir.path(), &corpus, &run, "");
+    train_ok(&["--device", "cpu", "--config", config.to_str().unwrap(), "--set", "train.max_steps=4"]);
+    let resume = || ember(&["train", "--device", "cpu", "--no-sample", "--resume", run.to_str().unwrap()]);
+    let ckpt = run.join(bundle::CHECKPOINT);
+    let original = std::fs::read(&ckpt).unwrap();
+    let (tensors, metadata) = bundle::load_tensors(&ckpt).unwrap();
+    let rewrite = |edit: &dyn Fn(&mut Vec<(String, burn::tensor::TensorData)>)| {
+        let mut all: Vec<_> = tensors.clone().into_iter().collect();
+        edit(&mut all);
+        bundle::save_tensors(&ckpt, &all, metadata.clone()).unwrap();
+    };
+    let moment = "optim.m.wte.weight";
+    assert!(tensors.contains_key(moment), "{:?}", tensors.keys().collect::<Vec<_>>());
+
+    rewrite(&|all| {
+        let (_, data) = all.iter_mut().find(|(k, _)| k == moment).unwrap();
+        *data = burn::tensor::TensorData::new(vec![0f32; 5], [5]);
+    });
+    assert_clean_error(&resume(), "AdamW moment m.wte.weight is [5] F32");
+
+    rewrite(&|all| all.retain(|(k, _)| k != moment));
+    assert_clean_error(&resume(), "it has no AdamW moments for wte.weight after 4 updates");
+
+    std::fs::write(&ckpt, original).unwrap();
+    let train_bin = run.join("train.bin");
+    let mut ids = std::fs::read(&train_bin).unwrap();
+    ids[40..44].copy_from_slice(&u32::MAX.to_le_bytes());
+    std::fs::write(&train_bin, ids).unwrap();
+    assert_clean_error(&resume(), "train.bin is corrupt: token 10 is id 4294967295, past the tokenizer's vocabulary");
+}

@@ -31,6 +31,8 @@ pub enum CorpusError {
     TooSmall { path: PathBuf, split: &'static str, tokens: usize, needed: usize },
     #[error("token cache {0} is corrupt (its length is not a whole number of tokens)")]
     CorruptCache(PathBuf),
+    #[error("token cache {path} is corrupt: token {at} is id {id}, past the tokenizer's vocabulary of {vocab}")]
+    IdPastVocabulary { path: PathBuf, at: usize, id: u32, vocab: usize },
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]
@@ -107,6 +109,17 @@ fn read_tokens(path: &Path) -> Result<Vec<u32>, CorpusError> {
 }
 
 impl Corpus {
+    /// Fails when a token id is past the tokenizer's `vocab` (a corrupt or foreign token cache in `run_dir`), which
+    /// would index past the embedding.
+    pub fn check_ids(&self, vocab: usize, run_dir: &Path) -> Result<(), CorpusError> {
+        for (name, ids) in [(TRAIN_BIN, &self.train), (VAL_BIN, &self.val)] {
+            if let Some((at, &id)) = ids.iter().enumerate().find(|&(_, &id)| id as usize >= vocab) {
+                return Err(CorpusError::IdPastVocabulary { path: run_dir.join(name), at, id, vocab });
+            }
+        }
+        Ok(())
+    }
+
     /// Fails unless each split holds at least one window of `seq_len + 1` tokens.
     pub fn check_fits(&self, corpus: &Path, seq_len: usize) -> Result<(), CorpusError> {
         for (split, tokens) in [("train", &self.train), ("val", &self.val)] {

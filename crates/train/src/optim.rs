@@ -57,23 +57,41 @@ impl AdamW {
         out
     }
 
-    /// Restores moments written by [`AdamW::state`] onto the parameters of the model being trained.
+    /// Restores moments written by [`AdamW::state`] onto the parameters of the model being trained, after `t`
+    /// updates. Every parameter must have both moments, of its size, unless no update was taken yet: a checkpoint
+    /// without them would not resume exactly.
     pub fn load_state(
         &mut self,
         params: &[ParamInfo],
         tensors: &HashMap<String, TensorData>,
         t: u64,
         device: &burn::tensor::Device,
-    ) {
+    ) -> Result<(), String> {
         self.t = t;
         self.moments.clear();
         for p in params {
-            if let (Some(m), Some(v)) = (tensors.get(&format!("m.{}", p.path)), tensors.get(&format!("v.{}", p.path))) {
-                let moments =
-                    Moments { m: Tensor::from_data(m.clone(), device), v: Tensor::from_data(v.clone(), device) };
-                self.moments.insert(p.id, moments);
+            let n: usize = p.shape.iter().product();
+            let [m, v] = ["m", "v"].map(|k| tensors.get(&format!("{k}.{}", p.path)));
+            let (Some(m), Some(v)) = (m, v) else {
+                if t == 0 {
+                    continue;
+                }
+                return Err(format!("it has no AdamW moments for {} after {t} updates", p.path));
+            };
+            for (k, data) in [("m", m), ("v", v)] {
+                if data.rank() != 1 || data.num_elements() != n || data.dtype() != burn::tensor::DType::F32 {
+                    return Err(format!(
+                        "its AdamW moment {k}.{} is {:?} {:?}; the parameter needs [{n}] F32",
+                        p.path,
+                        data.shape().as_slice(),
+                        data.dtype()
+                    ));
+                }
             }
+            let moments = Moments { m: Tensor::from_data(m.clone(), device), v: Tensor::from_data(v.clone(), device) };
+            self.moments.insert(p.id, moments);
         }
+        Ok(())
     }
 }
 

@@ -232,7 +232,9 @@ impl<T: Task> TrainLoop<T> {
         let mut run = Self::fresh(task, model, config, run_dir);
         run.model = params::load_state_dict(run.model, &ckpt.model)?;
         run.params = params::param_infos(&run.model);
-        run.optim.load_state(&run.params, &ckpt.optim, ckpt.state.step, device);
+        run.optim
+            .load_state(&run.params, &ckpt.optim, ckpt.state.step, device)
+            .map_err(|reason| TrainError::Resume { run_dir: run_dir.to_path_buf(), reason })?;
         run.step = ckpt.state.step;
         run.tokens = ckpt.state.tokens;
         run.trained_ranks = ckpt.state.ranks;
