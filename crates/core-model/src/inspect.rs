@@ -49,9 +49,12 @@ pub fn kv_elements_per_token_layer(c: &ModelConfig) -> usize {
     }
 }
 
-/// KV-cache bytes for `batch` sequences of `length` tokens at `bytes_per_element`, over every layer.
-pub fn kv_cache_bytes(c: &ModelConfig, batch: usize, length: usize, bytes_per_element: usize) -> u64 {
-    (kv_elements_per_token_layer(c) * c.n_layers * bytes_per_element) as u64 * (batch * length) as u64
+/// KV-cache bytes for `batch` sequences of `length` tokens at `bytes_per_element`, over every layer; None past
+/// 2^128 bytes (sizes given on the command line can be anything).
+pub fn kv_cache_bytes(c: &ModelConfig, batch: usize, length: usize, bytes_per_element: usize) -> Option<u128> {
+    [kv_elements_per_token_layer(c), c.n_layers, bytes_per_element, batch, length]
+        .into_iter()
+        .try_fold(1u128, |product, n| product.checked_mul(n as u128))
 }
 
 #[cfg(test)]
@@ -65,10 +68,11 @@ mod tests {
     fn llama2_7b_at_8k_tokens_mha_4gib_gqa_1gib_mqa_128mib() {
         // 32 layers, h = 32, d_h = 128, T = 8192, 2 bytes per element.
         let mha = ModelConfig::gpt(32_000, 32, 32, 4096, 8192);
-        let gib = 1u64 << 30;
-        assert_eq!(kv_cache_bytes(&mha, 1, 8192, 2), 4 * gib);
-        assert_eq!(kv_cache_bytes(&ModelConfig { n_kv_heads: Some(8), ..mha.clone() }, 1, 8192, 2), gib);
-        assert_eq!(kv_cache_bytes(&ModelConfig { n_kv_heads: Some(1), ..mha }, 1, 8192, 2), 128 << 20);
+        let gib = 1u128 << 30;
+        assert_eq!(kv_cache_bytes(&mha, 1, 8192, 2), Some(4 * gib));
+        assert_eq!(kv_cache_bytes(&ModelConfig { n_kv_heads: Some(8), ..mha.clone() }, 1, 8192, 2), Some(gib));
+        assert_eq!(kv_cache_bytes(&ModelConfig { n_kv_heads: Some(1), ..mha.clone() }, 1, 8192, 2), Some(128 << 20));
+        assert_eq!(kv_cache_bytes(&mha, usize::MAX, usize::MAX, 2), None);
     }
 
     #[test]

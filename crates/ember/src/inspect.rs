@@ -56,8 +56,10 @@ fn config_of(args: &InspectArgs) -> Result<ModelConfig> {
     }
 }
 
-fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+/// `n` bytes in binary units; None (an overflow) as such.
+fn bytes(n: Option<u128>) -> String {
+    let Some(n) = n else { return "more than 2^128 B".into() };
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     let mut v = n as f64;
     let mut unit = 0;
     while v >= 1024.0 && unit < UNITS.len() - 1 {
@@ -115,13 +117,14 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
         AttentionKind::Mha => "2·g·d_h",
     };
     println!("KV cache at {e} bytes per element");
-    println!("  per token per layer  {formula} = {per_layer} elements = {}", bytes((per_layer * e) as u64));
+    let per_layer_bytes = (per_layer as u128).checked_mul(e as u128);
+    println!("  per token per layer  {formula} = {per_layer} elements = {}", bytes(per_layer_bytes));
     println!("  per token            {}", bytes(kv_cache_bytes(&c, 1, 1, e)));
     println!(
         "  {b} × {t} tokens{:>w$}{}",
         "",
         bytes(kv_cache_bytes(&c, b, t, e)),
-        w = 8usize.saturating_sub(format!("{b}{t}").len())
+        w = 8usize.saturating_sub(format!("{b}{t}").len()).max(1)
     );
     if c.attention == AttentionKind::Mha {
         let with = |g: usize| bytes(kv_cache_bytes(&ModelConfig { n_kv_heads: Some(g), ..c.clone() }, b, t, e));

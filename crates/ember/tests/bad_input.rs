@@ -170,3 +170,13 @@ fn bleu_of_files_that_are_not_line_aligned_or_not_utf8() {
     let same = bleu(&hyp, &hyp);
     assert!(String::from_utf8_lossy(&same.stdout).starts_with("BLEU = 100.00"), "{same:?}");
 }
+
+/// KV-cache sizes from command-line counts of any size are computed without overflow.
+#[test]
+fn inspect_with_the_largest_batch_does_not_overflow() {
+    let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/gpt2-124m.toml");
+    let out = ember(&["inspect", "--config", config.to_str().unwrap(), "--batch", &usize::MAX.to_string()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(" × 1024 tokens 603979776.00 EiB"), "{stdout}");
+}
