@@ -68,6 +68,9 @@ fn killing_training_mid_checkpoint_leaves_the_previous_checkpoint_loadable() {
     assert!(stdout.contains("of train.max_steps = 1: nothing to train"), "{stdout}");
 }
 
+/// Named tensors, as a checkpoint holds them.
+type Named = Vec<(String, burn::tensor::TensorData)>;
+
 /// A run whose checkpoint or token cache was damaged after it was written: resuming stops with an error naming
 /// the damage instead of panicking (a short or missing AdamW moment, a token id past the vocabulary).
 #[test]
@@ -82,7 +85,7 @@ fn a_damaged_checkpoint_or_token_cache_is_refused_on_resume() {
     let ckpt = run.join(bundle::CHECKPOINT);
     let original = std::fs::read(&ckpt).unwrap();
     let (tensors, metadata) = bundle::load_tensors(&ckpt).unwrap();
-    let rewrite = |edit: &dyn Fn(&mut Vec<(String, burn::tensor::TensorData)>)| {
+    let rewrite = |edit: &dyn Fn(&mut Named)| {
         let mut all: Vec<_> = tensors.clone().into_iter().collect();
         edit(&mut all);
         bundle::save_tensors(&ckpt, &all, metadata.clone()).unwrap();
