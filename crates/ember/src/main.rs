@@ -196,9 +196,7 @@ fn generate(args: GenerateArgs, device: DeviceChoice) -> Result<()> {
     };
     settings.validate()?;
     let kv = ember_serve::KvSpec { kind: args.kv_cache, page_size: args.page_size, group: args.kv_group };
-    if kv.page_size == 0 || kv.group == 0 {
-        bail!("--page-size and --kv-group must be at least 1");
-    }
+    kv.check(run.model.block_size()).map_err(anyhow::Error::msg)?;
     let g = train::print_sample(&run.model, &run.tokenizer, &settings, kv, &device)?;
     if args.stats {
         eprintln!(

@@ -42,7 +42,9 @@ pub struct RunLock {
     _file: File,
 }
 
-/// Locks `dir` (created if missing) for one trainer; a second gets a clear error at once instead of waiting.
+/// Locks `dir` (created if missing) for one trainer; a second gets a clear error at once instead of waiting. Once
+/// locked, the `.tmp` files of atomic writes that a killed trainer left unfinished (in `dir` and its `checkpoints/`)
+/// are removed: nobody else can be writing them.
 pub fn lock(dir: &Path) -> Result<RunLock> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating the run directory {}", dir.display()))?;
     let path = dir.join(LOCK);
@@ -53,10 +55,26 @@ pub fn lock(dir: &Path) -> Result<RunLock> {
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
     match file.try_lock() {
-        Ok(()) => Ok(RunLock { _file: file }),
+        Ok(()) => {
+            remove_unfinished(dir)?;
+            remove_unfinished(&dir.join("checkpoints"))?;
+            Ok(RunLock { _file: file })
+        }
         Err(TryLockError::WouldBlock) => {
             bail!("{} is in use by another trainer (it holds {})", dir.display(), path.display())
         }
         Err(TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
     }
+}
+
+/// Removes the `*.tmp` files directly in `dir` (none if it does not exist).
+fn remove_unfinished(dir: &Path) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(()) };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "tmp") && path.is_file() {
+            std::fs::remove_file(&path).with_context(|| format!("removing the unfinished {}", path.display()))?;
+        }
+    }
+    Ok(())
 }

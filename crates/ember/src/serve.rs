@@ -46,11 +46,13 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 pub fn serve(args: ServeArgs, device: DeviceChoice) -> Result<()> {
-    if args.max_batch == 0 || args.page_size == 0 || args.kv_group == 0 {
-        bail!("--max-batch, --page-size and --kv-group must be at least 1");
+    if args.max_batch == 0 {
+        bail!("--max-batch must be at least 1");
     }
     let (device, description) = devices::select(device)?;
     let run = import::load(&args.model, &device)?;
+    let kv = KvSpec { kind: args.kv_cache, page_size: args.page_size, group: args.kv_group };
+    kv.check(run.model.block_size()).map_err(anyhow::Error::msg)?;
     let id = args
         .name
         .clone()
@@ -69,7 +71,6 @@ pub fn serve(args: ServeArgs, device: DeviceChoice) -> Result<()> {
     let active = Arc::new(AtomicUsize::new(0));
     let reported = active.clone();
     let acceptor = thread::spawn(move || server::accept(listener, id, jobs, reported, &STOP));
-    let kv = KvSpec { kind: args.kv_cache, page_size: args.page_size, group: args.kv_group };
     scheduler::run(&run.model, &run.tokenizer, kv, &device, args.max_batch, received, &active);
     acceptor.join().map_err(|_| anyhow!("the listener thread panicked"))??;
     println!("stopped: every request in flight finished");

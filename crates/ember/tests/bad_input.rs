@@ -180,3 +180,15 @@ fn inspect_with_the_largest_batch_does_not_overflow() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains(" × 1024 tokens 603979776.00 EiB"), "{stdout}");
 }
+
+/// A page larger than the model's context is refused (it used to be allocated whole: 8 GB for five tokens).
+#[test]
+fn a_page_larger_than_the_context_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 20_000);
+    let run = dir.path().join("run");
+    let config = tiny_config(dir.path(), &corpus, &run, "");
+    train_ok(&["--device", "cpu", "--config", config.to_str().unwrap(), "--set", "train.max_steps=2"]);
+    let out = generate_on_cpu(&run, &["--prompt", "A", "--kv-cache", "paged", "--page-size", "1000000"]);
+    assert_clean_error(&out, "--page-size 1000000 is larger than the model's context of 32 tokens");
+}

@@ -109,3 +109,27 @@ fn a_damaged_checkpoint_or_token_cache_is_refused_on_resume() {
     std::fs::write(&train_bin, ids).unwrap();
     assert_clean_error(&resume(), "train.bin is corrupt: token 10 is id 4294967295, past the tokenizer's vocabulary");
 }
+
+/// What a trainer killed mid-write leaves behind: unfinished `.tmp` files, which the next trainer on the directory
+/// removes, and, killed between the two files of a checkpoint, a checkpoint without its model file, which resumes.
+#[test]
+fn unfinished_files_are_removed_and_a_checkpoint_without_its_model_file_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 20_000);
+    let run = dir.path().join("run");
+    let config = tiny_config(dir.path(), &corpus, &run, "");
+    train_ok(&["--device", "cpu", "--config", config.to_str().unwrap(), "--set", "train.max_steps=4"]);
+    std::fs::remove_file(run.join("model.safetensors")).unwrap();
+    for leftover in ["model.tmp", "checkpoint.tmp", "metrics.tmp"] {
+        std::fs::write(run.join(leftover), b"half a file").unwrap();
+    }
+    train_ok(&["--device", "cpu", "--resume", run.to_str().unwrap(), "--set", "train.max_steps=6"]);
+    assert!(run.join("model.safetensors").is_file());
+    let left: Vec<_> = std::fs::read_dir(&run)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(step_losses(&run).last().unwrap().0, 6);
+}

@@ -56,6 +56,23 @@ pub struct KvSpec {
     pub group: usize,
 }
 
+impl KvSpec {
+    /// Checks the parameters against a model's `context`: a page holds 1 to `context` tokens (a larger one would
+    /// be allocated whole for nothing), a scale covers at least one value.
+    pub fn check(&self, context: usize) -> Result<(), String> {
+        if self.page_size == 0 || self.group == 0 {
+            return Err("--page-size and --kv-group must be at least 1".into());
+        }
+        if self.page_size > context {
+            return Err(format!(
+                "--page-size {} is larger than the model's context of {context} tokens",
+                self.page_size
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl From<KvKind> for KvSpec {
     fn from(kind: KvKind) -> Self {
         Self { kind, page_size: 16, group: 32 }

@@ -47,8 +47,9 @@ pub struct Checkpoint<S> {
     pub state: TrainState<S>,
 }
 
-/// Writes the weights alone as `model.safetensors`, then `checkpoint.safetensors` (model under "model.", optimizer
-/// under "optim."), each atomically, so a run killed at any moment has both files loadable.
+/// Writes `checkpoint.safetensors` (model under "model.", optimizer under "optim."), then the weights alone as
+/// `model.safetensors`, each atomically: a run killed at any moment has both files loadable, and one killed between
+/// the two writes of its first checkpoint can still be resumed.
 pub fn save<S: Serialize>(
     run_dir: &Path,
     model: &[(String, TensorData)],
@@ -58,8 +59,12 @@ pub fn save<S: Serialize>(
     let state_json = serde_json::to_string(state).expect("training state serialises");
     let mut all: Vec<(String, TensorData)> = model.iter().map(|(k, v)| (format!("model.{k}"), v.clone())).collect();
     all.extend(optim.into_iter().map(|(k, v)| (format!("optim.{k}"), v)));
-    bundle::save_tensors(&run_dir.join(bundle::MODEL), model, HashMap::new())?;
-    bundle::save_tensors(&run_dir.join(bundle::CHECKPOINT), &all, HashMap::from([(STATE_KEY.to_string(), state_json)]))
+    bundle::save_tensors(
+        &run_dir.join(bundle::CHECKPOINT),
+        &all,
+        HashMap::from([(STATE_KEY.to_string(), state_json)]),
+    )?;
+    bundle::save_tensors(&run_dir.join(bundle::MODEL), model, HashMap::new())
 }
 
 pub fn load<S: DeserializeOwned>(run_dir: &Path) -> Result<Checkpoint<S>, CheckpointError> {
