@@ -91,7 +91,16 @@ pub enum GgufError {
     MissingTensor(String),
     #[error("text is not UTF-8 at byte {0}")]
     Utf8(usize),
+    #[error("metadata arrays nested deeper than {MAX_NESTING} at byte {0}")]
+    Nesting(usize),
+    #[error("general.alignment {0} is not a power of two from 1 to 2^20")]
+    Alignment(u64),
+    #[error("tensor {name}: dimensions {dims:?} hold more elements than this machine can address")]
+    TensorSize { name: String, dims: Vec<usize> },
 }
+
+/// How deep metadata arrays may nest (GGUF files in use nest none; each level is a recursion of the reader).
+pub const MAX_NESTING: usize = 8;
 
 struct Reader<'a> {
     bytes: &'a [u8],
@@ -123,7 +132,8 @@ impl Reader<'_> {
         let at = self.at;
         String::from_utf8(self.take(n)?.to_vec()).map_err(|_| GgufError::Utf8(at))
     }
-    fn value(&mut self, ty: u32) -> Result<Value, GgufError> {
+    /// A metadata value of type `ty`, inside `depth` enclosing arrays.
+    fn value(&mut self, ty: u32, depth: usize) -> Result<Value, GgufError> {
         Ok(match ty {
             0 => Value::Uint(self.array::<1>()?[0] as u64),
             1 => Value::Int(self.array::<1>()?[0] as i8 as i64),
@@ -135,9 +145,12 @@ impl Reader<'_> {
             7 => Value::Bool(self.array::<1>()?[0] != 0),
             8 => Value::Str(self.string()?),
             9 => {
+                if depth == MAX_NESTING {
+                    return Err(GgufError::Nesting(self.at));
+                }
                 let item = self.u32()?;
                 let n = self.len()?;
-                Value::Array((0..n).map(|_| self.value(item)).collect::<Result<_, _>>()?)
+                Value::Array((0..n).map(|_| self.value(item, depth + 1)).collect::<Result<_, _>>()?)
             }
             10 => Value::Uint(self.u64()?),
             11 => Value::Int(i64::from_le_bytes(self.array()?)),
@@ -164,19 +177,25 @@ impl Gguf {
         for _ in 0..n_kv {
             let key = r.string()?;
             let ty = r.u32()?;
-            metadata.insert(key, r.value(ty)?);
+            metadata.insert(key, r.value(ty, 0)?);
         }
         let mut tensors = Vec::with_capacity(n_tensors);
         for _ in 0..n_tensors {
             let name = r.string()?;
             let n_dims = r.u32()? as usize;
-            let dims = (0..n_dims).map(|_| r.len()).collect::<Result<_, _>>()?;
+            let dims: Vec<usize> = (0..n_dims).map(|_| r.len()).collect::<Result<_, _>>()?;
+            if dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).is_none() {
+                return Err(GgufError::TensorSize { name, dims });
+            }
             let ggml_type = r.u32()?;
             let offset = r.len()?;
             tensors.push(TensorInfo { name, dims, ggml_type, offset });
         }
-        let alignment = metadata.get("general.alignment").and_then(Value::as_u64).unwrap_or(32).max(1) as usize;
-        let data_start = r.at.div_ceil(alignment) * alignment;
+        let alignment = metadata.get("general.alignment").and_then(Value::as_u64).unwrap_or(32);
+        if !alignment.is_power_of_two() || alignment > 1 << 20 {
+            return Err(GgufError::Alignment(alignment));
+        }
+        let data_start = r.at.next_multiple_of(alignment as usize);
         Ok(Self { metadata, tensors, bytes, data_start })
     }
 
@@ -204,9 +223,10 @@ impl Gguf {
         if n % block != 0 {
             return Err(unsupported());
         }
-        let start = self.data_start + info.offset;
-        let end = start + n / block * block_bytes;
-        let raw = self.bytes.get(start..end).ok_or_else(|| GgufError::TensorBounds(name.into()))?;
+        let bounds = || GgufError::TensorBounds(name.into());
+        let start = self.data_start.checked_add(info.offset).ok_or_else(bounds)?;
+        let end = (n / block).checked_mul(block_bytes).and_then(|len| start.checked_add(len)).ok_or_else(bounds)?;
+        let raw = self.bytes.get(start..end).ok_or_else(bounds)?;
         let values = match info.ggml_type {
             0 => raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
             1 => raw.chunks_exact(2).map(|b| f16(u16::from_le_bytes([b[0], b[1]]))).collect(),

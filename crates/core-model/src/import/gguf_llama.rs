@@ -43,42 +43,70 @@ fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
     let mut config =
         ModelConfig::gpt(tokens.len(), count(gguf, "llama.block_count")?, h, d, count(gguf, "llama.context_length")?)
             .llama_style(g);
-    config.head_dim = count(gguf, "llama.attention.key_length").ok().filter(|&dh| dh * h != d);
+    config.head_dim = count(gguf, "llama.attention.key_length").ok().filter(|&dh| dh.checked_mul(h) != Some(d));
     config.norm_eps =
         meta(gguf, "llama.attention.layer_norm_rms_epsilon")?.as_f64().ok_or("rms epsilon is not a number")?;
     config.d_ff = Some(count(gguf, "llama.feed_forward_length")?);
     config.rope_theta = gguf.get("llama.rope.freq_base").and_then(Value::as_f64).unwrap_or(10_000.0);
     config.tie_embeddings = gguf.info("output.weight").is_none();
+    config.validate().map_err(|e| e.to_string())?;
     if let Ok(rope_dim) = count(gguf, "llama.rope.dimension_count")
         && rope_dim != config.head_dim()
     {
         return Err(format!("partial rotary embeddings ({rope_dim} of {} dims) are not supported", config.head_dim()));
     }
-    config.validate().map_err(|e| e.to_string())?;
     Ok(config)
 }
 
+/// The model's tensors, each checked against the shape the metadata implies before it is used; a tensor of the file
+/// that the model does not use is an error (the metadata and the weights disagree), not a silent smaller model.
 fn tensors(gguf: &Gguf, config: &ModelConfig) -> Result<Tensors, String> {
-    let get = |name: &str| gguf.tensor(name).map_err(|e| e.to_string());
+    let (d, v, f) = (config.d_model, config.vocab(), config.ffn_dim());
     let (h, g, dh) = (config.n_heads, config.kv_heads(), config.head_dim());
+    let (Some(hd), Some(gd)) = (h.checked_mul(dh), g.checked_mul(dh)) else {
+        return Err(format!("{h} heads of {dh} dimensions overflow"));
+    };
+    let used = std::cell::RefCell::new(std::collections::HashSet::new());
+    let get = |name: &str, shape: &[usize]| -> Result<TensorData, String> {
+        let info = gguf.info(name).ok_or_else(|| format!("no tensor named {name}"))?;
+        if info.shape() != shape {
+            return Err(format!("tensor {name} has shape {:?}; the metadata needs {shape:?}", info.shape()));
+        }
+        used.borrow_mut().insert(name.to_string());
+        gguf.tensor(name).map_err(|e| e.to_string())
+    };
     let mut out = Tensors::new();
-    out.insert("wte.weight".into(), get("token_embd.weight")?);
+    out.insert("wte.weight".into(), get("token_embd.weight", &[v, d])?);
     for i in 0..config.n_layers {
         let (l, b) = (format!("blk.{i}"), format!("blocks.{i}"));
-        out.insert(format!("{b}.ln_1.gamma"), get(&format!("{l}.attn_norm.weight"))?);
-        out.insert(format!("{b}.ln_2.gamma"), get(&format!("{l}.ffn_norm.weight"))?);
-        let q = unpermute(&get(&format!("{l}.attn_q.weight"))?, h, dh);
-        let k = unpermute(&get(&format!("{l}.attn_k.weight"))?, g, dh);
-        let v = get(&format!("{l}.attn_v.weight"))?;
+        out.insert(format!("{b}.ln_1.gamma"), get(&format!("{l}.attn_norm.weight"), &[d])?);
+        out.insert(format!("{b}.ln_2.gamma"), get(&format!("{l}.ffn_norm.weight"), &[d])?);
+        let q = unpermute(&get(&format!("{l}.attn_q.weight"), &[hd, d])?, h, dh);
+        let k = unpermute(&get(&format!("{l}.attn_k.weight"), &[gd, d])?, g, dh);
+        let v = get(&format!("{l}.attn_v.weight"), &[gd, d])?;
         out.insert(format!("{b}.attn.c_attn.weight"), transpose(&concat_rows(&[q, k, v])));
-        for (part, ember) in [("attn_output", "attn.c_proj"), ("ffn_gate", "mlp.c_gate"), ("ffn_up", "mlp.c_fc")] {
-            out.insert(format!("{b}.{ember}.weight"), transpose(&get(&format!("{l}.{part}.weight"))?));
+        for (part, ember, shape) in [
+            ("attn_output", "attn.c_proj", [d, hd]),
+            ("ffn_gate", "mlp.c_gate", [f, d]),
+            ("ffn_up", "mlp.c_fc", [f, d]),
+        ] {
+            out.insert(format!("{b}.{ember}.weight"), transpose(&get(&format!("{l}.{part}.weight"), &shape)?));
         }
-        out.insert(format!("{b}.mlp.c_proj.weight"), transpose(&get(&format!("{l}.ffn_down.weight"))?));
+        out.insert(format!("{b}.mlp.c_proj.weight"), transpose(&get(&format!("{l}.ffn_down.weight"), &[d, f])?));
     }
-    out.insert("ln_f.gamma".into(), get("output_norm.weight")?);
+    out.insert("ln_f.gamma".into(), get("output_norm.weight", &[d])?);
     if !config.tie_embeddings {
-        out.insert("lm_head.weight".into(), transpose(&get("output.weight")?));
+        out.insert("lm_head.weight".into(), transpose(&get("output.weight", &[v, d])?));
+    }
+    let used = used.into_inner();
+    let unused: Vec<&str> = gguf.tensors.iter().map(|t| t.name.as_str()).filter(|n| !used.contains(*n)).collect();
+    if !unused.is_empty() {
+        return Err(format!(
+            "{} tensor(s) are not part of the {}-layer model the metadata describes: {}",
+            unused.len(),
+            config.n_layers,
+            unused.iter().take(5).copied().collect::<Vec<_>>().join(", ")
+        ));
     }
     Ok(out)
 }
