@@ -1,7 +1,7 @@
 //! Where a model's parameters come from while it is built: Ember's own generator, so the same seed gives the same
 //! weights on every device, or stored tensors by name.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use burn::module::{Param, ParamId};
 use burn::tensor::{Device, Tensor, TensorData};
@@ -15,6 +15,8 @@ pub struct Init<'a> {
     source: Source<'a>,
     device: Device,
     path: Vec<String>,
+    /// The stored tensors read so far.
+    read: HashSet<String>,
     error: Option<Mismatch>,
 }
 
@@ -26,19 +28,34 @@ enum Source<'a> {
 impl<'a> Init<'a> {
     /// Parameters drawn from `rng` in construction order, on `device`.
     pub fn draw(rng: &'a mut Rng, device: &Device) -> Self {
-        Self { source: Source::Draw(rng), device: device.clone(), path: Vec::new(), error: None }
+        Self { source: Source::Draw(rng), device: device.clone(), path: Vec::new(), read: HashSet::new(), error: None }
     }
 
     /// The module `build` makes with its parameters read from `tensors` by path, on `device`; the first parameter
-    /// missing or misshapen is the error.
+    /// missing or misshapen is the error, and so are stored tensors the module has no parameter for (a config of
+    /// fewer layers than the weights loads no smaller model).
     pub fn load<M>(
         tensors: &'a HashMap<String, TensorData>,
         device: &Device,
         build: impl FnOnce(&mut Self) -> M,
     ) -> Result<M, Mismatch> {
-        let mut init = Self { source: Source::Read(tensors), device: device.clone(), path: Vec::new(), error: None };
+        let mut init = Self {
+            source: Source::Read(tensors),
+            device: device.clone(),
+            path: Vec::new(),
+            read: HashSet::new(),
+            error: None,
+        };
         let module = build(&mut init);
-        init.error.map_or(Ok(module), Err)
+        if let Some(e) = init.error {
+            return Err(e);
+        }
+        let mut unused: Vec<String> = tensors.keys().filter(|k| !init.read.contains(*k)).cloned().collect();
+        if !unused.is_empty() {
+            unused.sort();
+            return Err(Mismatch::Unused(unused));
+        }
+        Ok(module)
     }
 
     /// `build` run with the same source inside the sub-module `name`: its parameters' paths are prefixed with it.
@@ -82,6 +99,7 @@ impl<'a> Init<'a> {
         if self.error.is_none() {
             match tensors.get(&path) {
                 Some(data) if data.shape().as_slice() == shape.as_slice() => {
+                    self.read.insert(path);
                     return Param::from_data(data.clone(), &self.device);
                 }
                 Some(data) => {

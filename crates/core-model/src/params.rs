@@ -76,11 +76,15 @@ pub enum Mismatch {
     Missing(String),
     #[error("parameter {path} has shape {found:?}, the model needs {expected:?}")]
     Shape { path: String, expected: Vec<usize>, found: Vec<usize> },
+    #[error("{} stored tensor(s) are not parameters of the configured model (the config and the weights disagree): {}", .0.len(), .0.iter().take(5).cloned().collect::<Vec<_>>().join(", "))]
+    Unused(Vec<String>),
 }
 
 struct Loader<'a> {
     paths: Paths,
     tensors: &'a HashMap<String, TensorData>,
+    /// Parameters loaded so far.
+    loaded: usize,
     error: Option<Mismatch>,
 }
 
@@ -106,6 +110,7 @@ impl ModuleMapper for Loader<'_> {
                 tensor
             }
             Some(data) => {
+                self.loaded += 1;
                 let loaded = Tensor::<D>::from_data(data.clone(), &tensor.device());
                 if tensor.is_require_grad() { loaded.require_grad() } else { loaded }
             }
@@ -114,12 +119,19 @@ impl ModuleMapper for Loader<'_> {
     }
 }
 
-/// The module with every parameter replaced by the stored tensor of the same path and shape.
+/// The module with every parameter replaced by the stored tensor of the same path and shape; a stored tensor that
+/// is no parameter of the module is an error too (a config of fewer layers than the weights, say).
 pub fn load_state_dict<M: Module>(module: M, tensors: &HashMap<String, TensorData>) -> Result<M, Mismatch> {
-    let mut loader = Loader { paths: Paths::default(), tensors, error: None };
+    let mut loader = Loader { paths: Paths::default(), tensors, loaded: 0, error: None };
     let module = module.map(&mut loader);
-    match loader.error {
-        Some(e) => Err(e),
-        None => Ok(module),
+    if let Some(e) = loader.error {
+        return Err(e);
     }
+    if loader.loaded < tensors.len() {
+        let paths: std::collections::HashSet<String> = param_infos(&module).into_iter().map(|p| p.path).collect();
+        let mut unused: Vec<String> = tensors.keys().filter(|k| !paths.contains(*k)).cloned().collect();
+        unused.sort();
+        return Err(Mismatch::Unused(unused));
+    }
+    Ok(module)
 }

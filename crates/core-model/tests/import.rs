@@ -98,3 +98,62 @@ fn smollm2_gguf_tokenizes_and_continues_greedily_as_hugging_face() {
         assert_eq!(got, want.as_slice(), "{prompt:?} continued as {text:?}, Hugging Face: {}", record["greedy_text"]);
     }
 }
+
+/// A copy of the fixture `name` in a temporary directory, with its config.json edited by `edit_config` and its
+/// tensors by `edit_tensors`.
+fn edited_fixture(
+    name: &str,
+    edit_config: impl FnOnce(&mut serde_json::Value),
+    edit_tensors: impl FnOnce(&mut import::Tensors),
+) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let source = fixtures().join(name);
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(source.join("config.json")).unwrap()).unwrap();
+    edit_config(&mut config);
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let (mut tensors, _) = load_tensors(&source.join("model.safetensors")).unwrap();
+    edit_tensors(&mut tensors);
+    let tensors: Vec<(String, TensorData)> = tensors.into_iter().collect();
+    ember_core_model::bundle::save_tensors(&dir.path().join("model.safetensors"), &tensors, Default::default())
+        .unwrap();
+    dir
+}
+
+/// A config.json of fewer layers than the weights, or a wrongly shaped tensor, is an error naming the tensors, not a
+/// smaller model or an index panic.
+#[test]
+fn hugging_face_weights_that_disagree_with_config_json_are_named() {
+    for (name, layers) in [("llama-tiny", "num_hidden_layers"), ("gpt2-tiny", "n_layer")] {
+        let dir = edited_fixture(name, |c| c[layers] = 1.into(), |_| {});
+        let err = import::hf::load(dir.path()).expect_err("refused").to_string();
+        assert!(err.contains("are not part of the model config.json describes:"), "{name}: {err}");
+        assert!(err.contains(".1."), "{name}: {err}");
+    }
+    let one_d = |t: &mut import::Tensors| {
+        t.insert("model.layers.0.self_attn.q_proj.weight".into(), TensorData::new(vec![0f32; 32], [32]));
+    };
+    let dir = edited_fixture("llama-tiny", |_| {}, one_d);
+    let err = import::hf::load(dir.path()).expect_err("refused").to_string();
+    assert!(err.contains("tensor model.layers.0.self_attn.q_proj.weight has shape [32]; the config needs [32, 32]"));
+}
+
+/// A run directory whose config.toml has fewer layers than its model.safetensors is an error naming the tensors
+/// left over.
+#[test]
+fn a_run_directory_with_more_weights_than_its_config_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = import::load(&fixtures().join("llama-tiny"), &Device::flex());
+    let err = run.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("tokenizer.json"), "the fixture has no tokenizer: {err}");
+    let (config, tensors) = import::hf::load(&fixtures().join("llama-tiny")).unwrap();
+    let model = Gpt::load(&config, &tensors, &Device::flex()).unwrap();
+    let tok = tokenizer::train_char("abc").unwrap();
+    ember_core_model::bundle::save(dir.path(), &config, &model, &tok).unwrap();
+    let toml_path = dir.path().join("config.toml");
+    let text = std::fs::read_to_string(&toml_path).unwrap().replace("n_layers = 2", "n_layers = 1");
+    std::fs::write(&toml_path, text).unwrap();
+    let err = import::load(dir.path(), &Device::flex()).err().expect("refused").to_string();
+    assert!(err.contains("stored tensor(s) are not parameters of the configured model"), "{err}");
+    assert!(err.contains("blocks.1."), "{err}");
+}

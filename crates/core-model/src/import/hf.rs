@@ -41,6 +41,31 @@ fn take(hf: &mut Tensors, name: &str) -> Result<TensorData, String> {
     hf.remove(name).ok_or_else(|| format!("tensor {name} is missing from the safetensors"))
 }
 
+/// [`take`], checked against the shape the config implies.
+fn take_shaped(hf: &mut Tensors, name: &str, shape: &[usize]) -> Result<TensorData, String> {
+    let data = take(hf, name)?;
+    match data.shape().as_slice() == shape {
+        true => Ok(data),
+        false => Err(format!("tensor {name} has shape {:?}; the config needs {shape:?}", data.shape().as_slice())),
+    }
+}
+
+/// Fails when tensors are left that the model does not use (a config of fewer layers than the weights, say), other
+/// than those `ignored` names: buffers that are no parameters, or a head tied to the embedding, which Hugging Face
+/// ignores as well.
+fn refuse_unused(hf: Tensors, ignored: impl Fn(&str) -> bool) -> Result<(), String> {
+    let mut unused: Vec<String> = hf.into_keys().filter(|k| !ignored(k)).collect();
+    unused.sort();
+    match unused.is_empty() {
+        true => Ok(()),
+        false => Err(format!(
+            "{} tensor(s) are not part of the model config.json describes: {}",
+            unused.len(),
+            unused.iter().take(5).cloned().collect::<Vec<_>>().join(", ")
+        )),
+    }
+}
+
 /// GPT-2: Conv1D weights are already [in, out], as Burn's Linear.
 fn gpt2(json: &Value, mut hf: Tensors) -> Result<(ModelConfig, Tensors), String> {
     let d = usize_of(json, "n_embd")?;
@@ -78,6 +103,8 @@ fn gpt2(json: &Value, mut hf: Tensors) -> Result<(ModelConfig, Tensors), String>
     }
     out.insert("ln_f.gamma".into(), take(&mut hf, "ln_f.weight")?);
     out.insert("ln_f.beta".into(), take(&mut hf, "ln_f.bias")?);
+    // GPT-2's causal-mask buffers, and its output head, which is always the embedding.
+    refuse_unused(hf, |k| k.ends_with(".attn.bias") || k.ends_with(".attn.masked_bias") || k == "lm_head.weight")?;
     Ok((config, out))
 }
 
@@ -101,7 +128,7 @@ fn llama(json: &Value, mut hf: Tensors) -> Result<(ModelConfig, Tensors), String
         usize_of(json, "max_position_embeddings")?,
     )
     .llama_style(g);
-    config.head_dim = json["head_dim"].as_u64().map(|dh| dh as usize).filter(|&dh| dh * h != d);
+    config.head_dim = json["head_dim"].as_u64().map(|dh| dh as usize).filter(|&dh| dh.checked_mul(h) != Some(d));
     config.bias = json["mlp_bias"].as_bool().unwrap_or(false);
     config.qkv_bias = Some(qkv_bias);
     config.norm_eps = f64_of(json, "rms_norm_eps", 1e-6);
@@ -111,36 +138,49 @@ fn llama(json: &Value, mut hf: Tensors) -> Result<(ModelConfig, Tensors), String
     if config.bias {
         return Err("mlp_bias = true is not supported".into());
     }
+    config.validate().map_err(|e| e.to_string())?;
 
+    // Every tensor is checked against the shape the config implies before it is transposed or fused.
+    let (v, f, dh, g) = (config.vocab(), config.ffn_dim(), config.head_dim(), config.kv_heads());
+    let (Some(hd), Some(gd)) = (h.checked_mul(dh), g.checked_mul(dh)) else {
+        return Err(format!("{h} heads of {dh} dimensions overflow"));
+    };
     let mut out = Tensors::new();
-    out.insert("wte.weight".into(), take(&mut hf, "model.embed_tokens.weight")?);
-    let linear = |hf: &mut Tensors, name: &str| take(hf, &format!("{name}.weight")).map(|w| transpose(&w));
+    out.insert("wte.weight".into(), take_shaped(&mut hf, "model.embed_tokens.weight", &[v, d])?);
+    let linear = |hf: &mut Tensors, name: &str, out_in: [usize; 2]| {
+        take_shaped(hf, &format!("{name}.weight"), &out_in).map(|w| transpose(&w))
+    };
+    let projections = [("q_proj", hd), ("k_proj", gd), ("v_proj", gd)];
     for i in 0..config.n_layers {
         let l = format!("model.layers.{i}");
         let b = format!("blocks.{i}");
-        out.insert(format!("{b}.ln_1.gamma"), take(&mut hf, &format!("{l}.input_layernorm.weight"))?);
-        out.insert(format!("{b}.ln_2.gamma"), take(&mut hf, &format!("{l}.post_attention_layernorm.weight"))?);
-        let qkv: Vec<TensorData> = ["q_proj", "k_proj", "v_proj"]
+        out.insert(format!("{b}.ln_1.gamma"), take_shaped(&mut hf, &format!("{l}.input_layernorm.weight"), &[d])?);
+        let post = format!("{l}.post_attention_layernorm.weight");
+        out.insert(format!("{b}.ln_2.gamma"), take_shaped(&mut hf, &post, &[d])?);
+        let qkv: Vec<TensorData> = projections
             .iter()
-            .map(|p| take(&mut hf, &format!("{l}.self_attn.{p}.weight")))
+            .map(|&(p, rows)| take_shaped(&mut hf, &format!("{l}.self_attn.{p}.weight"), &[rows, d]))
             .collect::<Result<_, _>>()?;
         out.insert(format!("{b}.attn.c_attn.weight"), transpose(&concat_rows(&qkv)));
         if qkv_bias {
-            let biases: Vec<TensorData> = ["q_proj", "k_proj", "v_proj"]
+            let biases: Vec<TensorData> = projections
                 .iter()
-                .map(|p| take(&mut hf, &format!("{l}.self_attn.{p}.bias")))
+                .map(|&(p, rows)| take_shaped(&mut hf, &format!("{l}.self_attn.{p}.bias"), &[rows]))
                 .collect::<Result<_, _>>()?;
             out.insert(format!("{b}.attn.c_attn.bias"), concat_rows(&biases));
         }
-        out.insert(format!("{b}.attn.c_proj.weight"), linear(&mut hf, &format!("{l}.self_attn.o_proj"))?);
-        out.insert(format!("{b}.mlp.c_gate.weight"), linear(&mut hf, &format!("{l}.mlp.gate_proj"))?);
-        out.insert(format!("{b}.mlp.c_fc.weight"), linear(&mut hf, &format!("{l}.mlp.up_proj"))?);
-        out.insert(format!("{b}.mlp.c_proj.weight"), linear(&mut hf, &format!("{l}.mlp.down_proj"))?);
+        out.insert(format!("{b}.attn.c_proj.weight"), linear(&mut hf, &format!("{l}.self_attn.o_proj"), [d, hd])?);
+        out.insert(format!("{b}.mlp.c_gate.weight"), linear(&mut hf, &format!("{l}.mlp.gate_proj"), [f, d])?);
+        out.insert(format!("{b}.mlp.c_fc.weight"), linear(&mut hf, &format!("{l}.mlp.up_proj"), [f, d])?);
+        out.insert(format!("{b}.mlp.c_proj.weight"), linear(&mut hf, &format!("{l}.mlp.down_proj"), [d, f])?);
     }
-    out.insert("ln_f.gamma".into(), take(&mut hf, "model.norm.weight")?);
+    out.insert("ln_f.gamma".into(), take_shaped(&mut hf, "model.norm.weight", &[d])?);
     if !config.tie_embeddings {
-        out.insert("lm_head.weight".into(), linear(&mut hf, "lm_head")?);
+        out.insert("lm_head.weight".into(), linear(&mut hf, "lm_head", [v, d])?);
     }
+    // Rotary frequency buffers, and a head tied to the embedding (tie_word_embeddings), which transformers ignores.
+    let tied = config.tie_embeddings;
+    refuse_unused(hf, |k| k.ends_with("rotary_emb.inv_freq") || (tied && k == "lm_head.weight"))?;
     Ok((config, out))
 }
 
