@@ -125,11 +125,22 @@ pub struct Bundle {
     pub tokenizer: Tokenizer,
 }
 
-/// Loads a run directory written by `ember train`.
+/// Loads a run directory written by `ember train`. Its weights are `model.safetensors`, or, in a run stopped between
+/// the two files of its first checkpoint, the weights of `checkpoint.safetensors` (stored under "model.").
 pub fn load(run_dir: &Path, device: &Device) -> Result<Bundle, BundleError> {
     let config = load_model_config(run_dir)?;
-    let weights = run_dir.join(MODEL);
-    let (tensors, _) = load_tensors(&weights)?;
+    let (model, checkpoint) = (run_dir.join(MODEL), run_dir.join(CHECKPOINT));
+    let (weights, tensors) = match model.exists() || !checkpoint.exists() {
+        true => {
+            let (tensors, _) = load_tensors(&model)?;
+            (model, tensors)
+        }
+        false => {
+            let (all, _) = load_tensors(&checkpoint)?;
+            let weights = all.into_iter().filter_map(|(k, v)| Some((k.strip_prefix("model.")?.to_string(), v)));
+            (checkpoint, weights.collect())
+        }
+    };
     let model = Gpt::load(&config, &tensors, device).map_err(|cause| BundleError::Mismatch { path: weights, cause })?;
     let tok_path = run_dir.join(TOKENIZER);
     let tokenizer = tokenizer::load(&tok_path).map_err(|cause| BundleError::Tokenizer { path: tok_path, cause })?;
