@@ -4,27 +4,38 @@
 use crate::ModelConfig;
 use crate::config::{AttentionKind, FfnKind, NormKind, NormPlacement, PositionKind};
 
-/// Parameter counts by part: embeddings, attention, feed-forward, norms, output projection.
-pub fn param_counts(c: &ModelConfig) -> Vec<(&'static str, usize)> {
-    let (d, h, dh, l, v) = (c.d_model, c.n_heads, c.head_dim(), c.n_layers, c.vocab_size.unwrap_or(0));
-    let b = |n: usize, on: bool| if on { n } else { 0 };
-    let linear = |i: usize, o: usize, bias: bool| i * o + b(o, bias);
-    let positions = b(c.block_size * d, c.positions == PositionKind::Learned);
+/// Parameter counts by part: embeddings, attention, feed-forward, norms, output projection. Computed in 128 bits,
+/// saturating, so a config of any size has an answer (and can be refused for it) before anything is allocated.
+pub fn param_counts(c: &ModelConfig) -> Vec<(&'static str, u128)> {
+    let n = |x: usize| x as u128;
+    let (d, h, dh, l, v) = (n(c.d_model), n(c.n_heads), n(c.head_dim()), n(c.n_layers), n(c.vocab_size.unwrap_or(0)));
+    let mul = |a: u128, b: u128| a.saturating_mul(b);
+    let b = |x: u128, on: bool| if on { x } else { 0 };
+    let linear = |i: u128, o: u128, bias: bool| mul(i, o).saturating_add(b(o, bias));
+    let positions = b(mul(n(c.block_size), d), c.positions == PositionKind::Learned);
     let attention = match c.attention {
-        AttentionKind::Mha => linear(d, (h + 2 * c.kv_heads()) * dh, c.qkv_bias()) + linear(h * dh, d, c.bias),
+        AttentionKind::Mha => {
+            let qkv = mul(h.saturating_add(mul(2, n(c.kv_heads()))), dh);
+            linear(d, qkv, c.qkv_bias()).saturating_add(linear(mul(h, dh), d, c.bias))
+        }
         AttentionKind::Mla => {
-            let (dc, dr, qb) = (c.mla_latent_dim.unwrap_or(0), c.mla_rope_dim.unwrap_or(0), c.qkv_bias());
-            linear(d, h * dh, qb)
-                + linear(d, h * dr, qb)
-                + linear(d, dc, qb)
-                + linear(d, dr, qb)
-                + 2 * linear(dc, h * dh, false)
-                + linear(h * dh, d, c.bias)
+            let (dc, dr, qb) = (n(c.mla_latent_dim.unwrap_or(0)), n(c.mla_rope_dim.unwrap_or(0)), c.qkv_bias());
+            [
+                linear(d, mul(h, dh), qb),
+                linear(d, mul(h, dr), qb),
+                linear(d, dc, qb),
+                linear(d, dr, qb),
+                mul(2, linear(dc, mul(h, dh), false)),
+                linear(mul(h, dh), d, c.bias),
+            ]
+            .into_iter()
+            .fold(0, u128::saturating_add)
         }
     };
-    let f = c.ffn_dim();
-    let ffn = linear(d, f, c.bias) * if c.ffn == FfnKind::Swiglu { 2 } else { 1 } + linear(f, d, c.bias);
-    let norm = d + b(d, c.bias && c.norm == NormKind::LayerNorm);
+    let f = n(c.ffn_dim());
+    let gates = if c.ffn == FfnKind::Swiglu { 2 } else { 1 };
+    let ffn = mul(linear(d, f, c.bias), gates).saturating_add(linear(f, d, c.bias));
+    let norm = d.saturating_add(b(d, c.bias && c.norm == NormKind::LayerNorm));
     let norms_per_layer = if c.norm_placement == NormPlacement::Peri { 4 } else { 2 };
     let outer_norms = match c.norm_placement {
         NormPlacement::Post => 0,
@@ -32,13 +43,18 @@ pub fn param_counts(c: &ModelConfig) -> Vec<(&'static str, usize)> {
         NormPlacement::Peri => 2,
     };
     vec![
-        ("token embedding", v * d),
+        ("token embedding", mul(v, d)),
         ("position embedding", positions),
-        ("attention", l * attention),
-        ("feed-forward", l * ffn),
-        ("norms", (l * norms_per_layer + outer_norms) * norm),
-        ("output projection", b(v * d, !c.tie_embeddings)),
+        ("attention", mul(l, attention)),
+        ("feed-forward", mul(l, ffn)),
+        ("norms", mul(mul(l, norms_per_layer).saturating_add(outer_norms), norm)),
+        ("output projection", b(mul(v, d), !c.tie_embeddings)),
     ]
+}
+
+/// All parameters of a config (saturating).
+pub fn total_params(c: &ModelConfig) -> u128 {
+    param_counts(c).iter().map(|(_, n)| *n).fold(0, u128::saturating_add)
 }
 
 /// Cached elements per token per layer: MHA 2·h·d_h, GQA 2·g·d_h, MLA d_c + d_R.
@@ -85,8 +101,7 @@ mod tests {
         for c in [gpt, llama, mla, post] {
             let model = Gpt::new(&c, &mut Rng::new(0), &Device::flex());
             let built: usize = param_infos(&model).iter().map(|p| p.shape.iter().product::<usize>()).sum();
-            let counted: usize = param_counts(&c).iter().map(|(_, n)| n).sum();
-            assert_eq!(counted, built, "{c:?}");
+            assert_eq!(total_params(&c), built as u128, "{c:?}");
         }
     }
 }

@@ -61,6 +61,15 @@ pub fn select_local(choice: DeviceChoice, local_rank: usize) -> Result<(Device, 
     Ok((Device::wgpu(kind), describe(gpu)))
 }
 
+/// Whether a choice runs in the machine's memory (the CPU backends), where memory admission applies.
+pub fn on_host(choice: DeviceChoice) -> bool {
+    match choice {
+        DeviceChoice::Cpu | DeviceChoice::Ndarray | DeviceChoice::Flex => true,
+        DeviceChoice::Auto => adapter(choice).is_none(),
+        DeviceChoice::Wgpu => false,
+    }
+}
+
 /// The wgpu adapter a choice runs on: `wgpu` the first real GPU, else the first adapter; `auto` a real GPU only;
 /// None on the CPU.
 pub fn adapter(choice: DeviceChoice) -> Option<Adapter> {

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use ember_core_model::config::AttentionKind;
 use ember_core_model::import::{self, Source};
-use ember_core_model::inspect::{kv_cache_bytes, kv_elements_per_token_layer, param_counts};
+use ember_core_model::inspect::{kv_cache_bytes, kv_elements_per_token_layer, param_counts, total_params};
 use ember_core_model::{ModelConfig, bundle};
 
 #[derive(Args)]
@@ -27,10 +27,6 @@ pub struct InspectArgs {
     /// Bytes per cached element (4 for f32, 2 for f16/bf16, 1 for int8).
     #[arg(long, default_value_t = 2)]
     bytes: usize,
-}
-
-pub fn total_params(config: &ModelConfig) -> usize {
-    param_counts(config).iter().map(|(_, n)| n).sum()
 }
 
 /// The validated `[model]` table of a TOML file (the other sections are not read).
@@ -69,7 +65,7 @@ fn bytes(n: Option<u128>) -> String {
     if unit == 0 { format!("{n} B") } else { format!("{v:.2} {}", UNITS[unit]) }
 }
 
-fn thousands(n: usize) -> String {
+pub fn thousands(n: impl std::fmt::Display) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, ch) in s.chars().enumerate() {
@@ -110,7 +106,7 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
     for (part, n) in &counts {
         println!("  {part:<20} {:>18}", thousands(*n));
     }
-    println!("  {:<20} {:>18}", "total", thousands(counts.iter().map(|(_, n)| n).sum()));
+    println!("  {:<20} {:>18}", "total", thousands(total_params(&c)));
     let per_layer = kv_elements_per_token_layer(&c);
     let formula = match c.attention {
         AttentionKind::Mla => "d_c + d_R",

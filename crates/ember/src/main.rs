@@ -1,5 +1,6 @@
 //! `ember`: train a GPT from a TOML config, sample from a run directory, benchmark, and list devices.
 
+mod admission;
 mod allocator;
 mod bench;
 mod config;
@@ -178,10 +179,13 @@ fn run(cli: Cli, collective: Rc<dyn Collective>) -> Result<()> {
     }
 }
 
-fn generate(args: GenerateArgs, device: DeviceChoice) -> Result<()> {
-    let (device, _) = devices::select(device)?;
+fn generate(args: GenerateArgs, choice: DeviceChoice) -> Result<()> {
+    let (device, _) = devices::select(choice)?;
     let started = std::time::Instant::now();
     let run = import::load(&args.model, &device)?;
+    if devices::on_host(choice) {
+        admission::admit_inference(&run.config, 1)?;
+    }
     let load_seconds = started.elapsed().as_secs_f64();
     let defaults = SampleConfig::default();
     let settings = SampleConfig {
@@ -221,7 +225,7 @@ fn import(args: ImportArgs) -> Result<()> {
     let started = std::time::Instant::now();
     let run = import::load(&args.source, &burn::tensor::Device::flex())?;
     bundle::save(&args.out, &run.config, &run.model, &run.tokenizer)?;
-    let params: usize = inspect::total_params(&run.config);
+    let params = ember_core_model::inspect::total_params(&run.config);
     println!(
         "imported {} ({} parameters) into {} in {:.1} s",
         args.source.display(),

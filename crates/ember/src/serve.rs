@@ -45,12 +45,15 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
 }
 
-pub fn serve(args: ServeArgs, device: DeviceChoice) -> Result<()> {
+pub fn serve(args: ServeArgs, choice: DeviceChoice) -> Result<()> {
     if args.max_batch == 0 {
         bail!("--max-batch must be at least 1");
     }
-    let (device, description) = devices::select(device)?;
+    let (device, description) = devices::select(choice)?;
     let run = import::load(&args.model, &device)?;
+    if devices::on_host(choice) {
+        crate::admission::admit_inference(&run.config, args.max_batch)?;
+    }
     let kv = KvSpec { kind: args.kv_cache, page_size: args.page_size, group: args.kv_group };
     kv.check(run.model.block_size()).map_err(anyhow::Error::msg)?;
     let id = args

@@ -48,19 +48,19 @@ pub fn train(args: TrainArgs, device: DeviceChoice, collective: Rc<dyn Collectiv
     ranks::end_all_on_error(result, &*collective)
 }
 
-fn train_rank(args: TrainArgs, device: DeviceChoice, collective: Rc<dyn Collective>) -> Result<()> {
+fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn Collective>) -> Result<()> {
     let (config_path, run_dir) = match (&args.config, &args.resume) {
         (_, Some(run_dir)) => {
             if !run_dir.join(bundle::CHECKPOINT).exists() {
                 bail!("{} has no checkpoint to resume from (expected {})", run_dir.display(), bundle::CHECKPOINT);
             }
             if crate::config::is_translation(&run_dir.join(bundle::CONFIG)) {
-                return crate::translate::resume(run_dir, &args.overrides, device, collective);
+                return crate::translate::resume(run_dir, &args.overrides, device_choice, collective);
             }
             (run_dir.join(bundle::CONFIG), Some(run_dir.clone()))
         }
         (Some(path), None) if crate::config::is_translation(path) => {
-            return crate::translate::train(path, &args.overrides, args.force, device, collective);
+            return crate::translate::train(path, &args.overrides, args.force, device_choice, collective);
         }
         (Some(path), None) => (path.clone(), None),
         (None, None) => bail!("give --config FILE or --resume RUN_DIR"),
@@ -76,7 +76,7 @@ fn train_rank(args: TrainArgs, device: DeviceChoice, collective: Rc<dyn Collecti
     if args.resume.is_none() && writes {
         run_dir::check_new(&run_dir, args.force)?;
     }
-    let (device, description) = devices::select_local(device, collective.local_rank())?;
+    let (device, description) = devices::select_local(device_choice, collective.local_rank())?;
     ranks::announce(&*collective, &description);
 
     if args.resume.is_none() {
@@ -106,6 +106,9 @@ fn train_rank(args: TrainArgs, device: DeviceChoice, collective: Rc<dyn Collecti
     }
     let seq_len = config.train.seq_len(&config.model);
     corpus.check_fits(&config.data.corpus, seq_len)?;
+    if devices::on_host(device_choice) {
+        crate::admission::admit_training(&config.model, config.train.batch_size, seq_len)?;
+    }
     // The sample printed after training, checked before the first step rather than after the last.
     if !args.no_sample {
         ember_serve::prompt_ids(&tok, &config.sample.prompt, config.model.block_size, config.model.vocab())

@@ -192,3 +192,17 @@ fn a_page_larger_than_the_context_is_refused() {
     let out = generate_on_cpu(&run, &["--prompt", "A", "--kv-cache", "paged", "--page-size", "1000000"]);
     assert_clean_error(&out, "--page-size 1000000 is larger than the model's context of 32 tokens");
 }
+
+/// A model or batch too large for the machine is refused before anything is allocated, naming what it would need
+/// (it used to abort on a failed allocation, or allocate for a minute first).
+#[test]
+fn a_model_or_batch_too_large_for_the_machine_is_refused_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 20_000);
+    let config = tiny_config(dir.path(), &corpus, &dir.path().join("run"), "");
+    for set in ["model.d_model=1000000000", "model.n_layers=100000", "train.batch_size=1000000000000"] {
+        let out = ember(&["--device", "cpu", "train", "--no-sample", "--config", config.to_str().unwrap(), "--set", set]);
+        assert_clean_error(&out, "GiB, more than the");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("needs at least"), "{set}");
+    }
+}
