@@ -201,7 +201,8 @@ fn a_model_or_batch_too_large_for_the_machine_is_refused_before_allocating() {
     let corpus = small_corpus(dir.path(), 20_000);
     let config = tiny_config(dir.path(), &corpus, &dir.path().join("run"), "");
     for set in ["model.d_model=1000000000", "model.n_layers=100000", "train.batch_size=1000000000000"] {
-        let out = ember(&["--device", "cpu", "train", "--no-sample", "--config", config.to_str().unwrap(), "--set", set]);
+        let out =
+            ember(&["--device", "cpu", "train", "--no-sample", "--config", config.to_str().unwrap(), "--set", set]);
         assert_clean_error(&out, "GiB, more than the");
         assert!(String::from_utf8_lossy(&out.stderr).contains("needs at least"), "{set}");
     }
