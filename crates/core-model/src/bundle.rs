@@ -76,7 +76,7 @@ pub type Tensors = HashMap<String, TensorData>;
 
 /// Loads every tensor (as f32) and the metadata of a safetensors file.
 pub fn load_tensors(path: &Path) -> Result<(Tensors, HashMap<String, String>), BundleError> {
-    let bytes = fs::read(path).map_err(io(path))?;
+    let bytes = crate::files::read(path).map_err(io(path))?;
     let corrupt = |reason: String| BundleError::Corrupt { path: path.to_path_buf(), reason };
     let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
@@ -95,7 +95,7 @@ pub fn load_tensors(path: &Path) -> Result<(Tensors, HashMap<String, String>), B
 /// The `[model]` table of a run directory's `config.toml`.
 pub fn load_model_config(run_dir: &Path) -> Result<ModelConfig, BundleError> {
     let path = run_dir.join(CONFIG);
-    let text = fs::read_to_string(&path).map_err(io(&path))?;
+    let text = crate::files::read_to_string(&path).map_err(io(&path))?;
     let bad = |reason: String| BundleError::Config { path: path.clone(), reason };
     let table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.message().to_string()))?;
     let model = table.get("model").cloned().ok_or_else(|| bad("no [model] table".into()))?;

@@ -5,6 +5,7 @@ pub mod bundle;
 pub mod cache;
 pub mod config;
 pub mod decoder;
+pub mod files;
 pub mod import;
 pub mod init;
 pub mod inspect;

@@ -112,7 +112,8 @@ pub fn save(tokenizer: &Tokenizer, path: &Path) -> Result<(), TokenizerError> {
 }
 
 pub fn load(path: &Path) -> Result<Tokenizer, TokenizerError> {
-    Tokenizer::from_file(path).map_err(|e| TokenizerError::Load(format!("{}: {e}", path.display())))
+    let bytes = crate::files::read(path).map_err(|e| TokenizerError::Load(format!("{}: {e}", path.display())))?;
+    Tokenizer::from_bytes(bytes).map_err(|e| TokenizerError::Load(format!("{}: {e}", path.display())))
 }
 
 /// Token ids of `text`; a character a character-level vocabulary lacks (whose tokenizer has no unknown token) is

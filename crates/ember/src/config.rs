@@ -1,7 +1,6 @@
 //! The run config: one TOML file with `[model]`, `[data]`, `[train]` and `[sample]`, overridden by
 //! `--set section.key=value`, and validated before any work starts.
 
-use std::fs;
 use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -43,7 +42,7 @@ impl RunConfig {
 /// Reads a TOML config file, applies `--set` overrides and deserialises it; errors name the file, line and key.
 pub fn load_table<T: serde::de::DeserializeOwned>(path: &Path, overrides: &[String]) -> Result<T> {
     let file = path.display();
-    let text = fs::read_to_string(path).with_context(|| format!("config {file}"))?;
+    let text = ember_core_model::files::read_to_string(path).with_context(|| format!("config {file}"))?;
     let mut table: toml::Table =
         toml::from_str(&text).map_err(|e| anyhow!("{file}:{}: {}", position(&text, e.span()), e.message()))?;
     for assignment in overrides {
@@ -54,7 +53,7 @@ pub fn load_table<T: serde::de::DeserializeOwned>(path: &Path, overrides: &[Stri
 
 /// Whether a config file describes a translation run (it has a `[seq2seq]` table).
 pub fn is_translation(path: &Path) -> bool {
-    fs::read_to_string(path)
+    ember_core_model::files::read_to_string(path)
         .ok()
         .and_then(|t| toml::from_str::<toml::Table>(&t).ok())
         .is_some_and(|t| t.contains_key("seq2seq"))
@@ -139,7 +138,7 @@ mod tests {
     fn syntax_errors_give_line_and_column() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bad.toml");
-        fs::write(&path, "[model]\nn_layers = 4\n[train\n").unwrap();
+        std::fs::write(&path, "[model]\nn_layers = 4\n[train\n").unwrap();
         let err = RunConfig::load(&path, &[]).unwrap_err().to_string();
         assert!(err.contains("bad.toml:3:7: "), "{err}");
     }

@@ -68,7 +68,7 @@ pub fn eval(args: EvalArgs, device: DeviceChoice) -> Result<()> {
 }
 
 fn lines(path: &Path) -> Result<Vec<String>> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let bytes = ember_core_model::files::read(path).with_context(|| format!("reading {}", path.display()))?;
     let text = String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8", path.display()))?;
     Ok(text.lines().map(str::to_string).collect())
 }

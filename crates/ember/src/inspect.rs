@@ -1,6 +1,5 @@
 //! `ember inspect`: parameters per part and KV-cache bytes, from a config alone or from a model.
 
-use std::fs;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -32,7 +31,7 @@ pub struct InspectArgs {
 /// The validated `[model]` table of a TOML file (the other sections are not read).
 pub fn model_config(path: &std::path::Path) -> Result<ModelConfig> {
     let file = path.display();
-    let text = fs::read_to_string(path).with_context(|| format!("config {file}"))?;
+    let text = ember_core_model::files::read_to_string(path).with_context(|| format!("config {file}"))?;
     let table: toml::Table = toml::from_str(&text).map_err(|e| anyhow!("{file}: {}", e.message()))?;
     let model = table.get("model").cloned().ok_or_else(|| anyhow!("{file}: no [model] table"))?;
     let config: ModelConfig = model.try_into().map_err(|e: toml::de::Error| anyhow!("{file}: {}", e.message()))?;

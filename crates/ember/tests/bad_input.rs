@@ -207,3 +207,21 @@ fn a_model_or_batch_too_large_for_the_machine_is_refused_before_allocating() {
         assert!(String::from_utf8_lossy(&out.stderr).contains("needs at least"), "{set}");
     }
 }
+
+/// A config, tokenizer or model path that leads to a device (here a symlink to /dev/zero) is refused at once, not
+/// read until memory runs out or forever.
+#[test]
+fn paths_to_devices_are_refused_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let zero = dir.path().join("config.toml");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    assert_clean_error(&ember(&["train", "--config", zero.to_str().unwrap()]), "not a regular file");
+
+    let corpus = small_corpus(dir.path(), 20_000);
+    let run = dir.path().join("run");
+    let config = tiny_config(dir.path(), &corpus, &run, "");
+    train_ok(&["--device", "cpu", "--config", config.to_str().unwrap(), "--set", "train.max_steps=1"]);
+    std::fs::remove_file(run.join("tokenizer.json")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", run.join("tokenizer.json")).unwrap();
+    assert_clean_error(&generate_on_cpu(&run, &["--prompt", "A"]), "not a regular file");
+}

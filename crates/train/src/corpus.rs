@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_core_model::Rng;
 use ember_core_model::bundle::{self, BundleError};
+use ember_core_model::files;
 use ember_core_model::tokenizer::{self, TokenizerError};
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
@@ -44,7 +45,7 @@ pub fn read_text(path: &Path) -> Result<String, CorpusError> {
     if !path.exists() {
         return Err(CorpusError::Missing(path.to_path_buf()));
     }
-    let bytes = fs::read(path).map_err(|cause| CorpusError::Read { path: path.to_path_buf(), cause })?;
+    let bytes = files::read(path).map_err(|cause| CorpusError::Read { path: path.to_path_buf(), cause })?;
     if bytes.is_empty() {
         return Err(CorpusError::Empty(path.to_path_buf()));
     }
@@ -101,7 +102,7 @@ fn write_tokens(path: &Path, ids: &[u32]) -> Result<(), CorpusError> {
 }
 
 fn read_tokens(path: &Path) -> Result<Vec<u32>, CorpusError> {
-    let bytes = fs::read(path).map_err(|cause| CorpusError::Read { path: path.to_path_buf(), cause })?;
+    let bytes = files::read(path).map_err(|cause| CorpusError::Read { path: path.to_path_buf(), cause })?;
     if bytes.len() % 4 != 0 {
         return Err(CorpusError::CorruptCache(path.to_path_buf()));
     }

@@ -563,7 +563,7 @@ fn load_vocabularies(run_dir: &Path) -> Result<Vocabularies, BundleError> {
 /// Loads a translation run directory, with the weights of `weights` (default `model.safetensors`).
 pub fn load(run_dir: &Path, weights: Option<&Path>, device: &Device) -> Result<Translator, TranslationError> {
     let path = run_dir.join(bundle::CONFIG);
-    let text = fs::read_to_string(&path).map_err(io(&path))?;
+    let text = ember_core_model::files::read_to_string(&path).map_err(io(&path))?;
     let table: toml::Table = toml::from_str(&text)
         .map_err(|e| TranslationError::Config { path: path.clone(), reason: e.message().into() })?;
     if !table.contains_key("seq2seq") {

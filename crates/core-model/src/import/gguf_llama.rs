@@ -1,7 +1,6 @@
 //! A GGUF file of the llama architecture as an Ember model: hyper-parameters and tokenizer from the metadata, tensors
 //! dequantized and renamed, and llama.cpp's interleaved q/k row order turned back into the rotate-half order.
 
-use std::fs;
 use std::path::Path;
 
 use burn::tensor::TensorData;
@@ -15,7 +14,7 @@ use crate::tokenizer;
 /// Config, Ember-named tensors and tokenizer of a llama GGUF file.
 pub fn load(path: &Path) -> Result<(ModelConfig, Tensors, Tokenizer), ImportError> {
     let bad = |reason: String| ImportError::new(path, reason);
-    let bytes = fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let bytes = crate::files::read(path).map_err(|e| bad(e.to_string()))?;
     let gguf = Gguf::parse(bytes).map_err(|e| bad(e.to_string()))?;
     let config = config(&gguf).map_err(bad)?;
     let tensors = tensors(&gguf, &config).map_err(bad)?;

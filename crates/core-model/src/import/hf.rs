@@ -1,7 +1,6 @@
 //! Hugging Face model directories: `config.json` + `model.safetensors` (or sharded with an index) for
 //! `GPT2LMHeadModel` and `LlamaForCausalLM`, mapped onto Ember's parameter names.
 
-use std::fs;
 use std::path::{Component, Path};
 
 use burn::tensor::TensorData;
@@ -9,14 +8,14 @@ use safetensors::tensor::Dtype;
 use serde_json::Value;
 
 use super::{ImportError, Tensors, concat_rows, transpose};
-use crate::ModelConfig;
 use crate::config::FfnKind;
+use crate::{ModelConfig, files};
 
 /// The model config and Ember-named tensors of a Hugging Face directory.
 pub fn load(dir: &Path) -> Result<(ModelConfig, Tensors), ImportError> {
     let config_path = dir.join("config.json");
     let bad = |reason: String| ImportError::new(&config_path, reason);
-    let text = fs::read_to_string(&config_path).map_err(|e| bad(e.to_string()))?;
+    let text = files::read_to_string(&config_path).map_err(|e| bad(e.to_string()))?;
     let json: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
     let model_type = json["model_type"].as_str().unwrap_or_default();
     let hf = read_safetensors(dir)?;
@@ -189,7 +188,7 @@ fn read_safetensors(dir: &Path) -> Result<Tensors, ImportError> {
     let index = dir.join("model.safetensors.index.json");
     let files: Vec<String> = if index.exists() {
         let bad = |reason: String| ImportError::new(&index, reason);
-        let json: Value = serde_json::from_str(&fs::read_to_string(&index).map_err(|e| bad(e.to_string()))?)
+        let json: Value = serde_json::from_str(&files::read_to_string(&index).map_err(|e| bad(e.to_string()))?)
             .map_err(|e| bad(format!("not valid JSON: {e}")))?;
         let map = json["weight_map"].as_object().ok_or_else(|| bad("no weight_map".into()))?;
         let mut files: Vec<String> = map.values().filter_map(|v| v.as_str().map(String::from)).collect();
@@ -208,7 +207,7 @@ fn read_safetensors(dir: &Path) -> Result<Tensors, ImportError> {
     for file in files {
         let path = dir.join(file);
         let bad = |reason: String| ImportError::new(&path, reason);
-        let bytes = fs::read(&path).map_err(|e| bad(e.to_string()))?;
+        let bytes = files::read(&path).map_err(|e| bad(e.to_string()))?;
         let st =
             safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("not valid safetensors: {e}")))?;
         for (name, view) in st.tensors() {

@@ -42,7 +42,8 @@ pub struct BenchKvArgs {
 pub fn bench_kv(args: BenchKvArgs, device: DeviceChoice) -> Result<()> {
     let (device, description) = devices::select(device)?;
     let run = import::load(&args.model, &device)?;
-    let text = std::fs::read_to_string(&args.text).with_context(|| format!("{}", args.text.display()))?;
+    let text =
+        ember_core_model::files::read_to_string(&args.text).with_context(|| format!("{}", args.text.display()))?;
     let mut ids = tokenizer::encode(&run.tokenizer, &text)?;
     let w = args.tokens.min(run.model.block_size());
     let n = (w * args.windows.max(1)).min(ids.len());
