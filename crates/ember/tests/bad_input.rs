@@ -185,10 +185,7 @@ fn inspect_with_the_largest_batch_does_not_overflow() {
 #[test]
 fn a_page_larger_than_the_context_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let corpus = small_corpus(dir.path(), 20_000);
-    let run = dir.path().join("run");
-    let config = tiny_config(dir.path(), &corpus, &run, "");
-    train_ok(&["--device", "cpu", "--config", config.to_str().unwrap(), "--set", "train.max_steps=2"]);
+    let run = tiny_run(dir.path(), 2);
     let out = generate_on_cpu(&run, &["--prompt", "A", "--kv-cache", "paged", "--page-size", "1000000"]);
     assert_clean_error(&out, "--page-size 1000000 is larger than the model's context of 32 tokens");
 }
@@ -217,10 +214,7 @@ fn paths_to_devices_are_refused_not_read() {
     std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
     assert_clean_error(&ember(&["train", "--config", zero.to_str().unwrap()]), "not a regular file");
 
-    let corpus = small_corpus(dir.path(), 20_000);
-    let run = dir.path().join("run");
-    let config = tiny_config(dir.path(), &corpus, &run, "");
-    train_ok(&["--device", "cpu", "--config", config.to_str().unwrap(), "--set", "train.max_steps=1"]);
+    let run = tiny_run(dir.path(), 1);
     std::fs::remove_file(run.join("tokenizer.json")).unwrap();
     std::os::unix::fs::symlink("/dev/zero", run.join("tokenizer.json")).unwrap();
     assert_clean_error(&generate_on_cpu(&run, &["--prompt", "A"]), "not a regular file");

@@ -77,10 +77,7 @@ type Named = Vec<(String, burn::tensor::TensorData)>;
 fn a_damaged_checkpoint_or_token_cache_is_refused_on_resume() {
     use ember_core_model::bundle;
     let dir = tempfile::tempdir().unwrap();
-    let corpus = small_corpus(dir.path(), 20_000);
-    let run = dir.path().join("run");
-    let config = tiny_config(dir.path(), &corpus, &run, "");
-    train_ok(&["--device", "cpu", "--config", config.to_str().unwrap(), "--set", "train.max_steps=4"]);
+    let run = tiny_run(dir.path(), 4);
     let resume = || ember(&["train", "--device", "cpu", "--no-sample", "--resume", run.to_str().unwrap()]);
     let ckpt = run.join(bundle::CHECKPOINT);
     let original = std::fs::read(&ckpt).unwrap();
@@ -115,10 +112,7 @@ fn a_damaged_checkpoint_or_token_cache_is_refused_on_resume() {
 #[test]
 fn unfinished_files_are_removed_and_a_checkpoint_without_its_model_file_resumes() {
     let dir = tempfile::tempdir().unwrap();
-    let corpus = small_corpus(dir.path(), 20_000);
-    let run = dir.path().join("run");
-    let config = tiny_config(dir.path(), &corpus, &run, "");
-    train_ok(&["--device", "cpu", "--config", config.to_str().unwrap(), "--set", "train.max_steps=4"]);
+    let run = tiny_run(dir.path(), 4);
     std::fs::remove_file(run.join("model.safetensors")).unwrap();
     for leftover in ["model.tmp", "checkpoint.tmp", "metrics.tmp"] {
         std::fs::write(run.join(leftover), b"half a file").unwrap();

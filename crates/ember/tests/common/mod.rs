@@ -55,6 +55,16 @@ max_new_tokens = 20
     path
 }
 
+/// A tiny run (`tiny_config`) trained for `steps` steps on the first 20 kB of Shakespeare, in `dir/run`.
+pub fn tiny_run(dir: &Path, steps: u64) -> PathBuf {
+    let corpus = small_corpus(dir, 20_000);
+    let run = dir.join("run");
+    let config = tiny_config(dir, &corpus, &run, "");
+    let steps = format!("train.max_steps={steps}");
+    train_ok(&["--device", "cpu", "--config", config.to_str().unwrap(), "--set", &steps]);
+    run
+}
+
 pub fn ember(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ember")).args(args).output().expect("the ember binary runs")
 }
