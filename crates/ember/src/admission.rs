@@ -51,12 +51,9 @@ pub fn admit_training(config: &ModelConfig, batch: usize, seq: usize) -> Result<
     )
 }
 
-/// Inference: the weights, and f32 KV stores for `sequences` sequences of the whole context.
-pub fn admit_inference(config: &ModelConfig, sequences: usize) -> Result<()> {
-    let weights = total_params(config).saturating_mul(F32);
+/// Inference, once the weights are loaded (they are already resident, so not counted again): f32 KV stores for
+/// `sequences` sequences of the whole context.
+pub fn admit_kv_stores(config: &ModelConfig, sequences: usize) -> Result<()> {
     let kv = kv_cache_bytes(config, sequences, config.block_size, F32 as usize).unwrap_or(u128::MAX);
-    admit(
-        &format!("this model with {sequences} KV store(s) of its {}-token context", config.block_size),
-        weights.saturating_add(kv),
-    )
+    admit(&format!("{sequences} KV store(s) of this model's {}-token context", config.block_size), kv)
 }

@@ -184,7 +184,7 @@ fn generate(args: GenerateArgs, choice: DeviceChoice) -> Result<()> {
     let started = std::time::Instant::now();
     let run = import::load(&args.model, &device)?;
     if devices::on_host(choice) {
-        admission::admit_inference(&run.config, 1)?;
+        admission::admit_kv_stores(&run.config, 1)?;
     }
     let load_seconds = started.elapsed().as_secs_f64();
     let defaults = SampleConfig::default();

@@ -52,7 +52,7 @@ pub fn serve(args: ServeArgs, choice: DeviceChoice) -> Result<()> {
     let (device, description) = devices::select(choice)?;
     let run = import::load(&args.model, &device)?;
     if devices::on_host(choice) {
-        crate::admission::admit_inference(&run.config, args.max_batch)?;
+        crate::admission::admit_kv_stores(&run.config, args.max_batch)?;
     }
     let kv = KvSpec { kind: args.kv_cache, page_size: args.page_size, group: args.kv_group };
     kv.check(run.model.block_size()).map_err(anyhow::Error::msg)?;
