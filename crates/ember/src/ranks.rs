@@ -54,6 +54,14 @@ pub fn announce(collective: &dyn Collective, device: &str) {
     }
 }
 
+/// Each rank's last line when there are several: the step it reached and its parameters' fingerprint, equal on every
+/// rank when the replicas agree.
+pub fn report_end(collective: &dyn Collective, step: u64, fingerprint: u64) {
+    if collective.ranks() > 1 {
+        println!("rank {} of {}: step {step}, parameters {fingerprint:016x}", collective.rank(), collective.ranks());
+    }
+}
+
 /// `result`, unless it is an error on one of several ranks: then the error is printed with the rank and every rank
 /// is ended, so none waits for a rank that has stopped.
 pub fn end_all_on_error<T>(result: Result<T>, collective: &dyn Collective) -> Result<T> {

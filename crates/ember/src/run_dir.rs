@@ -67,6 +67,11 @@ pub fn lock(dir: &Path) -> Result<RunLock> {
     }
 }
 
+/// [`lock`] on the rank that writes the run directory (rank 0); the other ranks of a data-parallel run hold none.
+pub fn lock_on_rank_0(dir: &Path, rank: usize) -> Result<Option<RunLock>> {
+    (rank == 0).then(|| lock(dir)).transpose()
+}
+
 /// Removes the `*.tmp` files directly in `dir` (none if it does not exist).
 fn remove_unfinished(dir: &Path) -> Result<()> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Ok(()) };

@@ -69,10 +69,7 @@ fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn C
     let run_dir = run_dir.unwrap_or_else(|| config.train.out_dir.clone());
     let (rank, ranks) = (collective.rank(), collective.ranks());
     let writes = rank == 0;
-    let _lock = match writes {
-        true => Some(run_dir::lock(&run_dir)?),
-        false => None,
-    };
+    let _lock = run_dir::lock_on_rank_0(&run_dir, rank)?;
     if args.resume.is_none() && writes {
         run_dir::check_new(&run_dir, args.force)?;
     }
@@ -151,9 +148,7 @@ fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn C
         }
         false => trainer.run(&mut ())?,
     };
-    if ranks > 1 {
-        println!("rank {rank} of {ranks}: step {}, parameters {:016x}", trainer.step, trainer.fingerprint());
-    }
+    ranks::report_end(&*collective, trainer.step, trainer.fingerprint());
     if !writes {
         return Ok(());
     }

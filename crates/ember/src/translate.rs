@@ -193,10 +193,7 @@ pub fn train(
 ) -> Result<()> {
     let config = load_config(config_path, overrides)?;
     let writes = collective.rank() == 0;
-    let _lock = match writes {
-        true => Some(run_dir::lock(&config.train.out_dir)?),
-        false => None,
-    };
+    let _lock = run_dir::lock_on_rank_0(&config.train.out_dir, collective.rank())?;
     if writes {
         run_dir::check_new(&config.train.out_dir, force)?;
     }
@@ -215,7 +212,7 @@ pub fn train(
             TranslationTrainer::replica(config, &device, bleu)?
         }
     };
-    run(trainer.with_collective(collective), choice)
+    run(trainer, collective, choice)
 }
 
 /// `ember train --resume RUN_DIR` of a translation run: continues from its checkpoint, with its config.toml and
@@ -227,10 +224,7 @@ pub fn resume(
     collective: Rc<dyn Collective>,
 ) -> Result<()> {
     let writes = collective.rank() == 0;
-    let _lock = match writes {
-        true => Some(run_dir::lock(run_dir)?),
-        false => None,
-    };
+    let _lock = run_dir::lock_on_rank_0(run_dir, collective.rank())?;
     let config = load_config(&run_dir.join(bundle::CONFIG), overrides)?;
     let (device, description) = devices::select_local(choice, collective.local_rank())?;
     crate::ranks::announce(&*collective, &description);
@@ -238,15 +232,15 @@ pub fn resume(
         println!("resuming translation run {} on {description}", run_dir.display());
     }
     let trainer = TranslationTrainer::resume(config, run_dir, &device, greedy_bleu(&device))?;
-    run(trainer.with_collective(collective), choice)
+    run(trainer, collective, choice)
 }
 
-/// Rank 0 reports and evaluates the test set; the other ranks train silently.
-fn run(mut trainer: TranslationTrainer, choice: DeviceChoice) -> Result<()> {
-    let (rank, ranks) = (trainer.shard().rank, trainer.shard().ranks);
-    if rank > 0 {
+/// Trains as one rank of `collective`: rank 0 reports and evaluates the test set; the other ranks train silently.
+fn run(trainer: TranslationTrainer, collective: Rc<dyn Collective>, choice: DeviceChoice) -> Result<()> {
+    let mut trainer = trainer.with_collective(collective.clone());
+    if collective.rank() > 0 {
         trainer.run(&mut ())?;
-        println!("rank {rank} of {ranks}: step {}, parameters {:016x}", trainer.step, trainer.fingerprint());
+        crate::ranks::report_end(&*collective, trainer.step, trainer.fingerprint());
         return Ok(());
     }
     let task = &trainer.task;
@@ -266,9 +260,7 @@ fn run(mut trainer: TranslationTrainer, choice: DeviceChoice) -> Result<()> {
     let result = trainer.run(&mut progress);
     progress.finish();
     result?;
-    if ranks > 1 {
-        println!("rank 0 of {ranks}: step {}, parameters {:016x}", trainer.step, trainer.fingerprint());
-    }
+    crate::ranks::report_end(&*collective, trainer.step, trainer.fingerprint());
     println!("run directory: {}", trainer.run_dir.display());
     if let Some(test) = &trainer.task.config.data.test {
         evaluate(&trainer.run_dir, test, 4, 0.6, choice)?;
