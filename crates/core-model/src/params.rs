@@ -76,7 +76,11 @@ pub enum Mismatch {
     Missing(String),
     #[error("parameter {path} has shape {found:?}, the model needs {expected:?}")]
     Shape { path: String, expected: Vec<usize>, found: Vec<usize> },
-    #[error("{} stored tensor(s) are not parameters of the configured model (the config and the weights disagree): {}", .0.len(), .0.iter().take(5).cloned().collect::<Vec<_>>().join(", "))]
+    #[error(
+        "{} stored tensor(s) are not parameters of the configured model (the config and the weights disagree): {}",
+        .0.len(),
+        .0.iter().take(5).cloned().collect::<Vec<_>>().join(", ")
+    )]
     Unused(Vec<String>),
 }
 

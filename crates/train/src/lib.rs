@@ -1,6 +1,6 @@
 //! Training: corpora and batching, the causal-LM loss, AdamW with parameter groups and global-norm clipping,
-//! learning-rate schedules, checkpoints, metrics, data parallelism ([`collective`], [`replicas`]), and the one loop ([`trainer`]) that trains both the language model
-//! ([`lm`]) and the translator ([`translation`]).
+//! learning-rate schedules, checkpoints, metrics, data parallelism ([`collective`], [`replicas`]), and the one loop
+//! ([`trainer`]) that trains both the language model ([`lm`]) and the translator ([`translation`]).
 
 pub mod bleu;
 pub mod checkpoint;

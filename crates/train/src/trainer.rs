@@ -1,7 +1,8 @@
 //! The training loop every task shares: the learning-rate schedule, backward, gradient accumulation, global-norm
 //! clipping, AdamW, the non-finite-loss stop, evaluation and checkpoint cadence, the time budget, `metrics.jsonl`,
-//! the observer and the loss curve, alone or as one rank of a data-parallel group ([`crate::collective`]). A [`Task`] (the language model in [`crate::lm`], the translator in
-//! [`crate::translation`]) supplies the model, the loss of each next batch, its evaluation and its data position.
+//! the observer and the loss curve, alone or as one rank of a data-parallel group ([`crate::collective`]). A
+//! [`Task`] (the language model in [`crate::lm`], the translator in [`crate::translation`]) supplies the model, the
+//! loss of each next batch, its evaluation and its data position.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
