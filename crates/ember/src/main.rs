@@ -253,7 +253,7 @@ fn list_devices() {
             false => "no".into(),
         };
         println!(
-            "wgpu     {} | {:?} | {:?} | driver {} | subgroups {subgroups}, f16 {}, f32 atomics {}; attention tiers {:?} \
+            "wgpu     {} | {:?} | {:?} | driver {} | subgroups {subgroups}, f16 {}, f32 atomics {}, cooperative matrix {}; attention tiers {:?} \
              (default {:?}) | workgroup memory {} B, invocations/workgroup {}, storage binding {} MiB, buffer {} MiB",
             a.name,
             a.kind,
@@ -261,6 +261,7 @@ fn list_devices() {
             a.driver,
             has(ember_kernels::adapters::Features::SHADER_F16),
             has(ember_kernels::adapters::Features::SHADER_FLOAT32_ATOMIC),
+            has(ember_kernels::adapters::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
             a.tiers(),
             a.default_tier(),
             a.limits.max_compute_workgroup_storage_size,

@@ -84,7 +84,8 @@ pub fn bench_attention(args: BenchAttentionArgs, choice: DeviceChoice) -> Result
         "bench attention on {description}: batch {}, {} heads, causal, f32; per call, median (minimum) of {} \
          repetitions of {} back-to-back calls and one device sync, after 2 untimed calls (shader compilation, \
          autotuning); implementations in turn; GFLOP/s of the median count 4·B·h·T²·d / 2 for the forward and 3.5× \
-         that for forward+backward{per_peak}; the largest allocation of the forward alone and of forward+backward \
+         that for forward+backward{per_peak}; each path's output and dq checked against an f64 reference on four query \
+         rows (a row fails past a relative error of {TOLERANCE:e}); the largest allocation of the forward alone and of forward+backward \
          (under autodiff Burn's built-in materialises the T×T scores by design)",
         args.batch, args.heads, args.iters, args.calls
     );
@@ -165,11 +166,17 @@ fn child(args: &BenchAttentionArgs, choice: DeviceChoice, name: &str, t: usize, 
     let Some(line) = stdout.lines().find_map(|l| l.strip_prefix("measured ")) else {
         let stderr = String::from_utf8_lossy(&output.stderr);
         let reason = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output");
-        bail!("{}", reason.chars().take(80).collect::<String>());
+        bail!("{}", reason.chars().take(120).collect::<String>());
     };
     let fields: Vec<&str> = line.split_whitespace().collect();
     let value = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
     let timing = |i: usize| Some(Timing { median: value(i)?, min: value(i + 1)? });
+    for (i, pass) in [(6, "output"), (7, "dq")] {
+        let error = value(i).context("a sampled error")?;
+        if error.is_nan() || error > TOLERANCE {
+            bail!("wrong {pass}: |Δ|/(1+|ref|) {error:.1e} on sampled rows against an f64 reference");
+        }
+    }
     Ok(Figures {
         forward: timing(0).context("a forward time")?,
         backward: timing(2),
@@ -184,6 +191,17 @@ fn measure_one(args: &BenchAttentionArgs, one: &str, choice: DeviceChoice) -> Re
     let imp = IMPLS.iter().find(|(n, _)| *n == name).map(|&(_, i)| i).context("unknown path")?;
     let (t, d): (usize, usize) = (t.parse()?, d.parse()?);
     let (device, _) = devices::select(choice)?;
+    // The naive path, and Burn's built-in under autodiff, hold the B·h·T×T scores in one buffer: past the adapter's
+    // storage-binding limit wgpu refuses the dispatch, and the timings would be of nothing.
+    let scores = (args.batch * args.heads * t * t * size_of::<f32>()) as u64;
+    let binding = devices::adapter(choice).map(|a| a.limits.max_storage_buffer_binding_size);
+    if let Some(limit) = binding.filter(|&l| scores > l && matches!(imp, AttentionImpl::Naive | AttentionImpl::Burn)) {
+        bail!(
+            "not run: its T×T scores, {} MiB, exceed the adapter's {} MiB storage-binding limit",
+            scores >> 20,
+            limit >> 20
+        );
+    }
     let shape = [args.batch, args.heads, t, d];
     let spec = AttentionSpec::causal(d).with_implementation(imp);
     let x = |device: &Device| Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), device);
@@ -191,18 +209,84 @@ fn measure_one(args: &BenchAttentionArgs, one: &str, choice: DeviceChoice) -> Re
     let forward = time(args, &device, || ember_kernels::attention(q.clone(), k.clone(), v.clone(), &spec))?;
     let largest = || device_memory(&device).map_or(0, |m| m.largest_allocation);
     let forward_bytes = largest();
+    let output = ember_kernels::attention(q.clone(), k.clone(), v.clone(), &spec);
+    let inputs = [last_head(&q)?, last_head(&k)?, last_head(&v)?];
+    let forward_error = sampled_error(&inputs, &last_head(&output)?, Pass::Forward, d);
     let autodiff = device.clone().autodiff();
     let (q, k, v) = (x(&autodiff).require_grad(), x(&autodiff).require_grad(), x(&autodiff).require_grad());
-    let backward = time(args, &device, || {
+    let dq = || {
         let grads = ember_kernels::attention(q.clone(), k.clone(), v.clone(), &spec).sum().backward();
         q.grad(&grads).expect("a gradient")
-    })?;
+    };
+    let backward = time(args, &device, dq)?;
     let all_bytes = largest();
+    let inputs = [last_head(&q)?, last_head(&k)?, last_head(&v)?];
+    let backward_error = sampled_error(&inputs, &last_head(&dq())?, Pass::Backward, d);
     println!(
-        "measured {:.4} {:.4} {:.4} {:.4} {forward_bytes} {all_bytes}",
+        "measured {:.4} {:.4} {:.4} {:.4} {forward_bytes} {all_bytes} {forward_error:e} {backward_error:e}",
         forward.median, forward.min, backward.median, backward.min
     );
     Ok(())
+}
+
+/// The largest |Δ| / (1 + |reference|) that [`sampled_error`] allows: f32 accumulation over 16k keys stays near 1e-5.
+const TOLERANCE: f64 = 1e-3;
+
+/// The last batch element's last head of a [B, h, T, d] tensor, read back as T·d values.
+fn last_head(x: &Tensor<4>) -> Result<Vec<f32>> {
+    let [b, h, t, d] = x.dims();
+    let head = x.clone().slice([b - 1..b, h - 1..h, 0..t, 0..d]);
+    let data = head.try_into_data().map_err(|e| {
+        let first = format!("{e}").lines().next().unwrap_or_default().to_string();
+        anyhow::anyhow!("the device failed to run it ({first})")
+    })?;
+    data.convert::<f32>().try_to_vec::<f32>().map_err(|e| anyhow::anyhow!("reading f32 values: {e:?}"))
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Pass {
+    /// O = softmax(QKᵀ/√d + causal mask) V.
+    Forward,
+    /// dQ of Σ O: dS_ij = P_ij (Σ_c V_jc − D_i), D_i = Σ_j P_ij Σ_c V_jc, dQ_i = Σ_j dS_ij K_j / √d.
+    Backward,
+}
+
+/// The largest |Δ| / (1 + |reference|) of `got` (O or dQ of one head, T×d) against an f64 reference, over four query
+/// rows spread along the sequence.
+fn sampled_error([q, k, v]: &[Vec<f32>; 3], got: &[f32], pass: Pass, d: usize) -> f64 {
+    let t = got.len() / d;
+    let row = |x: &[f32], i: usize| x[i * d..(i + 1) * d].iter().map(|&e| f64::from(e)).collect::<Vec<_>>();
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut worst = 0.0f64;
+    for i in [0, 1.min(t - 1), t / 2, t - 1] {
+        let qi = row(q, i);
+        let scores: Vec<f64> =
+            (0..=i).map(|j| scale * row(k, j).iter().zip(&qi).map(|(a, b)| a * b).sum::<f64>()).collect();
+        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+        let z: f64 = weights.iter().sum();
+        let p: Vec<f64> = weights.iter().map(|w| w / z).collect();
+        let mut expected = vec![0.0; d];
+        match pass {
+            Pass::Forward => {
+                for (j, pj) in p.iter().enumerate() {
+                    row(v, j).iter().zip(&mut expected).for_each(|(vj, e)| *e += pj * vj);
+                }
+            }
+            Pass::Backward => {
+                let dp: Vec<f64> = (0..=i).map(|j| row(v, j).iter().sum()).collect();
+                let di: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                for j in 0..=i {
+                    let ds = p[j] * (dp[j] - di) * scale;
+                    row(k, j).iter().zip(&mut expected).for_each(|(kj, e)| *e += ds * kj);
+                }
+            }
+        }
+        for (g, e) in row(got, i).iter().zip(&expected) {
+            worst = worst.max((g - e).abs() / (1.0 + e.abs()));
+        }
+    }
+    worst
 }
 
 /// Per-call milliseconds of `run`: two untimed calls (shader compilation, autotuning), then `args.iters` repetitions
