@@ -9,6 +9,7 @@ use burn::tensor::{Device, TensorData};
 use safetensors::tensor::{Dtype, TensorView};
 use tokenizers::Tokenizer;
 
+use crate::config::RunConfigError;
 use crate::params::{self, Mismatch};
 use crate::{Gpt, Invalid, ModelConfig, tokenizer};
 
@@ -74,37 +75,29 @@ pub fn save_tensors(
 /// Tensors by name.
 pub type Tensors = HashMap<String, TensorData>;
 
-/// Loads every tensor (as f32) and the metadata of a safetensors file.
+/// Loads every tensor (as f32) and the metadata of a safetensors file Ember wrote (all F32).
 pub fn load_tensors(path: &Path) -> Result<(Tensors, HashMap<String, String>), BundleError> {
     let bytes = crate::files::read(path).map_err(io(path))?;
     let corrupt = |reason: String| BundleError::Corrupt { path: path.to_path_buf(), reason };
-    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    let (read, metadata) = ember_formats::safetensors::read(&bytes, |_| false).map_err(corrupt)?;
     let mut tensors = HashMap::new();
-    for (name, view) in st.tensors() {
-        if view.dtype() != Dtype::F32 {
-            return Err(corrupt(format!("tensor {name} is {:?}, expected F32", view.dtype())));
+    for t in read {
+        if t.dtype != Dtype::F32 {
+            return Err(corrupt(format!("tensor {} is {:?}, expected F32", t.name, t.dtype)));
         }
-        let values: Vec<f32> =
-            view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-        tensors.insert(name, TensorData::new(values, view.shape().to_vec()));
+        tensors.insert(t.name, TensorData::new(t.values, t.shape));
     }
-    Ok((tensors, header.metadata().clone().unwrap_or_default()))
+    Ok((tensors, metadata))
 }
 
 /// The `[model]` table of a run directory's `config.toml`.
 pub fn load_model_config(run_dir: &Path) -> Result<ModelConfig, BundleError> {
     let path = run_dir.join(CONFIG);
     let text = crate::files::read_to_string(&path).map_err(io(&path))?;
-    let bad = |reason: String| BundleError::Config { path: path.clone(), reason };
-    let table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.message().to_string()))?;
-    let model = table.get("model").cloned().ok_or_else(|| bad("no [model] table".into()))?;
-    let config: ModelConfig = model.try_into().map_err(|e: toml::de::Error| bad(e.message().to_string()))?;
-    config.validate().map_err(|cause| BundleError::Invalid { path: path.clone(), cause })?;
-    if config.vocab_size.is_none() {
-        return Err(bad("model.vocab_size is missing".into()));
-    }
-    Ok(config)
+    ember_formats::config::model_from_run_toml(&text).map_err(|e| match e {
+        RunConfigError::Syntax(reason) => BundleError::Config { path: path.clone(), reason },
+        RunConfigError::Invalid(cause) => BundleError::Invalid { path: path.clone(), cause },
+    })
 }
 
 /// Writes a model as a run directory: `config.toml` (its `[model]` table), `model.safetensors`, `tokenizer.json`.

@@ -3,17 +3,15 @@
 
 pub mod bundle;
 pub mod cache;
-pub mod config;
 pub mod decoder;
-pub mod files;
 pub mod import;
 pub mod init;
 pub mod inspect;
 pub mod nn;
 pub mod params;
-pub mod rng;
 pub mod seq2seq;
-pub mod tokenizer;
+
+pub use ember_formats::{config, files, rng, tokenizer};
 
 pub use config::{Invalid, ModelConfig};
 pub use decoder::Gpt;

@@ -138,6 +138,28 @@ fn hugging_face_weights_that_disagree_with_config_json_are_named() {
     assert!(err.contains("tensor model.layers.0.self_attn.q_proj.weight has shape [32]; the config needs [32, 32]"));
 }
 
+/// A weight stored as integers is named with its dtype, not reported missing.
+#[test]
+fn an_integer_weight_is_named_with_its_dtype() {
+    use safetensors::tensor::{Dtype, TensorView};
+    let dir = edited_fixture("llama-tiny", |_| {}, |_| {});
+    let path = dir.path().join("model.safetensors");
+    let (tensors, _) = load_tensors(&path).unwrap();
+    let q = "model.layers.0.self_attn.q_proj.weight";
+    let bytes: Vec<(String, Vec<u8>, Dtype, Vec<usize>)> = tensors
+        .into_iter()
+        .map(|(name, data)| {
+            let dtype = if name == q { Dtype::I32 } else { Dtype::F32 };
+            (name, data.as_bytes().to_vec(), dtype, data.shape().to_vec())
+        })
+        .collect();
+    let views =
+        bytes.iter().map(|(name, raw, dtype, shape)| (name, TensorView::new(*dtype, shape.clone(), raw).unwrap()));
+    safetensors::serialize_to_file(views, None, &path).unwrap();
+    let err = import::hf::load(dir.path()).expect_err("refused").to_string();
+    assert!(err.contains(&format!("tensor {q} is I32; Ember reads F32, F16 and BF16 tensors")), "{err}");
+}
+
 /// A run directory whose config.toml has fewer layers than its model.safetensors is an error naming the tensors
 /// left over.
 #[test]

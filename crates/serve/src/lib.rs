@@ -6,9 +6,9 @@ pub mod generate;
 pub mod http;
 pub mod kv;
 pub mod openai;
-pub mod sampling;
 pub mod scheduler;
 pub mod server;
 
+pub use ember_formats::sampling;
 pub use generate::{Decoder, Finish, GenerateError, Generation, KvKind, KvSpec, Sequence, generate, prompt_ids};
 pub use sampling::SampleConfig;

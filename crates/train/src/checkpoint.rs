@@ -6,29 +6,10 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::TensorData;
 use ember_core_model::bundle::{self, BundleError};
+pub use ember_formats::checkpoint::TrainState;
+use ember_formats::checkpoint::{self as state, STATE_KEY};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
-
-const STATE_KEY: &str = "ember.train_state";
-
-/// Everything besides tensors that resuming needs: the loop's counters and the task's own state `S` (its fields sit
-/// beside `step` and `tokens` in the JSON, so a language model's state reads `{"step", "tokens", "sampler"}`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TrainState<S> {
-    /// Optimizer steps completed.
-    pub step: u64,
-    /// Training tokens consumed so far.
-    pub tokens: u64,
-    /// Data-parallel ranks that trained the run (1 alone).
-    #[serde(default = "one_rank")]
-    pub ranks: usize,
-    #[serde(flatten)]
-    pub task: S,
-}
-
-fn one_rank() -> usize {
-    1
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -74,8 +55,7 @@ pub fn load<S: DeserializeOwned>(run_dir: &Path) -> Result<Checkpoint<S>, Checkp
     }
     let (tensors, metadata) = bundle::load_tensors(&path)?;
     let bad = |reason: String| CheckpointError::State { path: path.clone(), reason };
-    let json = metadata.get(STATE_KEY).ok_or_else(|| bad(format!("no {STATE_KEY} entry")))?;
-    let state: TrainState<S> = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
+    let state: TrainState<S> = state::state(&metadata).map_err(bad)?;
     let (mut model, mut optim) = (HashMap::new(), HashMap::new());
     for (name, data) in tensors {
         if let Some(rest) = name.strip_prefix("model.") {

@@ -24,6 +24,8 @@ pub enum CorpusError {
     Missing(PathBuf),
     #[error("corpus {path}: {cause}")]
     Read { path: PathBuf, cause: std::io::Error },
+    #[error("cannot write the run directory {path}: {cause}")]
+    RunDir { path: PathBuf, cause: std::io::Error },
     #[error("corpus {0} is empty")]
     Empty(PathBuf),
     #[error("corpus {path} is not UTF-8 text (invalid byte at offset {offset})")]
@@ -76,7 +78,7 @@ pub fn prepare(data: &DataConfig, run_dir: &Path, reuse: bool) -> Result<(Tokeni
     let ids = encode_lines(&tok, &text)?;
     let n_train = ((1.0 - data.val_fraction) * ids.len() as f64) as usize;
     let corpus = Corpus { train: ids[..n_train].to_vec(), val: ids[n_train..].to_vec() };
-    fs::create_dir_all(run_dir).map_err(|cause| CorpusError::Read { path: run_dir.to_path_buf(), cause })?;
+    fs::create_dir_all(run_dir).map_err(|cause| CorpusError::RunDir { path: run_dir.to_path_buf(), cause })?;
     write_tokens(&train_path, &corpus.train)?;
     write_tokens(&val_path, &corpus.val)?;
     tokenizer::save(&tok, &tok_path)?;
@@ -177,6 +179,19 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_directory_that_cannot_be_written_is_named_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let corpus = dir.path().join("corpus.txt");
+        std::fs::write(&corpus, "To be, or not to be, that is the question.\n".repeat(20)).unwrap();
+        let data =
+            DataConfig { corpus, dataset: None, tokenizer: TokenizerKind::Char, vocab_size: None, val_fraction: 0.1 };
+        // A path under a regular file cannot become a directory, whoever runs the test.
+        let run_dir = dir.path().join("corpus.txt/run");
+        let error = prepare(&data, &run_dir, false).err().expect("an unwritable run directory").to_string();
+        assert!(error.starts_with("cannot write the run directory"), "{error}");
+    }
 
     #[test]
     fn windows_are_shifted_by_one_and_deterministic() {

@@ -6,6 +6,7 @@ use std::path::Path;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_core_model::Rng;
 use ember_core_model::tokenizer::{self, TokenizerError};
+use ember_formats::tsv;
 use tokenizers::Tokenizer;
 
 use crate::corpus::{CorpusError, read_text};
@@ -30,31 +31,17 @@ pub enum ParallelError {
 
 /// Sentence pairs of a TSV file: each line `source<TAB>target` (further tabs belong to the target).
 pub fn read_tsv(path: &Path) -> Result<Vec<(String, String)>, ParallelError> {
-    let text = read_text(path)?;
-    text.lines()
-        .enumerate()
-        .map(|(i, line)| {
-            let (s, t) = line
-                .split_once('\t')
-                .ok_or_else(|| ParallelError::NoTab { path: path.display().to_string(), line: i + 1 })?;
-            Ok((s.trim().to_string(), t.trim().to_string()))
-        })
-        .collect()
+    tsv::pairs(&read_text(path)?).map_err(|line| ParallelError::NoTab { path: path.display().to_string(), line })
 }
 
 /// Sentence pairs of two line-aligned files.
 pub fn read_aligned(source: &Path, target: &Path) -> Result<Vec<(String, String)>, ParallelError> {
-    let (s, t) = (read_text(source)?, read_text(target)?);
-    let (s, t): (Vec<&str>, Vec<&str>) = (s.lines().collect(), t.lines().collect());
-    if s.len() != t.len() {
-        return Err(ParallelError::Misaligned {
-            source_path: source.display().to_string(),
-            sources: s.len(),
-            target_path: target.display().to_string(),
-            targets: t.len(),
-        });
-    }
-    Ok(s.into_iter().zip(t).map(|(a, b)| (a.trim().to_string(), b.trim().to_string())).collect())
+    tsv::aligned(&read_text(source)?, &read_text(target)?).map_err(|(sources, targets)| ParallelError::Misaligned {
+        source_path: source.display().to_string(),
+        sources,
+        target_path: target.display().to_string(),
+        targets,
+    })
 }
 
 /// The tokenizers of source and target sentences: the same joint BPE, or one BPE per side.

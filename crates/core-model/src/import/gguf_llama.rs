@@ -6,7 +6,7 @@ use std::path::Path;
 use burn::tensor::TensorData;
 use tokenizers::Tokenizer;
 
-use super::gguf::{Gguf, Value};
+use super::gguf::{Array, Gguf, Value};
 use super::{ImportError, Tensors, concat_rows, transpose};
 use crate::ModelConfig;
 use crate::tokenizer;
@@ -72,7 +72,7 @@ fn tensors(gguf: &Gguf, config: &ModelConfig) -> Result<Tensors, String> {
             return Err(format!("tensor {name} has shape {:?}; the metadata needs {shape:?}", info.shape()));
         }
         used.borrow_mut().insert(name.to_string());
-        gguf.tensor(name).map_err(|e| e.to_string())
+        gguf.tensor(name).map(|(shape, values)| TensorData::new(values, shape)).map_err(|e| e.to_string())
     };
     let mut out = Tensors::new();
     out.insert("wte.weight".into(), get("token_embd.weight", &[v, d])?);
@@ -136,15 +136,13 @@ fn tokenizer(gguf: &Gguf) -> Result<Tokenizer, String> {
     }
     let strings = |key: &str| -> Result<Vec<String>, String> {
         let values = meta(gguf, key)?.as_array().ok_or_else(|| format!("{key} is not an array"))?;
-        values.iter().map(|v| v.as_str().map(String::from).ok_or_else(|| format!("{key} holds a non-string"))).collect()
+        let strings = values.strings().ok_or_else(|| format!("{key} is not an array of strings"))?;
+        Ok(strings.iter().map(String::from).collect())
     };
     let tokens = strings("tokenizer.ggml.tokens")?;
     let merges = strings("tokenizer.ggml.merges")?;
-    let types: Vec<u64> = gguf
-        .get("tokenizer.ggml.token_type")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().map(|v| v.as_u64().unwrap_or(1)).collect())
-        .unwrap_or_default();
+    let types: Vec<i64> =
+        gguf.get("tokenizer.ggml.token_type").and_then(Value::as_array).and_then(Array::integers).unwrap_or_default();
     // Token type 3 is "control" (<|im_start|>, <|endoftext|>, ...).
     let specials: Vec<u32> = types.iter().enumerate().filter(|&(_, &t)| t == 3).map(|(i, _)| i as u32).collect();
     let pre = gguf.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default");

@@ -1,8 +1,8 @@
 //! Models from elsewhere, loaded into Ember's own model: Hugging Face directories (GPT-2, Llama) and GGUF files
 //! (llama architecture). [`load`] also opens Ember run directories, so every command takes any of the three.
 
-pub mod gguf;
 pub mod gguf_llama;
+pub use ember_formats::gguf;
 pub mod hf;
 
 use std::path::{Path, PathBuf};

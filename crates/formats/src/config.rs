@@ -1,0 +1,382 @@
+//! `[model]` of a run's TOML config, and the validation error every config section shares.
+
+use std::fmt::Display;
+
+use serde::{Deserialize, Serialize};
+
+/// A config value outside what is allowed: names the key, the value and the rule.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("{key} = {value}: {allowed}")]
+pub struct Invalid {
+    pub key: String,
+    pub value: String,
+    pub allowed: String,
+}
+
+/// `Ok` when `ok`, else an [`Invalid`] for `key = value` that says what is `allowed`.
+pub fn require(ok: bool, key: &str, value: impl Display, allowed: impl Into<String>) -> Result<(), Invalid> {
+    if ok { Ok(()) } else { Err(Invalid { key: key.into(), value: value.to_string(), allowed: allowed.into() }) }
+}
+
+/// LayerNorm γ ⊙ (x − μ)/σ + β, or RMSNorm γ ⊙ x / sqrt(mean(x²) + ε).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NormKind {
+    #[default]
+    LayerNorm,
+    RmsNorm,
+}
+
+/// Where the norms sit around a sub-layer F.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NormPlacement {
+    /// LN(x + F(x)), the 2017 Transformer; no final norm.
+    Post,
+    /// x + F(LN(x)), GPT-2; a final norm before the output projection.
+    #[default]
+    Pre,
+    /// x + LN_out(F(LN_in(x))) with normalised input embeddings and a final norm (Gemma 2/3, OLMo 2).
+    Peri,
+}
+
+/// The position-wise feed-forward network.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FfnKind {
+    Relu,
+    /// Exact GELU, x Φ(x).
+    #[default]
+    Gelu,
+    /// GPT-2's tanh approximation of GELU ("gelu_new").
+    GeluTanh,
+    /// [SiLU(x W_g) ⊙ (x W_u)] W_d.
+    Swiglu,
+}
+
+/// How token positions enter the model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PositionKind {
+    /// A trained table of `block_size` rows added to the embeddings.
+    #[default]
+    Learned,
+    /// The 2017 sine/cosine table added to embeddings scaled by sqrt(d).
+    Sinusoidal,
+    /// Rotary embeddings of q and k.
+    Rope,
+    None,
+}
+
+/// Standard multi-head attention (MHA / GQA / MQA by `n_kv_heads`) or DeepSeek-V2's multi-head latent attention.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttentionKind {
+    #[default]
+    Mha,
+    Mla,
+}
+
+/// A decoder-only language model: GPT-2 and Llama styles are configs of one model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Token vocabulary; taken from the tokenizer when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab_size: Option<usize>,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub d_model: usize,
+    /// Width of each attention head; d_model / n_heads when absent (Gemma 3 and DeepSeek-V2 set their own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<usize>,
+    /// Context length (rows of the learned position table).
+    pub block_size: usize,
+    /// Dropout on residual branches and embeddings.
+    #[serde(default)]
+    pub dropout: f64,
+    /// Dropout on attention probabilities (fairseq's `--attention-dropout`; 0 by default).
+    #[serde(default)]
+    pub attention_dropout: f64,
+    /// Biases in the linear layers and LayerNorms.
+    #[serde(default = "yes")]
+    pub bias: bool,
+    #[serde(default)]
+    pub norm: NormKind,
+    #[serde(default)]
+    pub norm_placement: NormPlacement,
+    #[serde(default = "default_eps")]
+    pub norm_eps: f64,
+    #[serde(default)]
+    pub ffn: FfnKind,
+    /// Hidden width of the feed-forward network; 4d, or 8/3·d rounded up to a multiple of 64 for SwiGLU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub d_ff: Option<usize>,
+    #[serde(default)]
+    pub positions: PositionKind,
+    #[serde(default = "default_theta")]
+    pub rope_theta: f64,
+    #[serde(default)]
+    pub attention: AttentionKind,
+    /// Key/value heads g (GQA; g = n_heads is MHA, 1 is MQA); n_heads when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_kv_heads: Option<usize>,
+    /// Bias on the QKV projection; `bias` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qkv_bias: Option<bool>,
+    /// Sliding causal window w: query i sees keys i − w < j ≤ i.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<usize>,
+    /// MLA latent width d_c (cached per token per layer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla_latent_dim: Option<usize>,
+    /// MLA decoupled RoPE key width d_R, shared across heads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla_rope_dim: Option<usize>,
+    /// Output projection tied to the token embedding.
+    #[serde(default = "yes")]
+    pub tie_embeddings: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_eps() -> f64 {
+    1e-5
+}
+
+fn default_theta() -> f64 {
+    10_000.0
+}
+
+impl ModelConfig {
+    /// A GPT-2 style model (LayerNorm, Pre-LN, GELU, learned positions, MHA, tied output) of the given shape.
+    pub fn gpt(vocab_size: usize, n_layers: usize, n_heads: usize, d_model: usize, block_size: usize) -> Self {
+        Self {
+            vocab_size: Some(vocab_size),
+            n_layers,
+            n_heads,
+            d_model,
+            head_dim: None,
+            block_size,
+            dropout: 0.0,
+            attention_dropout: 0.0,
+            bias: true,
+            norm: NormKind::default(),
+            norm_placement: NormPlacement::default(),
+            norm_eps: default_eps(),
+            ffn: FfnKind::default(),
+            d_ff: None,
+            positions: PositionKind::default(),
+            rope_theta: default_theta(),
+            attention: AttentionKind::default(),
+            n_kv_heads: None,
+            qkv_bias: None,
+            window: None,
+            mla_latent_dim: None,
+            mla_rope_dim: None,
+            tie_embeddings: true,
+        }
+    }
+
+    /// The same model Llama-style: RMSNorm, SwiGLU, RoPE, no biases, and `n_kv_heads` key/value heads.
+    pub fn llama_style(self, n_kv_heads: usize) -> Self {
+        Self {
+            norm: NormKind::RmsNorm,
+            ffn: FfnKind::Swiglu,
+            positions: PositionKind::Rope,
+            n_kv_heads: Some(n_kv_heads),
+            bias: false,
+            ..self
+        }
+    }
+
+    /// The same model in the 2017 Transformer's layout: Post-LN, ReLU feed-forward, sinusoidal positions.
+    pub fn paper_style(self) -> Self {
+        Self { norm_placement: NormPlacement::Post, ffn: FfnKind::Relu, positions: PositionKind::Sinusoidal, ..self }
+    }
+
+    /// The same model with multi-head latent attention: latent width d_c = `latent_dim`, decoupled RoPE key width
+    /// d_R = `rope_dim` (one shared latent, so no separate key/value heads).
+    pub fn mla_style(self, latent_dim: usize, rope_dim: usize) -> Self {
+        Self {
+            attention: AttentionKind::Mla,
+            mla_latent_dim: Some(latent_dim),
+            mla_rope_dim: Some(rope_dim),
+            n_kv_heads: None,
+            positions: PositionKind::Rope,
+            ..self
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if let Some(v) = self.vocab_size {
+            require(v >= 1, "model.vocab_size", v, "at least 1")?;
+        }
+        require(self.n_layers >= 1, "model.n_layers", self.n_layers, "at least 1")?;
+        require(self.n_heads >= 1, "model.n_heads", self.n_heads, "at least 1")?;
+        require(self.d_model >= 1, "model.d_model", self.d_model, "at least 1")?;
+        match self.head_dim {
+            Some(dh) => require(dh >= 1, "model.head_dim", dh, "at least 1")?,
+            None => require(
+                self.d_model.is_multiple_of(self.n_heads),
+                "model.d_model",
+                self.d_model,
+                format!("must be a multiple of model.n_heads = {} (or set model.head_dim)", self.n_heads),
+            )?,
+        }
+        require(self.block_size >= 1, "model.block_size", self.block_size, "at least 1")?;
+        require((0.0..1.0).contains(&self.dropout), "model.dropout", self.dropout, "in [0, 1)")?;
+        require(
+            (0.0..1.0).contains(&self.attention_dropout),
+            "model.attention_dropout",
+            self.attention_dropout,
+            "in [0, 1)",
+        )?;
+        require(self.norm_eps > 0.0 && self.norm_eps < 1.0, "model.norm_eps", self.norm_eps, "in (0, 1)")?;
+        if let Some(f) = self.d_ff {
+            require(f >= 1, "model.d_ff", f, "at least 1")?;
+        }
+        require(self.rope_theta > 1.0, "model.rope_theta", self.rope_theta, "greater than 1")?;
+        if self.positions == PositionKind::Rope && self.attention == AttentionKind::Mha {
+            let d = self.head_dim();
+            require(d.is_multiple_of(2), "model.positions", "\"rope\"", format!("needs an even head width, not {d}"))?;
+        }
+        if let Some(g) = self.n_kv_heads {
+            let h = self.n_heads;
+            require(g >= 1 && h.is_multiple_of(g), "model.n_kv_heads", g, format!("must divide model.n_heads = {h}"))?;
+        }
+        if let Some(w) = self.window {
+            require(w >= 1, "model.window", w, "at least 1")?;
+        }
+        match self.attention {
+            AttentionKind::Mha => {
+                let stray = self.mla_latent_dim.is_some() || self.mla_rope_dim.is_some();
+                require(
+                    !stray,
+                    "model.attention",
+                    "\"mha\"",
+                    "mla_latent_dim and mla_rope_dim need attention = \"mla\"",
+                )
+            }
+            AttentionKind::Mla => {
+                let dc = self.mla_latent_dim.unwrap_or(0);
+                require(dc >= 1, "model.mla_latent_dim", dc, "at least 1 (required when attention = \"mla\")")?;
+                let dr = self.mla_rope_dim.unwrap_or(0);
+                require(
+                    dr >= 2 && dr.is_multiple_of(2),
+                    "model.mla_rope_dim",
+                    dr,
+                    "an even number ≥ 2 (required for MLA)",
+                )?;
+                require(
+                    self.positions == PositionKind::Rope,
+                    "model.positions",
+                    format!("{:?}", self.positions).to_lowercase(),
+                    "MLA carries positions in its decoupled RoPE key: use positions = \"rope\"",
+                )?;
+                require(self.n_kv_heads.is_none(), "model.n_kv_heads", self.kv_heads(), "not used by MLA")
+            }
+        }
+    }
+
+    /// The vocabulary, which training fills in from the tokenizer before a model is built.
+    pub fn vocab(&self) -> usize {
+        self.vocab_size.expect("vocab_size is set from the tokenizer before a model is built")
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim.unwrap_or(self.d_model / self.n_heads)
+    }
+
+    pub fn kv_heads(&self) -> usize {
+        self.n_kv_heads.unwrap_or(self.n_heads)
+    }
+
+    pub fn qkv_bias(&self) -> bool {
+        self.qkv_bias.unwrap_or(self.bias)
+    }
+
+    /// The feed-forward width: configured, else 4d, or 8/3·d rounded up to 64 for SwiGLU (same parameter count).
+    pub fn ffn_dim(&self) -> usize {
+        match (self.d_ff, self.ffn) {
+            (Some(f), _) => f,
+            (None, FfnKind::Swiglu) => (8 * self.d_model / 3).div_ceil(64) * 64,
+            (None, _) => 4 * self.d_model,
+        }
+    }
+}
+
+/// What is wrong with the `[model]` table of a run directory's `config.toml`.
+#[derive(Debug, thiserror::Error)]
+pub enum RunConfigError {
+    /// Not TOML, no `[model]` table, a key of the wrong type, or no vocabulary size.
+    #[error("{0}")]
+    Syntax(String),
+    #[error(transparent)]
+    Invalid(#[from] Invalid),
+}
+
+/// The `[model]` table of a run directory's `config.toml`, validated; a run's model states its vocabulary size.
+pub fn model_from_run_toml(text: &str) -> Result<ModelConfig, RunConfigError> {
+    let syntax = |reason: &str| RunConfigError::Syntax(reason.to_string());
+    let table: toml::Table = toml::from_str(text).map_err(|e| syntax(e.message()))?;
+    let model = table.get("model").cloned().ok_or_else(|| syntax("no [model] table"))?;
+    let config: ModelConfig = model.try_into().map_err(|e: toml::de::Error| syntax(e.message()))?;
+    config.validate()?;
+    if config.vocab_size.is_none() {
+        return Err(syntax("model.vocab_size is missing"));
+    }
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn baby() -> ModelConfig {
+        ModelConfig::gpt(65, 4, 4, 128, 64)
+    }
+
+    #[test]
+    fn width_must_split_into_heads() {
+        let bad = ModelConfig { d_model: 130, ..baby() };
+        let err = bad.validate().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "model.d_model = 130: must be a multiple of model.n_heads = 4 (or set model.head_dim)"
+        );
+        assert!(baby().validate().is_ok());
+    }
+
+    #[test]
+    fn dropout_must_be_a_probability() {
+        let err = ModelConfig { dropout: 1.0, ..baby() }.validate().unwrap_err();
+        assert_eq!(err.key, "model.dropout");
+    }
+
+    #[test]
+    fn kv_heads_must_divide_query_heads() {
+        let err = ModelConfig { n_kv_heads: Some(3), ..baby() }.validate().unwrap_err();
+        assert_eq!(err.to_string(), "model.n_kv_heads = 3: must divide model.n_heads = 4");
+        assert!(ModelConfig { n_kv_heads: Some(1), ..baby() }.validate().is_ok());
+    }
+
+    #[test]
+    fn mla_needs_its_widths_and_rope() {
+        let mla = ModelConfig { attention: AttentionKind::Mla, positions: PositionKind::Rope, ..baby() };
+        assert_eq!(mla.validate().unwrap_err().key, "model.mla_latent_dim");
+        let mla = ModelConfig { mla_latent_dim: Some(32), mla_rope_dim: Some(8), ..mla };
+        assert!(mla.validate().is_ok());
+        let learned = ModelConfig { positions: PositionKind::Learned, ..mla };
+        assert_eq!(learned.validate().unwrap_err().key, "model.positions");
+    }
+
+    #[test]
+    fn swiglu_width_is_eight_thirds_rounded_to_64() {
+        let c = ModelConfig { ffn: FfnKind::Swiglu, d_model: 576, ..baby() };
+        assert_eq!(c.ffn_dim(), 1536);
+        assert_eq!(ModelConfig { ffn: FfnKind::Swiglu, ..baby() }.ffn_dim(), 384);
+    }
+}

@@ -1,0 +1,99 @@
+//! The entry points of the fuzz targets in `fuzz/`, one per reader of untrusted bytes. Each runs a reader on the bytes
+//! as Ember does and discards the result: an error is a correct answer; a panic, an abort, a hang or an allocation out
+//! of proportion to the input is a bug. `tests/fuzz_corpus.rs` replays every corpus file and every crash found through
+//! the same functions on the stable toolchain.
+
+use std::collections::HashMap;
+
+use crate::{checkpoint, config, gguf, hf, http, openai, safetensors, tokenizer, tsv};
+
+/// A fuzz target: it reads the bytes and returns.
+pub type Target = fn(&[u8]);
+
+/// The targets by name, as `fuzz/fuzz_targets/` and `fuzz/corpus/` name them.
+pub const TARGETS: [(&str, Target); 9] = [
+    ("gguf", gguf),
+    ("safetensors", safetensors),
+    ("hf_config", hf_config),
+    ("run_config", run_config),
+    ("tokenizer", tokenizer),
+    ("checkpoint_state", checkpoint_state),
+    ("tsv", tsv),
+    ("http_request", http_request),
+    ("openai_request", openai_request),
+];
+
+/// A GGUF file: header, metadata, tensor directory, then every tensor dequantized and every array read.
+pub fn gguf(bytes: &[u8]) {
+    let Ok(file) = gguf::Gguf::parse(bytes.to_vec()) else { return };
+    for info in &file.tensors {
+        let _ = file.tensor(&info.name);
+    }
+    for value in file.metadata.values() {
+        if let Some(array) = value.as_array() {
+            let _ = array.integers();
+            let _ = array.strings().map(|s| s.iter().map(str::len).sum::<usize>());
+        }
+    }
+}
+
+/// A safetensors file read as f32.
+pub fn safetensors(bytes: &[u8]) {
+    let _ = safetensors::read(bytes, |name| name.ends_with(".attn.bias"));
+}
+
+/// A Hugging Face `config.json` (and the same text as a shard index).
+pub fn hf_config(bytes: &[u8]) {
+    let Ok(text) = std::str::from_utf8(bytes) else { return };
+    if let Ok((_, config)) = hf::config(text) {
+        describe(&config);
+    }
+    let _ = hf::shards(text);
+}
+
+/// A run directory's `config.toml`.
+pub fn run_config(bytes: &[u8]) {
+    let Ok(text) = std::str::from_utf8(bytes) else { return };
+    if let Ok(config) = config::model_from_run_toml(text) {
+        describe(&config);
+    }
+}
+
+/// What Ember derives from every loaded config before building a model.
+fn describe(config: &config::ModelConfig) {
+    let _ = (config.vocab(), config.head_dim(), config.kv_heads(), config.ffn_dim());
+}
+
+/// A `tokenizer.json`, then a round trip of a short text through it.
+pub fn tokenizer(bytes: &[u8]) {
+    let Ok(tok) = tokenizer::parse(bytes) else { return };
+    if let Ok(ids) = tokenizer::encode(&tok, "To be, or not to be: ümlaut 日本 🙂") {
+        let _ = tokenizer::decode(&tok, &ids);
+    }
+    let _ = tokenizer::vocab_size(&tok);
+}
+
+/// A checkpoint's training state, as the language-model and translation tasks read it.
+pub fn checkpoint_state(bytes: &[u8]) {
+    let Ok(text) = std::str::from_utf8(bytes) else { return };
+    let metadata = HashMap::from([(checkpoint::STATE_KEY.to_string(), text.to_string())]);
+    let _ = checkpoint::state::<serde_json::Value>(&metadata);
+}
+
+/// A parallel corpus: the text as TSV, and its halves as line-aligned source and target.
+pub fn tsv(bytes: &[u8]) {
+    let Ok(text) = std::str::from_utf8(bytes) else { return };
+    let _ = tsv::pairs(text);
+    let middle = (0..=text.len() / 2).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+    let _ = tsv::aligned(&text[..middle], &text[middle..]);
+}
+
+/// An HTTP request as the server reads it from a connection.
+pub fn http_request(bytes: &[u8]) {
+    let _ = http::read_request(&mut &bytes[..]);
+}
+
+/// A completions request body.
+pub fn openai_request(bytes: &[u8]) {
+    let _ = openai::parse_completion(bytes, "ember");
+}

@@ -1,0 +1,184 @@
+//! `[sample]` settings and drawing the next token from logits.
+
+use crate::Rng;
+use crate::config::{Invalid, require};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SampleConfig {
+    #[serde(default = "default_prompt")]
+    pub prompt: String,
+    #[serde(default = "default_max_new_tokens")]
+    pub max_new_tokens: usize,
+    /// Divides the logits; 0 means greedy.
+    #[serde(default = "default_temperature")]
+    pub temperature: f64,
+    /// Sample among the k most likely tokens only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<usize>,
+    /// Nucleus sampling: among the most likely tokens whose probabilities first sum to at least p.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// Penalty θ on tokens already in the context (prompt included): z / θ where z > 0, z · θ otherwise (CTRL).
+    #[serde(default = "one")]
+    pub repetition_penalty: f64,
+    /// Generation ends before the first of these strings appears; it is not part of the output.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+}
+
+fn default_prompt() -> String {
+    "\n".into()
+}
+fn default_max_new_tokens() -> usize {
+    500
+}
+fn default_temperature() -> f64 {
+    0.8
+}
+fn default_seed() -> u64 {
+    1337
+}
+fn one() -> f64 {
+    1.0
+}
+
+impl Default for SampleConfig {
+    fn default() -> Self {
+        Self {
+            prompt: default_prompt(),
+            max_new_tokens: default_max_new_tokens(),
+            temperature: default_temperature(),
+            top_k: None,
+            top_p: None,
+            repetition_penalty: 1.0,
+            stop: Vec::new(),
+            seed: default_seed(),
+        }
+    }
+}
+
+impl SampleConfig {
+    pub fn validate(&self) -> Result<(), Invalid> {
+        require(
+            self.temperature >= 0.0 && self.temperature.is_finite(),
+            "sample.temperature",
+            self.temperature,
+            "a finite number ≥ 0 (0 is greedy)",
+        )?;
+        if let Some(k) = self.top_k {
+            require(k >= 1, "sample.top_k", k, "at least 1")?;
+        }
+        if let Some(p) = self.top_p {
+            require(p > 0.0 && p <= 1.0, "sample.top_p", p, "in (0, 1]")?;
+        }
+        let theta = self.repetition_penalty;
+        require(
+            theta > 0.0 && theta.is_finite(),
+            "sample.repetition_penalty",
+            theta,
+            "a finite number > 0 (1 is off)",
+        )?;
+        if let Some(empty) = self.stop.iter().find(|s| s.is_empty()) {
+            require(false, "sample.stop", format!("{empty:?}"), "stop strings must not be empty")?;
+        }
+        Ok(())
+    }
+}
+
+/// The index of the largest value (the first of equals), as a token id.
+pub fn argmax<T: PartialOrd + Copy>(values: &[T]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in values.iter().enumerate() {
+        if v > values[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The next token after `history`: logits of tokens in the history are penalised (`repetition_penalty`), then the
+/// argmax when `temperature` is 0, else a draw from softmax(z / temperature) restricted to the `top_k` largest logits
+/// and then to the smallest set whose probability reaches `top_p`.
+pub fn sample(logits: &[f32], settings: &SampleConfig, history: &[u32], rng: &mut Rng) -> u32 {
+    let mut z: Vec<f64> = logits.iter().map(|&x| x as f64).collect();
+    let theta = settings.repetition_penalty;
+    if theta != 1.0 {
+        for &t in history {
+            if let Some(zi) = z.get_mut(t as usize) {
+                *zi = if *zi > 0.0 { *zi / theta } else { *zi * theta };
+            }
+        }
+    }
+    if settings.temperature == 0.0 {
+        return z
+            .iter()
+            .enumerate()
+            .fold((0, f64::NEG_INFINITY), |best, (i, &v)| if v > best.1 { (i, v) } else { best })
+            .0 as u32;
+    }
+    let mut order: Vec<usize> = (0..z.len()).collect();
+    order.sort_by(|&a, &b| z[b].total_cmp(&z[a]));
+    order.truncate(settings.top_k.unwrap_or(z.len()).min(z.len()));
+    let z_max = z[order[0]];
+    let mut weights: Vec<f64> = order.iter().map(|&i| ((z[i] - z_max) / settings.temperature).exp()).collect();
+    if let Some(p) = settings.top_p {
+        let total: f64 = weights.iter().sum();
+        let mut mass = 0.0;
+        let keep = weights.iter().position(|w| {
+            mass += w / total;
+            mass >= p
+        });
+        weights.truncate(keep.map_or(weights.len(), |i| i + 1));
+    }
+    let mut u = rng.uniform() * weights.iter().sum::<f64>();
+    for (&i, w) in order.iter().zip(&weights) {
+        if u < *w {
+            return i as u32;
+        }
+        u -= w;
+    }
+    order[weights.len() - 1] as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_top1_and_frequencies_follow_softmax() {
+        let logits = [0.0f32, 2.0, 1.0, -1.0];
+        let mut rng = Rng::new(1);
+        let with = |temperature: f64, top_k: Option<usize>| SampleConfig { temperature, top_k, ..Default::default() };
+        assert_eq!(sample(&logits, &with(0.0, None), &[], &mut rng), 1);
+        assert!((0..50).all(|_| sample(&logits, &with(1.0, Some(1)), &[], &mut rng) == 1));
+        let mut counts = [0usize; 4];
+        let n = 40_000;
+        for _ in 0..n {
+            counts[sample(&logits, &with(1.0, Some(2)), &[], &mut rng) as usize] += 1;
+        }
+        assert_eq!(counts[0] + counts[3], 0, "top-k excludes the rest");
+        let p1 = counts[1] as f64 / n as f64;
+        let expect = 1.0 / (1.0 + (-1f64).exp());
+        assert!((p1 - expect).abs() < 0.01, "{p1} vs {expect}");
+    }
+
+    #[test]
+    fn top_p_keeps_the_smallest_nucleus_and_repetition_is_penalised() {
+        // Probabilities ∝ e^(2, 1, 0, -1): 0.644, 0.237, 0.087, 0.032.
+        let logits = [2.0f32, 1.0, 0.0, -1.0];
+        let mut rng = Rng::new(2);
+        let nucleus = SampleConfig { temperature: 1.0, top_p: Some(0.85), ..Default::default() };
+        let mut seen = [false; 4];
+        for _ in 0..2000 {
+            seen[sample(&logits, &nucleus, &[], &mut rng) as usize] = true;
+        }
+        assert_eq!(seen, [true, true, false, false], "0.644 + 0.237 ≥ 0.85: the top two only");
+        let greedy = SampleConfig { temperature: 0.0, repetition_penalty: 4.0, ..Default::default() };
+        assert_eq!(sample(&logits, &greedy, &[0], &mut rng), 1, "2/4 < 1: the penalised token loses");
+        assert_eq!(sample(&logits, &greedy, &[], &mut rng), 0);
+    }
+}

@@ -1,0 +1,181 @@
+//! Tokenizers, through the `tokenizers` crate: character-level (vocabulary from the training text, ids in sorted
+//! character order as nanoGPT) and byte-level BPE trained in-process. Saved as `tokenizer.json`.
+
+use std::path::Path;
+
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::models::TrainerWrapper;
+use tokenizers::models::bpe::{BPE, BpeTrainerBuilder, Vocab};
+use tokenizers::models::wordlevel::WordLevel;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::Split;
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("cannot read tokenizer: {0}")]
+    Load(String),
+    #[error("cannot write tokenizer: {0}")]
+    Save(String),
+    #[error("cannot build tokenizer: {0}")]
+    Build(String),
+    #[error("text cannot be encoded: {0}")]
+    Encode(String),
+    #[error("ids cannot be decoded: {0}")]
+    Decode(String),
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn build(e: BoxError) -> TokenizerError {
+    TokenizerError::Build(e.to_string())
+}
+
+/// One token per character of `text`; ids follow sorted character order.
+pub fn train_char(text: &str) -> Result<Tokenizer, TokenizerError> {
+    let mut chars: Vec<char> = text.chars().collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    chars.sort_unstable();
+    let vocab = chars.iter().enumerate().map(|(i, c)| (c.to_string(), i as u32)).collect();
+    let model = WordLevel::builder().vocab(vocab).build().map_err(build)?;
+    let mut tokenizer = Tokenizer::new(model);
+    let each_char = Split::new(
+        tokenizers::pre_tokenizers::split::SplitPattern::Regex("(?s).".into()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(build)?;
+    tokenizer.with_pre_tokenizer(Some(each_char));
+    tokenizer.with_decoder(Some(Fuse::new()));
+    Ok(tokenizer)
+}
+
+/// Byte-level BPE (GPT-2's byte alphabet, no prefix space) trained on `text` to `vocab_size` tokens.
+pub fn train_bpe(text: &str, vocab_size: usize) -> Result<Tokenizer, TokenizerError> {
+    train_bpe_lines(text.lines(), vocab_size, &[])
+}
+
+/// Byte-level BPE trained on `lines` to `vocab_size` tokens, the `specials` first (ids 0, 1, …).
+pub fn train_bpe_lines<'a>(
+    lines: impl Iterator<Item = &'a str> + Send,
+    vocab_size: usize,
+    specials: &[&str],
+) -> Result<Tokenizer, TokenizerError> {
+    let mut tokenizer = Tokenizer::new(BPE::default());
+    tokenizer.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
+    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+    let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
+        .vocab_size(vocab_size)
+        .min_frequency(2)
+        .show_progress(false)
+        .special_tokens(specials.iter().map(|s| AddedToken::from(s.to_string(), true)).collect())
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+        .build()
+        .into();
+    tokenizer.train(&mut trainer, lines).map_err(build)?;
+    Ok(tokenizer)
+}
+
+/// A pretrained byte-level BPE from its token list (id = position), its merges ("a b"), the ids of its special
+/// tokens, and whether digits are split one by one before the byte-level split (SmolLM, Llama 3).
+pub fn from_bpe(
+    tokens: &[String],
+    merges: &[String],
+    specials: &[u32],
+    digits: bool,
+) -> Result<Tokenizer, TokenizerError> {
+    let vocab: Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+    let merges = merges
+        .iter()
+        .map(|m| m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| TokenizerError::Build("a merge is not of the form \"a b\"".into()))?;
+    let model = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(build)?;
+    let mut tokenizer = Tokenizer::new(model);
+    let byte_level = ByteLevel::new(false, true, true);
+    if digits {
+        tokenizer.with_pre_tokenizer(Some(Sequence::new(vec![Digits::new(true).into(), byte_level.into()])));
+    } else {
+        tokenizer.with_pre_tokenizer(Some(byte_level));
+    }
+    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+    let specials: Vec<AddedToken> =
+        specials.iter().filter_map(|&id| tokens.get(id as usize)).map(|t| AddedToken::from(t.clone(), true)).collect();
+    tokenizer.add_special_tokens(&specials);
+    Ok(tokenizer)
+}
+
+pub fn save(tokenizer: &Tokenizer, path: &Path) -> Result<(), TokenizerError> {
+    tokenizer.save(path, false).map_err(|e| TokenizerError::Save(format!("{}: {e}", path.display())))
+}
+
+pub fn load(path: &Path) -> Result<Tokenizer, TokenizerError> {
+    let bytes = crate::files::read(path).map_err(|e| TokenizerError::Load(format!("{}: {e}", path.display())))?;
+    parse(&bytes).map_err(|e| TokenizerError::Load(format!("{}: {e}", path.display())))
+}
+
+/// A `tokenizer.json`'s bytes as a tokenizer. The JSON's syntax is checked first: the tokenizers crate panics
+/// instead of failing when its decoder section is not valid JSON.
+pub fn parse(bytes: &[u8]) -> Result<Tokenizer, String> {
+    serde_json::from_slice::<serde::de::IgnoredAny>(bytes).map_err(|e| format!("not valid JSON: {e}"))?;
+    Tokenizer::from_bytes(bytes).map_err(|e| e.to_string())
+}
+
+/// Token ids of `text`; a character a character-level vocabulary lacks (whose tokenizer has no unknown token) is
+/// named in the error.
+pub fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, TokenizerError> {
+    let encoding = tokenizer.encode(text, false).map_err(|e| {
+        let characters = tokenizer.get_vocab(false).keys().all(|token| token.chars().count() == 1);
+        let missing = text.chars().find(|c| tokenizer.token_to_id(&c.to_string()).is_none()).filter(|_| characters);
+        match missing {
+            Some(c) => TokenizerError::Encode(format!(
+                "the character {c:?} (U+{:04X}) is not in the tokenizer's vocabulary ({e})",
+                c as u32
+            )),
+            None => TokenizerError::Encode(e.to_string()),
+        }
+    })?;
+    Ok(encoding.get_ids().to_vec())
+}
+
+pub fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String, TokenizerError> {
+    tokenizer.decode(ids, false).map_err(|e| TokenizerError::Decode(e.to_string()))
+}
+
+pub fn vocab_size(tokenizer: &Tokenizer) -> usize {
+    tokenizer.get_vocab_size(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n";
+
+    #[test]
+    fn char_level_round_trips_and_orders_ids_by_character() {
+        let tok = train_char(TEXT).unwrap();
+        let ids = encode(&tok, "hear me\n").unwrap();
+        assert_eq!(ids.len(), 8);
+        assert_eq!(decode(&tok, &ids).unwrap(), "hear me\n");
+        assert_eq!(encode(&tok, "\n").unwrap(), vec![0]); // '\n' sorts first
+        assert!(encode(&tok, "Z").is_err(), "a character outside the vocabulary is an error");
+    }
+
+    #[test]
+    fn bpe_round_trips_and_reloads() {
+        let text = TEXT.repeat(20);
+        let tok = train_bpe(&text, 300).unwrap();
+        assert!(vocab_size(&tok) <= 300 && vocab_size(&tok) > 256);
+        let ids = encode(&tok, "Speak, hear me.").unwrap();
+        assert!(ids.len() < "Speak, hear me.".len(), "merges shorten the text");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        save(&tok, &path).unwrap();
+        let again = load(&path).unwrap();
+        assert_eq!(encode(&again, "Speak, hear me.").unwrap(), ids);
+        assert_eq!(decode(&again, &ids).unwrap(), "Speak, hear me.");
+    }
+}
