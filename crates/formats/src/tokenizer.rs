@@ -116,11 +116,13 @@ pub fn load(path: &Path) -> Result<Tokenizer, TokenizerError> {
     parse(&bytes).map_err(|e| TokenizerError::Load(format!("{}: {e}", path.display())))
 }
 
-/// A `tokenizer.json`'s bytes as a tokenizer. The JSON's syntax is checked first: the tokenizers crate panics
-/// instead of failing when its decoder section is not valid JSON.
+/// A `tokenizer.json`'s bytes as a tokenizer. The file is read as JSON in full first: the tokenizers crate panics
+/// instead of failing when its decoder section is not valid JSON (bad syntax, bytes that are not UTF-8, a lone
+/// surrogate escape), and a syntax check alone would skip over the insides of strings.
 pub fn parse(bytes: &[u8]) -> Result<Tokenizer, String> {
-    serde_json::from_slice::<serde::de::IgnoredAny>(bytes).map_err(|e| format!("not valid JSON: {e}"))?;
-    Tokenizer::from_bytes(bytes).map_err(|e| e.to_string())
+    let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
+    serde_json::from_str::<serde_json::Value>(text).map_err(|e| format!("not valid JSON: {e}"))?;
+    text.parse::<Tokenizer>().map_err(|e| e.to_string())
 }
 
 /// Token ids of `text`; a character a character-level vocabulary lacks (whose tokenizer has no unknown token) is
