@@ -1,6 +1,6 @@
-//! `ember serve` driven over HTTP on a loopback port: health and models, completions (plain and streamed) equal to
-//! `ember generate`, OpenAI-style 4xx errors, 16 concurrent requests, a client leaving mid-stream, Ctrl-C draining,
-//! and the official `openai` Python client.
+//! `ember serve` driven over HTTP on a loopback port: health and models, completions and chat completions (plain and
+//! streamed) equal to `ember generate` on the same prompt, OpenAI-style 4xx errors, 16 concurrent requests, a client
+//! leaving mid-stream, Ctrl-C draining, and the official `openai` Python client.
 
 mod common;
 
@@ -20,8 +20,13 @@ struct Server {
 
 impl Server {
     fn start(model: &Path) -> Self {
+        Self::start_with(model, &[])
+    }
+
+    fn start_with(model: &Path, extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
             .args(["serve", "--device", "cpu", "--model", model.to_str().unwrap(), "--port", "0", "--name", "tiny"])
+            .args(extra)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -211,6 +216,104 @@ fn ctrl_c_lets_requests_in_flight_finish() {
     assert!(server.child.wait().unwrap().success(), "the server exits cleanly after draining");
 }
 
+/// A chat template written with the tiny model's characters (Shakespeare's), refusing system messages.
+const TEMPLATE: &str = "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('No system messages, \
+                        please.') }}{% endif %}{{ m.role | upper }}: {{ m.content }}\n{% endfor %}\
+                        {% if add_generation_prompt %}ASSISTANT:{% endif %}";
+
+/// A server for `run` with [`TEMPLATE`] as its chat template, and the prompt the template makes of one user turn.
+fn chat_server(dir: &Path, run: &Path) -> Server {
+    let template = dir.join("chat.jinja");
+    std::fs::write(&template, TEMPLATE).unwrap();
+    Server::start_with(run, &["--chat-template", template.to_str().unwrap()])
+}
+
+fn chat_prompt(user: &str) -> String {
+    format!("USER: {user}\nASSISTANT:")
+}
+
+/// Server-sent events' data lines, without `[DONE]`, as JSON; and whether `[DONE]` ended them.
+fn events(body: &str) -> (Vec<Value>, bool) {
+    let data: Vec<&str> = body.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    let done = data.last() == Some(&"[DONE]");
+    (data.iter().filter(|d| **d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect(), done)
+}
+
+/// Chat completions render the messages through the chat template and continue them as `ember generate` continues
+/// the rendered prompt, whole or streamed as deltas (the role first, the finish reason and usage last); what the
+/// server cannot do is a 400 naming it, and the server goes on serving.
+#[test]
+fn chat_completions_render_the_template_and_refuse_what_they_cannot_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let (run, prompts) = tiny_model(dir.path());
+    let user = prompts[1].as_str();
+    let expected = generate_cli(&run, &chat_prompt(user), 10);
+    let server = chat_server(dir.path(), &run);
+    let request = json!({"model": "tiny", "messages": [{"role": "user", "content": user}], "max_tokens": 10,
+                         "temperature": 0});
+    let (status, body) = server.request("POST", "/v1/chat/completions", Some(&request));
+    assert_eq!(status, 200, "{body}");
+    let whole: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(whole["object"], "chat.completion");
+    assert!(whole["id"].as_str().unwrap().starts_with("chatcmpl-"), "{whole}");
+    assert_eq!(whole["choices"][0]["message"], json!({"role": "assistant", "content": expected}));
+    assert_eq!(whole["choices"][0]["finish_reason"], "length");
+    assert_eq!(whole["usage"]["prompt_tokens"], chat_prompt(user).chars().count());
+
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    streamed["max_completion_tokens"] = json!(10);
+    let (status, body) = server.request("POST", "/v1/chat/completions", Some(&streamed));
+    assert_eq!(status, 200, "{body}");
+    let (chunks, done) = events(&body);
+    assert!(done, "{body}");
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"]), "{body}");
+    assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, expected);
+    let last = chunks.last().unwrap();
+    assert_eq!(
+        (&last["choices"][0]["finish_reason"], &last["usage"]["completion_tokens"]),
+        (&json!("length"), &json!(10))
+    );
+
+    let refused = |request: Value, status: u16, says: &str| {
+        let (got, body) = server.request("POST", "/v1/chat/completions", Some(&request));
+        assert_eq!(got, status, "{body}");
+        assert!(body.contains(says), "{body}");
+    };
+    refused(json!({"messages": [{"role": "system", "content": "Be brief."}]}), 400, "No system messages, please.");
+    refused(json!({"messages": [{"role": "user", "content": user}], "tools": []}), 400, "`tools` is not supported");
+    refused(json!({"messages": [{"role": "wizard", "content": user}]}), 400, "role \\\"wizard\\\" is not one of");
+    refused(json!({"messages": "hello"}), 400, "messages must be a list");
+    let (status, _) = server.request("GET", "/v1/chat/completions", None);
+    assert_eq!(status, 405);
+    assert_eq!(server.request("POST", "/v1/chat/completions", Some(&request)).0, 200, "still serving");
+
+    drop(server);
+    let plain = Server::start(&run);
+    let (status, body) = plain.request("POST", "/v1/chat/completions", Some(&request));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("this model has no chat template"), "{body}");
+}
+
+/// SmolLM2-135M-Instruct chats through the template its GGUF file carries (rendered as transformers renders it:
+/// crates/formats/tests/chat_templates.rs) and answers the question.
+#[test]
+#[ignore = "needs the SmolLM2 GGUF: scripts/prepare-data.sh smollm2 (scripts/test.sh runs it)"]
+fn smollm2_chats_with_its_own_template() {
+    let server = Server::start(&common::smollm2());
+    let request = json!({"messages": [{"role": "user", "content": "What is the capital of France?"}],
+                         "max_tokens": 24, "temperature": 0});
+    let (status, body) = server.request("POST", "/v1/chat/completions", Some(&request));
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    let content = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(content.contains("Paris"), "{content:?}");
+    // The answer ends at the model's end-of-turn token, before max_tokens.
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop", "{answer}");
+}
+
 /// The official client, streaming and not: scripts/test.sh provides a Python with `openai` in EMBER_OPENAI_PYTHON.
 #[test]
 #[ignore = "needs a Python with the openai package in EMBER_OPENAI_PYTHON (scripts/test.sh makes one)"]
@@ -219,8 +322,9 @@ fn the_openai_python_client_completes_and_streams() {
         .expect("EMBER_OPENAI_PYTHON is not set: run scripts/test.sh, which makes a venv with the openai package");
     let dir = tempfile::tempdir().unwrap();
     let (run, prompts) = tiny_model(dir.path());
-    let server = Server::start(&run);
+    let server = chat_server(dir.path(), &run);
     let script = r#"
+import json
 import sys
 from openai import OpenAI
 client = OpenAI(base_url=f"http://{sys.argv[1]}/v1", api_key="unused")
@@ -229,11 +333,20 @@ r = client.completions.create(model="tiny", prompt=sys.argv[2], max_tokens=12, t
 streamed = "".join(c.choices[0].text for c in client.completions.create(model="tiny", prompt=sys.argv[2], max_tokens=12, temperature=0, stream=True))
 assert streamed == r.choices[0].text, (streamed, r.choices[0].text)
 assert r.usage.completion_tokens == 12 and r.choices[0].finish_reason == "length"
-print(r.choices[0].text)
+messages = [{"role": "user", "content": sys.argv[3]}]
+c = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
+assert c.choices[0].message.role == "assistant" and c.choices[0].finish_reason == "length"
+chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=12, temperature=0, stream=True))
+assert chunks[0].choices[0].delta.role == "assistant"
+streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+assert streamed == c.choices[0].message.content, (streamed, c.choices[0].message.content)
+print(json.dumps([r.choices[0].text, c.choices[0].message.content]))
 "#;
-    let out = Command::new(python).args(["-c", script, &server.address, &prompts[0]]).output().unwrap();
+    let out = Command::new(python).args(["-c", script, &server.address, &prompts[0], &prompts[1]]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8(out.stdout).unwrap().trim_end_matches('\n'), generate_cli(&run, &prompts[0], 12));
+    let texts: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(texts[0], generate_cli(&run, &prompts[0], 12));
+    assert_eq!(texts[1], generate_cli(&run, &chat_prompt(&prompts[1]), 12));
 }
 
 /// A tokenizer that reaches past the model's vocabulary (one character more than the model was trained on) is an

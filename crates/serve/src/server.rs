@@ -1,5 +1,6 @@
-//! `ember serve`: an OpenAI-compatible completions server. Each connection gets a thread that parses the request and
-//! hands a [`Job`] to the scheduler, which owns the model; streamed responses are server-sent events.
+//! `ember serve`: an OpenAI-compatible completions and chat completions server. Each connection gets a thread that
+//! parses the request (rendering a chat through the model's template) and hands a [`Job`] to the scheduler, which
+//! owns the model; streamed responses are server-sent events.
 
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
@@ -8,11 +9,27 @@ use std::sync::mpsc::{self, Sender};
 use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use ember_formats::chat::{ChatError, ChatTemplate, Context};
 use serde_json::json;
 
 use crate::http::{self, Request};
-use crate::openai::{self, ApiError};
+use crate::openai::{self, Api, ApiError};
+use crate::sampling::SampleConfig;
 use crate::scheduler::{Event, Job};
+
+/// What `/v1/chat/completions` needs of the model: its chat template and the special tokens the template names.
+pub struct ChatPrompt {
+    pub template: ChatTemplate,
+    pub bos_token: String,
+    pub eos_token: String,
+}
+
+/// The served model as the request handlers see it.
+pub struct Served {
+    pub id: String,
+    /// None when the model has no chat template: chat requests get a 400 saying so.
+    pub chat: Option<ChatPrompt>,
+}
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -20,7 +37,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// job sender (when this returns) lets the scheduler drain and return too.
 pub fn accept(
     listener: TcpListener,
-    model_id: String,
+    served: Arc<Served>,
     jobs: Sender<Job>,
     active: Arc<AtomicUsize>,
     stop: &AtomicBool,
@@ -31,8 +48,8 @@ pub fn accept(
         match listener.accept() {
             Ok((stream, _)) => {
                 stream.set_nonblocking(false)?;
-                let (model_id, jobs, active) = (model_id.clone(), jobs.clone(), active.clone());
-                handlers.push(thread::spawn(move || handle(stream, &model_id, &jobs, &active)));
+                let (served, jobs, active) = (served.clone(), jobs.clone(), active.clone());
+                handlers.push(thread::spawn(move || handle(stream, &served, &jobs, &active)));
                 handlers.retain(|h| !h.is_finished());
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(10)),
@@ -46,28 +63,25 @@ pub fn accept(
     Ok(())
 }
 
-fn handle(stream: TcpStream, model_id: &str, jobs: &Sender<Job>, active: &AtomicUsize) {
+fn handle(stream: TcpStream, served: &Served, jobs: &Sender<Job>, active: &AtomicUsize) {
     let request = match http::read_request(&stream) {
         Ok(r) => r,
         Err(e) => {
-            let _ = http::respond_json(
-                &stream,
-                400,
-                &ApiError { status: 400, message: e.to_string(), param: None, code: None }.body(),
-            );
+            let _ = http::respond_json(&stream, 400, &ApiError::status(400, e.to_string()).body());
             return;
         }
     };
-    let _ = route(&stream, request, model_id, jobs, active);
+    let _ = route(&stream, request, served, jobs, active);
 }
 
 fn route(
     stream: &TcpStream,
     request: Request,
-    model_id: &str,
+    served: &Served,
     jobs: &Sender<Job>,
     active: &AtomicUsize,
 ) -> std::io::Result<()> {
+    let model_id = served.id.as_str();
     match (request.method.as_str(), request.path.as_str()) {
         ("GET", "/health") => {
             http::respond_json(stream, 200, &json!({"status": "ok", "active_sequences": active.load(Ordering::SeqCst)}))
@@ -77,68 +91,101 @@ fn route(
             200,
             &json!({"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "ember"}]}),
         ),
-        ("POST", "/v1/completions") => complete(stream, &request.body, model_id, jobs),
-        (_, "/health" | "/v1/models" | "/v1/completions") => {
-            let e = ApiError {
-                status: 405,
-                message: format!("{} is not allowed here", request.method),
-                param: None,
-                code: None,
-            };
+        ("POST", "/v1/completions") => match openai::parse_completion(&request.body, model_id) {
+            Ok(c) => respond(stream, Api::Completions, c.settings, c.stream, model_id, jobs),
+            Err(e) => http::respond_json(stream, e.status, &e.body()),
+        },
+        ("POST", "/v1/chat/completions") => match chat_settings(&request.body, served) {
+            Ok((settings, streamed)) => respond(stream, Api::Chat, settings, streamed, model_id, jobs),
+            Err(e) => http::respond_json(stream, e.status, &e.body()),
+        },
+        (_, "/health" | "/v1/models" | "/v1/completions" | "/v1/chat/completions") => {
+            let e = ApiError::status(405, format!("{} is not allowed here", request.method));
             http::respond_json(stream, 405, &e.body())
         }
-        (_, path) => {
-            let e = ApiError { status: 404, message: format!("no route {path}"), param: None, code: None };
-            http::respond_json(stream, 404, &e.body())
-        }
+        (_, path) => http::respond_json(stream, 404, &ApiError::status(404, format!("no route {path}")).body()),
     }
 }
 
-fn complete(stream: &TcpStream, body: &[u8], model_id: &str, jobs: &Sender<Job>) -> std::io::Result<()> {
-    let completion = match openai::parse_completion(body, model_id) {
-        Ok(c) => c,
-        Err(e) => return http::respond_json(stream, e.status, &e.body()),
+/// A chat request's sampling settings, its prompt the model's template rendered over the messages (with the
+/// assistant's turn opened). The template's own refusal (`raise_exception`) is a 400.
+fn chat_settings(body: &[u8], served: &Served) -> Result<(SampleConfig, bool), ApiError> {
+    let chat = openai::parse_chat(body, &served.id)?;
+    let Some(prompt) = &served.chat else {
+        return Err(ApiError::status(
+            400,
+            "this model has no chat template (ember serve --chat-template FILE gives it one); use /v1/completions",
+        ));
     };
+    let context = Context {
+        bos_token: &prompt.bos_token,
+        eos_token: &prompt.eos_token,
+        add_generation_prompt: true,
+        now: chrono::Local::now().naive_local(),
+    };
+    let rendered = prompt.template.render(&chat.messages, &context).map_err(|e| match e {
+        ChatError::Refused(message) => ApiError::invalid("messages", message),
+        other => ApiError::invalid("messages", other.to_string()),
+    })?;
+    Ok((SampleConfig { prompt: rendered, ..chat.settings }, chat.stream))
+}
+
+/// Runs `settings` on the scheduler and answers in `api`'s format, whole or as server-sent events.
+fn respond(
+    stream: &TcpStream,
+    api: Api,
+    settings: SampleConfig,
+    streamed: bool,
+    model_id: &str,
+    jobs: &Sender<Job>,
+) -> std::io::Result<()> {
     let (events, received) = mpsc::channel();
-    if jobs.send(Job { settings: completion.settings, events }).is_err() {
-        let e = ApiError { status: 503, message: "the server is shutting down".into(), param: None, code: None };
-        return http::respond_json(stream, 503, &e.body());
+    if jobs.send(Job { settings, events }).is_err() {
+        return http::respond_json(stream, 503, &ApiError::status(503, "the server is shutting down").body());
     }
-    let id = format!("cmpl-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed));
+    let id = api.id(NEXT_ID.fetch_add(1, Ordering::Relaxed));
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let mut text = String::new();
     let mut started = false;
-    // The first event decides the status: an error before any text is a 4xx.
+    // The stream's head (and a chat's role chunk) goes out with the first text, so that an error before any text
+    // can still be a 4xx.
+    let start = |started: &mut bool| -> std::io::Result<()> {
+        if !*started {
+            http::start_events(stream)?;
+            if let Some(first) = api.first_chunk(&id, model_id, created) {
+                http::send_event(stream, &first.to_string())?;
+            }
+            *started = true;
+        }
+        Ok(())
+    };
     for event in received {
         match event {
             Event::Error(e) => {
                 let e = ApiError::from(e);
                 return if started { Ok(()) } else { http::respond_json(stream, e.status, &e.body()) };
             }
-            Event::Text(piece) if completion.stream => {
-                if !started {
-                    http::start_events(stream)?;
-                    started = true;
-                }
+            Event::Text(piece) if streamed => {
+                start(&mut started)?;
                 // A write error means the client left: returning drops the receiver, and the scheduler frees the sequence.
-                http::send_event(stream, &openai::completion_body(&id, model_id, created, &piece, None).to_string())?;
+                http::send_event(stream, &api.body(&id, model_id, created, &piece, None, true).to_string())?;
             }
             Event::Text(piece) => text.push_str(&piece),
             Event::Done { finish, prompt_tokens, completion_tokens } => {
-                let mut body = openai::completion_body(&id, model_id, created, &text, Some(finish));
-                body["usage"] = openai::usage(prompt_tokens, completion_tokens);
-                if !completion.stream {
+                let usage = openai::usage(prompt_tokens, completion_tokens);
+                if !streamed {
+                    let mut body = api.body(&id, model_id, created, &text, Some(finish), false);
+                    body["usage"] = usage;
                     return http::respond_json(stream, 200, &body);
                 }
-                if !started {
-                    http::start_events(stream)?;
-                }
-                body["choices"][0]["text"] = json!("");
-                http::send_event(stream, &body.to_string())?;
+                start(&mut started)?;
+                let mut last = api.body(&id, model_id, created, "", Some(finish), true);
+                last["usage"] = usage;
+                http::send_event(stream, &last.to_string())?;
                 return http::send_event(stream, "[DONE]");
             }
         }
     }
-    let e = ApiError { status: 500, message: "generation ended without a result".into(), param: None, code: None };
+    let e = ApiError::status(500, "generation ended without a result");
     if started { Ok(()) } else { http::respond_json(stream, 500, &e.body()) }
 }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, anyhow};
 use clap::Args;
 use ember_core_model::import;
+use ember_serve::server::Served;
 use ember_serve::{KvKind, scheduler, server};
 use serde_json::json;
 
@@ -75,7 +76,9 @@ pub fn bench_serve(args: BenchServeArgs, device: DeviceChoice) -> Result<()> {
     let (jobs, received) = mpsc::channel();
     let acceptor = {
         let (stop, active) = (stop.clone(), active.clone());
-        thread::spawn(move || server::accept(listener, "bench".into(), jobs, active, &stop))
+        thread::spawn(move || {
+            server::accept(listener, Arc::new(Served { id: "bench".into(), chat: None }), jobs, active, &stop)
+        })
     };
     let body =
         json!({"prompt": args.prompt, "max_tokens": args.max_tokens, "temperature": 0, "stream": true}).to_string();
