@@ -46,13 +46,15 @@ pub struct Chat {
 }
 
 /// The fields of a chat completion request Ember implements; any other is refused by name rather than ignored.
-const CHAT_FIELDS: [&str; 11] = [
+const CHAT_FIELDS: [&str; 13] = [
     "model",
     "messages",
     "max_tokens",
     "max_completion_tokens",
     "temperature",
     "top_p",
+    "top_k",
+    "repetition_penalty",
     "stop",
     "stream",
     "seed",
@@ -123,6 +125,17 @@ fn settings(
     if top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
         return Err(ApiError::invalid("top_p", "top_p must be in (0, 1]"));
     }
+    let top_k = integer("top_k")?.map(|k| usize::try_from(k).unwrap_or(usize::MAX));
+    if top_k == Some(0) {
+        return Err(ApiError::invalid("top_k", "top_k must be at least 1"));
+    }
+    let repetition_penalty = number("repetition_penalty")?.unwrap_or(1.0);
+    if !(repetition_penalty > 0.0 && repetition_penalty.is_finite()) {
+        return Err(ApiError::invalid(
+            "repetition_penalty",
+            "repetition_penalty must be a finite number > 0 (1 is off)",
+        ));
+    }
     let stop = match obj.get("stop") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::String(s)) => vec![s.clone()],
@@ -143,9 +156,9 @@ fn settings(
         prompt,
         max_new_tokens: max_tokens as usize,
         temperature,
-        top_k: None,
+        top_k,
         top_p,
-        repetition_penalty: 1.0,
+        repetition_penalty,
         stop,
         seed: integer("seed")?.unwrap_or(0),
     };
@@ -242,6 +255,10 @@ mod tests {
         assert_eq!(err(br#"{"model":"other","prompt":"x"}"#).status, 404);
         assert_eq!(err(br#"{"prompt":"x","temperature":3}"#).param, Some("temperature"));
         assert_eq!(err(br#"{"prompt":"x","max_tokens":0}"#).param, Some("max_tokens"));
+        assert_eq!(err(br#"{"prompt":"x","top_k":0}"#).param, Some("top_k"));
+        assert_eq!(err(br#"{"prompt":"x","repetition_penalty":-1}"#).param, Some("repetition_penalty"));
+        let tuned = parse_completion(br#"{"prompt":"x","top_k":5,"repetition_penalty":1.3}"#, "m").unwrap();
+        assert_eq!((tuned.settings.top_k, tuned.settings.repetition_penalty), (Some(5), 1.3));
         assert_eq!(err(br#"{"prompt":5}"#).param, Some("prompt"));
         let body = err(br#"{"prompt":"x","top_p":0}"#).body();
         assert_eq!(body["error"]["type"], "invalid_request_error");
