@@ -44,6 +44,12 @@ pub struct ServeArgs {
     /// tokenizer.chat_template, a Hugging Face directory's chat_template.jinja or tokenizer_config.json).
     #[arg(long)]
     chat_template: Option<PathBuf>,
+    /// Require this key of every request but /health (`Authorization: Bearer KEY` or `X-Api-Key: KEY`).
+    #[arg(long, conflicts_with = "api_key_file")]
+    api_key: Option<String>,
+    /// Read the key from the first line of this file (keeps it out of the process list).
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -68,6 +74,16 @@ pub fn serve(args: ServeArgs, choice: DeviceChoice) -> Result<()> {
         .clone()
         .unwrap_or_else(|| args.model.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned()));
     let chat = chat_prompt(args.chat_template.as_deref(), &run.chat)?;
+    let api_key = match &args.api_key_file {
+        Some(path) => {
+            let text = files::read_to_string(path).with_context(|| format!("--api-key-file {}", path.display()))?;
+            Some(text.lines().next().unwrap_or_default().trim().to_string())
+        }
+        None => args.api_key.clone(),
+    };
+    if api_key.as_deref() == Some("") {
+        bail!("the API key is empty");
+    }
     let listener = TcpListener::bind((args.host.as_str(), args.port))
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
     let address = listener.local_addr()?;
@@ -82,7 +98,8 @@ pub fn serve(args: ServeArgs, choice: DeviceChoice) -> Result<()> {
     let (jobs, received) = mpsc::channel();
     let active = Arc::new(AtomicUsize::new(0));
     let reported = active.clone();
-    let served = Arc::new(Served { id, chat });
+    let context = run.model.block_size();
+    let served = Arc::new(Served { id, chat, tokenizer: run.tokenizer.clone(), context, api_key });
     let acceptor = thread::spawn(move || server::accept(listener, served, jobs, reported, &STOP));
     scheduler::run(&run.model, &run.tokenizer, kv, &device, args.max_batch, received, &active);
     acceptor.join().map_err(|_| anyhow!("the listener thread panicked"))??;

@@ -56,9 +56,14 @@ impl Drop for Server {
 }
 
 fn raw(address: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    raw_with(address, method, path, "", body)
+}
+
+/// [`raw`] with extra header lines (each ending in `\r\n`).
+fn raw_with(address: &str, method: &str, path: &str, headers: &str, body: Option<&str>) -> (u16, String) {
     let mut stream = TcpStream::connect(address).unwrap();
     let body = body.unwrap_or_default();
-    write!(stream, "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    write!(stream, "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
@@ -312,6 +317,47 @@ fn smollm2_chats_with_its_own_template() {
     assert!(content.contains("Paris"), "{content:?}");
     // The answer ends at the model's end-of-turn token, before max_tokens.
     assert_eq!(answer["choices"][0]["finish_reason"], "stop", "{answer}");
+}
+
+/// With `--api-key-file`, every route but /health needs the key, as a Bearer token or an X-Api-Key header; /tokenize
+/// and /detokenize encode and decode as generation does.
+#[test]
+fn an_api_key_guards_every_route_but_health_and_tokens_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let (run, prompts) = tiny_model(dir.path());
+    let key_file = dir.path().join("key");
+    std::fs::write(&key_file, "s3cret-key\n").unwrap();
+    let server = Server::start_with(&run, &["--api-key-file", key_file.to_str().unwrap()]);
+    let body = json!({"prompt": prompts[0], "max_tokens": 2}).to_string();
+    let call = |headers: &str, path: &str, body: &str| raw_with(&server.address, "POST", path, headers, Some(body));
+    assert_eq!(raw(&server.address, "GET", "/health", None).0, 200, "health stays public");
+    for headers in
+        ["", "Authorization: Bearer s3cret-kez\r\n", "X-Api-Key: s3cret\r\n", "Authorization: s3cret-key\r\n"]
+    {
+        let (status, text) = call(headers, "/v1/completions", &body);
+        assert_eq!(status, 401, "{headers:?}: {text}");
+        assert!(text.contains("authentication_error") && text.contains("invalid_api_key"), "{text}");
+    }
+    assert_eq!(raw(&server.address, "GET", "/v1/models", None).0, 401);
+    for headers in ["Authorization: Bearer s3cret-key\r\n", "x-api-key: s3cret-key\r\n"] {
+        let (status, text) = call(headers, "/v1/completions", &body);
+        assert_eq!(status, 200, "{headers:?}: {text}");
+    }
+
+    let key = "X-Api-Key: s3cret-key\r\n";
+    let (status, text) = call(key, "/tokenize", &json!({"prompt": prompts[0]}).to_string());
+    assert_eq!(status, 200, "{text}");
+    let tokens: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(tokens["count"], prompts[0].chars().count(), "one token per character: {tokens}");
+    assert_eq!(tokens["max_model_len"], 32);
+    let (status, text) = call(key, "/detokenize", &json!({"tokens": tokens["tokens"]}).to_string());
+    assert_eq!(
+        (status, serde_json::from_str::<Value>(&text).unwrap()["prompt"].as_str()),
+        (200, Some(prompts[0].as_str()))
+    );
+    let (status, text) = call(key, "/detokenize", &json!({"tokens": [0, 100000]}).to_string());
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("tokens must be a list of ids below"), "{text}");
 }
 
 /// The official client, streaming and not: scripts/test.sh provides a Python with `openai` in EMBER_OPENAI_PYTHON.

@@ -24,7 +24,11 @@ impl ApiError {
         Self { status, message: message.into(), param: None, code: None }
     }
     pub fn body(&self) -> Value {
-        let kind = if self.status == 404 { "not_found_error" } else { "invalid_request_error" };
+        let kind = match self.status {
+            401 => "authentication_error",
+            404 => "not_found_error",
+            _ => "invalid_request_error",
+        };
         json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}})
     }
 }

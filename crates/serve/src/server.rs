@@ -10,7 +10,9 @@ use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ember_formats::chat::{ChatError, ChatTemplate, Context};
+use ember_formats::tokenizer;
 use serde_json::json;
+use tokenizers::Tokenizer;
 
 use crate::http::{self, Request};
 use crate::openai::{self, Api, ApiError};
@@ -29,6 +31,48 @@ pub struct Served {
     pub id: String,
     /// None when the model has no chat template: chat requests get a 400 saying so.
     pub chat: Option<ChatPrompt>,
+    /// For `/tokenize` and `/detokenize`.
+    pub tokenizer: Tokenizer,
+    /// The model's context, in tokens.
+    pub context: usize,
+    /// With a key, every route but `/health` needs it, as `Authorization: Bearer KEY` or `X-Api-Key: KEY`.
+    pub api_key: Option<String>,
+}
+
+/// Whether `given` equals `key`, in time that depends on their lengths only, not on where they differ.
+fn same_key(given: &[u8], key: &[u8]) -> bool {
+    let byte = |s: &[u8], i: usize| s.get(i).copied().unwrap_or(0);
+    let differ = (0..given.len().max(key.len()))
+        .fold(given.len() ^ key.len(), |acc, i| acc | usize::from(byte(given, i) ^ byte(key, i)));
+    differ == 0
+}
+
+/// Whether the request carries the server's key (always, without one).
+fn authorized(request: &Request, key: Option<&str>) -> bool {
+    let Some(key) = key else { return true };
+    let bearer = request.header("authorization").and_then(|v| v.strip_prefix("Bearer "));
+    let given = bearer.or_else(|| request.header("x-api-key")).unwrap_or_default();
+    same_key(given.as_bytes(), key.as_bytes())
+}
+
+/// `POST /tokenize` `{"prompt": TEXT}` → the token ids, as generation encodes the prompt; `POST /detokenize`
+/// `{"tokens": [ids]}` → the text.
+fn tokens(path: &str, body: &[u8], served: &Served) -> Result<serde_json::Value, ApiError> {
+    let json: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::status(400, format!("invalid JSON body: {e}")))?;
+    if path == "/tokenize" {
+        let prompt = json["prompt"].as_str().ok_or_else(|| ApiError::invalid("prompt", "prompt must be a string"))?;
+        let ids =
+            tokenizer::encode(&served.tokenizer, prompt).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+        return Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": served.context}));
+    }
+    let vocab = tokenizer::vocab_size(&served.tokenizer) as u64;
+    let ids: Vec<u32> = json["tokens"]
+        .as_array()
+        .and_then(|ids| ids.iter().map(|id| id.as_u64().filter(|&id| id < vocab).map(|id| id as u32)).collect())
+        .ok_or_else(|| ApiError::invalid("tokens", format!("tokens must be a list of ids below {vocab}")))?;
+    let text = tokenizer::decode(&served.tokenizer, &ids).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+    Ok(json!({"prompt": text}))
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -82,6 +126,15 @@ fn route(
     active: &AtomicUsize,
 ) -> std::io::Result<()> {
     let model_id = served.id.as_str();
+    if request.path != "/health" && !authorized(&request, served.api_key.as_deref()) {
+        let e = ApiError {
+            status: 401,
+            message: "a valid API key is needed (Authorization: Bearer KEY, or X-Api-Key: KEY)".into(),
+            param: None,
+            code: Some("invalid_api_key"),
+        };
+        return http::respond_json(stream, 401, &e.body());
+    }
     match (request.method.as_str(), request.path.as_str()) {
         ("GET", "/health") => {
             http::respond_json(stream, 200, &json!({"status": "ok", "active_sequences": active.load(Ordering::SeqCst)}))
@@ -99,7 +152,11 @@ fn route(
             Ok((settings, streamed)) => respond(stream, Api::Chat, settings, streamed, model_id, jobs),
             Err(e) => http::respond_json(stream, e.status, &e.body()),
         },
-        (_, "/health" | "/v1/models" | "/v1/completions" | "/v1/chat/completions") => {
+        ("POST", path @ ("/tokenize" | "/detokenize")) => match tokens(path, &request.body, served) {
+            Ok(body) => http::respond_json(stream, 200, &body),
+            Err(e) => http::respond_json(stream, e.status, &e.body()),
+        },
+        (_, "/health" | "/v1/models" | "/v1/completions" | "/v1/chat/completions" | "/tokenize" | "/detokenize") => {
             let e = ApiError::status(405, format!("{} is not allowed here", request.method));
             http::respond_json(stream, 405, &e.body())
         }

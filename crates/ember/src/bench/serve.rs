@@ -74,11 +74,16 @@ pub fn bench_serve(args: BenchServeArgs, device: DeviceChoice) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let active = Arc::new(AtomicUsize::new(0));
     let (jobs, received) = mpsc::channel();
+    let served = Served {
+        id: "bench".into(),
+        chat: None,
+        tokenizer: run.tokenizer.clone(),
+        context: run.model.block_size(),
+        api_key: None,
+    };
     let acceptor = {
-        let (stop, active) = (stop.clone(), active.clone());
-        thread::spawn(move || {
-            server::accept(listener, Arc::new(Served { id: "bench".into(), chat: None }), jobs, active, &stop)
-        })
+        let (stop, active, served) = (stop.clone(), active.clone(), Arc::new(served));
+        thread::spawn(move || server::accept(listener, served, jobs, active, &stop))
     };
     let body =
         json!({"prompt": args.prompt, "max_tokens": args.max_tokens, "temperature": 0, "stream": true}).to_string();
