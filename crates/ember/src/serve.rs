@@ -4,7 +4,7 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::thread;
 
@@ -13,6 +13,7 @@ use clap::Args;
 use ember_core_model::files;
 use ember_core_model::import;
 use ember_formats::chat::{ChatFormat, ChatTemplate};
+use ember_serve::metrics::Metrics;
 use ember_serve::server::{ChatPrompt, Served};
 use ember_serve::{KvKind, KvSpec, scheduler, server};
 
@@ -96,12 +97,12 @@ pub fn serve(args: ServeArgs, choice: DeviceChoice) -> Result<()> {
     println!("serving {id} on http://{address} ({description}), {chat_note}; Ctrl-C drains and stops");
     std::io::Write::flush(&mut std::io::stdout())?;
     let (jobs, received) = mpsc::channel();
-    let active = Arc::new(AtomicUsize::new(0));
-    let reported = active.clone();
+    let metrics = Arc::new(Metrics::default());
+    let reported = metrics.clone();
     let context = run.model.block_size();
     let served = Arc::new(Served { id, chat, tokenizer: run.tokenizer.clone(), context, api_key });
     let acceptor = thread::spawn(move || server::accept(listener, served, jobs, reported, &STOP));
-    scheduler::run(&run.model, &run.tokenizer, kv, &device, args.max_batch, received, &active);
+    scheduler::run(&run.model, &run.tokenizer, kv, &device, args.max_batch, received, &metrics);
     acceptor.join().map_err(|_| anyhow!("the listener thread panicked"))??;
     println!("stopped: every request in flight finished");
     Ok(())

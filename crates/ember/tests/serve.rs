@@ -360,6 +360,46 @@ fn an_api_key_guards_every_route_but_health_and_tokens_round_trip() {
     assert!(text.contains("tokens must be a list of ids below"), "{text}");
 }
 
+/// The value of the sample `name` (labels included) in Prometheus text.
+fn sample(metrics: &str, name: &str) -> f64 {
+    let line = metrics
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no {name} in\n{metrics}"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// GET /metrics counts responses by status, tokens in and out and the latencies of every generation, in Prometheus'
+/// text format.
+#[test]
+fn metrics_count_responses_tokens_and_latencies() {
+    let dir = tempfile::tempdir().unwrap();
+    let (run, prompts) = tiny_model(dir.path());
+    let server = Server::start(&run);
+    for (i, stream) in [false, true, false].into_iter().enumerate() {
+        let body = json!({"prompt": prompts[i], "max_tokens": 4, "stream": stream});
+        assert_eq!(server.request("POST", "/v1/completions", Some(&body)).0, 200);
+    }
+    assert_eq!(server.request("POST", "/v1/completions", Some(&json!({"prompt": 5}))).0, 400);
+    let (status, metrics) = server.request("GET", "/metrics", None);
+    assert_eq!(status, 200);
+    for line in metrics.lines().filter(|l| !l.starts_with('#')) {
+        let value = line.rsplit_once(' ').map(|(_, v)| v).unwrap_or_default();
+        assert!(value.parse::<f64>().is_ok(), "not a sample: {line:?}");
+    }
+    assert_eq!(sample(&metrics, "ember_responses_total{status=\"200\"}"), 4.0, "three completions and this scrape");
+    assert_eq!(sample(&metrics, "ember_responses_total{status=\"400\"}"), 1.0);
+    assert_eq!(sample(&metrics, "ember_generated_tokens_total"), 12.0);
+    let prompt_tokens: usize = prompts[..3].iter().map(|p| p.chars().count()).sum();
+    assert_eq!(sample(&metrics, "ember_prompt_tokens_total"), prompt_tokens as f64);
+    assert_eq!(sample(&metrics, "ember_time_to_first_token_seconds_count"), 3.0);
+    assert_eq!(sample(&metrics, "ember_time_to_first_token_seconds_bucket{le=\"+Inf\"}"), 3.0);
+    assert_eq!(sample(&metrics, "ember_time_per_output_token_seconds_count"), 3.0);
+    assert!(sample(&metrics, "ember_time_to_first_token_seconds_sum") > 0.0);
+    assert_eq!(sample(&metrics, "ember_running_sequences"), 0.0);
+    assert_eq!(sample(&metrics, "ember_kv_cache_bytes"), 0.0);
+}
+
 /// The official client, streaming and not: scripts/test.sh provides a Python with `openai` in EMBER_OPENAI_PYTHON.
 #[test]
 #[ignore = "needs a Python with the openai package in EMBER_OPENAI_PYTHON (scripts/test.sh makes one)"]
@@ -386,6 +426,12 @@ chunks = list(client.chat.completions.create(model="tiny", messages=messages, ma
 assert chunks[0].choices[0].delta.role == "assistant"
 streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks)
 assert streamed == c.choices[0].message.content, (streamed, c.choices[0].message.content)
+import urllib.request
+from prometheus_client.parser import text_string_to_metric_families
+scrape = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics").read().decode()
+families = {f.name: f for f in text_string_to_metric_families(scrape)}
+assert families["ember_generated_tokens"].samples[0].value >= 48, scrape
+assert families["ember_time_to_first_token_seconds"].type == "histogram", scrape
 print(json.dumps([r.choices[0].text, c.choices[0].message.content]))
 "#;
     let out = Command::new(python).args(["-c", script, &server.address, &prompts[0], &prompts[1]]).output().unwrap();

@@ -24,6 +24,17 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
+/// A whole text response of `content_type`.
+pub fn respond_text(mut stream: &TcpStream, status: u16, content_type: &str, body: &str) -> io::Result<()> {
+    write!(
+        stream,
+        "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        reason(status),
+        body.len()
+    )?;
+    stream.flush()
+}
+
 /// A whole JSON response.
 pub fn respond_json(mut stream: &TcpStream, status: u16, body: &serde_json::Value) -> io::Result<()> {
     let body = body.to_string();

@@ -4,10 +4,10 @@
 
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::thread;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ember_formats::chat::{ChatError, ChatTemplate, Context};
 use ember_formats::tokenizer;
@@ -15,6 +15,7 @@ use serde_json::json;
 use tokenizers::Tokenizer;
 
 use crate::http::{self, Request};
+use crate::metrics::Metrics;
 use crate::openai::{self, Api, ApiError};
 use crate::sampling::SampleConfig;
 use crate::scheduler::{Event, Job};
@@ -37,6 +38,12 @@ pub struct Served {
     pub context: usize,
     /// With a key, every route but `/health` needs it, as `Authorization: Bearer KEY` or `X-Api-Key: KEY`.
     pub api_key: Option<String>,
+}
+
+/// A whole JSON response, counted in `metrics`.
+fn reply(stream: &TcpStream, metrics: &Metrics, status: u16, body: &serde_json::Value) -> std::io::Result<()> {
+    metrics.response(status);
+    http::respond_json(stream, status, body)
 }
 
 /// Whether `given` equals `key`, in time that depends on their lengths only, not on where they differ.
@@ -83,7 +90,7 @@ pub fn accept(
     listener: TcpListener,
     served: Arc<Served>,
     jobs: Sender<Job>,
-    active: Arc<AtomicUsize>,
+    metrics: Arc<Metrics>,
     stop: &AtomicBool,
 ) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
@@ -92,8 +99,8 @@ pub fn accept(
         match listener.accept() {
             Ok((stream, _)) => {
                 stream.set_nonblocking(false)?;
-                let (served, jobs, active) = (served.clone(), jobs.clone(), active.clone());
-                handlers.push(thread::spawn(move || handle(stream, &served, &jobs, &active)));
+                let (served, jobs, metrics) = (served.clone(), jobs.clone(), metrics.clone());
+                handlers.push(thread::spawn(move || handle(stream, &served, &jobs, &metrics)));
                 handlers.retain(|h| !h.is_finished());
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(10)),
@@ -107,15 +114,15 @@ pub fn accept(
     Ok(())
 }
 
-fn handle(stream: TcpStream, served: &Served, jobs: &Sender<Job>, active: &AtomicUsize) {
+fn handle(stream: TcpStream, served: &Served, jobs: &Sender<Job>, metrics: &Metrics) {
     let request = match http::read_request(&stream) {
         Ok(r) => r,
         Err(e) => {
-            let _ = http::respond_json(&stream, 400, &ApiError::status(400, e.to_string()).body());
+            let _ = reply(&stream, metrics, 400, &ApiError::status(400, e.to_string()).body());
             return;
         }
     };
-    let _ = route(&stream, request, served, jobs, active);
+    let _ = route(&stream, request, served, jobs, metrics);
 }
 
 fn route(
@@ -123,7 +130,7 @@ fn route(
     request: Request,
     served: &Served,
     jobs: &Sender<Job>,
-    active: &AtomicUsize,
+    metrics: &Metrics,
 ) -> std::io::Result<()> {
     let model_id = served.id.as_str();
     if request.path != "/health" && !authorized(&request, served.api_key.as_deref()) {
@@ -133,11 +140,16 @@ fn route(
             param: None,
             code: Some("invalid_api_key"),
         };
-        return http::respond_json(stream, 401, &e.body());
+        return reply(stream, metrics, 401, &e.body());
     }
     match (request.method.as_str(), request.path.as_str()) {
         ("GET", "/health") => {
-            http::respond_json(stream, 200, &json!({"status": "ok", "active_sequences": active.load(Ordering::SeqCst)}))
+            let running = metrics.running.load(Ordering::SeqCst);
+            reply(stream, metrics, 200, &json!({"status": "ok", "active_sequences": running}))
+        }
+        ("GET", "/metrics") => {
+            metrics.response(200);
+            http::respond_text(stream, 200, "text/plain; version=0.0.4; charset=utf-8", &metrics.render())
         }
         ("GET", "/v1/models") => http::respond_json(
             stream,
@@ -145,22 +157,31 @@ fn route(
             &json!({"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "ember"}]}),
         ),
         ("POST", "/v1/completions") => match openai::parse_completion(&request.body, model_id) {
-            Ok(c) => respond(stream, Api::Completions, c.settings, c.stream, model_id, jobs),
-            Err(e) => http::respond_json(stream, e.status, &e.body()),
+            Ok(c) => respond(stream, metrics, Api::Completions, c.settings, c.stream, model_id, jobs),
+            Err(e) => reply(stream, metrics, e.status, &e.body()),
         },
         ("POST", "/v1/chat/completions") => match chat_settings(&request.body, served) {
-            Ok((settings, streamed)) => respond(stream, Api::Chat, settings, streamed, model_id, jobs),
-            Err(e) => http::respond_json(stream, e.status, &e.body()),
+            Ok((settings, streamed)) => respond(stream, metrics, Api::Chat, settings, streamed, model_id, jobs),
+            Err(e) => reply(stream, metrics, e.status, &e.body()),
         },
         ("POST", path @ ("/tokenize" | "/detokenize")) => match tokens(path, &request.body, served) {
-            Ok(body) => http::respond_json(stream, 200, &body),
-            Err(e) => http::respond_json(stream, e.status, &e.body()),
+            Ok(body) => reply(stream, metrics, 200, &body),
+            Err(e) => reply(stream, metrics, e.status, &e.body()),
         },
-        (_, "/health" | "/v1/models" | "/v1/completions" | "/v1/chat/completions" | "/tokenize" | "/detokenize") => {
+        (
+            _,
+            "/health"
+            | "/metrics"
+            | "/v1/models"
+            | "/v1/completions"
+            | "/v1/chat/completions"
+            | "/tokenize"
+            | "/detokenize",
+        ) => {
             let e = ApiError::status(405, format!("{} is not allowed here", request.method));
-            http::respond_json(stream, 405, &e.body())
+            reply(stream, metrics, 405, &e.body())
         }
-        (_, path) => http::respond_json(stream, 404, &ApiError::status(404, format!("no route {path}")).body()),
+        (_, path) => reply(stream, metrics, 404, &ApiError::status(404, format!("no route {path}")).body()),
     }
 }
 
@@ -190,6 +211,7 @@ fn chat_settings(body: &[u8], served: &Served) -> Result<(SampleConfig, bool), A
 /// Runs `settings` on the scheduler and answers in `api`'s format, whole or as server-sent events.
 fn respond(
     stream: &TcpStream,
+    metrics: &Metrics,
     api: Api,
     settings: SampleConfig,
     streamed: bool,
@@ -198,8 +220,10 @@ fn respond(
 ) -> std::io::Result<()> {
     let (events, received) = mpsc::channel();
     if jobs.send(Job { settings, events }).is_err() {
-        return http::respond_json(stream, 503, &ApiError::status(503, "the server is shutting down").body());
+        return reply(stream, metrics, 503, &ApiError::status(503, "the server is shutting down").body());
     }
+    let queued = Instant::now();
+    let mut first_text: Option<Instant> = None;
     let id = api.id(NEXT_ID.fetch_add(1, Ordering::Relaxed));
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let mut text = String::new();
@@ -208,6 +232,7 @@ fn respond(
     // can still be a 4xx.
     let start = |started: &mut bool| -> std::io::Result<()> {
         if !*started {
+            metrics.response(200);
             http::start_events(stream)?;
             if let Some(first) = api.first_chunk(&id, model_id, created) {
                 http::send_event(stream, &first.to_string())?;
@@ -217,10 +242,14 @@ fn respond(
         Ok(())
     };
     for event in received {
+        if matches!(event, Event::Text(_)) && first_text.is_none() {
+            first_text = Some(Instant::now());
+            metrics.first_token(queued.elapsed().as_secs_f64());
+        }
         match event {
             Event::Error(e) => {
                 let e = ApiError::from(e);
-                return if started { Ok(()) } else { http::respond_json(stream, e.status, &e.body()) };
+                return if started { Ok(()) } else { reply(stream, metrics, e.status, &e.body()) };
             }
             Event::Text(piece) if streamed => {
                 start(&mut started)?;
@@ -229,11 +258,15 @@ fn respond(
             }
             Event::Text(piece) => text.push_str(&piece),
             Event::Done { finish, prompt_tokens, completion_tokens } => {
+                metrics.tokens(prompt_tokens, completion_tokens);
+                if let Some(first) = first_text.filter(|_| completion_tokens > 1) {
+                    metrics.per_token(first.elapsed().as_secs_f64() / (completion_tokens - 1) as f64);
+                }
                 let usage = openai::usage(prompt_tokens, completion_tokens);
                 if !streamed {
                     let mut body = api.body(&id, model_id, created, &text, Some(finish), false);
                     body["usage"] = usage;
-                    return http::respond_json(stream, 200, &body);
+                    return reply(stream, metrics, 200, &body);
                 }
                 start(&mut started)?;
                 let mut last = api.body(&id, model_id, created, "", Some(finish), true);
@@ -244,5 +277,5 @@ fn respond(
         }
     }
     let e = ApiError::status(500, "generation ended without a result");
-    if started { Ok(()) } else { http::respond_json(stream, 500, &e.body()) }
+    if started { Ok(()) } else { reply(stream, metrics, 500, &e.body()) }
 }
