@@ -50,7 +50,7 @@ pub struct Chat {
 }
 
 /// The fields of a chat completion request Ember implements; any other is refused by name rather than ignored.
-const CHAT_FIELDS: [&str; 13] = [
+const CHAT_FIELDS: [&str; 15] = [
     "model",
     "messages",
     "max_tokens",
@@ -59,6 +59,8 @@ const CHAT_FIELDS: [&str; 13] = [
     "top_p",
     "top_k",
     "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
     "stop",
     "stream",
     "seed",
@@ -140,6 +142,14 @@ fn settings(
             "repetition_penalty must be a finite number > 0 (1 is off)",
         ));
     }
+    let penalty = |key: &'static str| -> Result<f64, ApiError> {
+        let alpha = number(key)?.unwrap_or(0.0);
+        match (-2.0..=2.0).contains(&alpha) {
+            true => Ok(alpha),
+            false => Err(ApiError::invalid(key, format!("{key} must be between -2 and 2"))),
+        }
+    };
+    let (frequency_penalty, presence_penalty) = (penalty("frequency_penalty")?, penalty("presence_penalty")?);
     let stop = match obj.get("stop") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::String(s)) => vec![s.clone()],
@@ -163,6 +173,8 @@ fn settings(
         top_k,
         top_p,
         repetition_penalty,
+        frequency_penalty,
+        presence_penalty,
         stop,
         seed: integer("seed")?.unwrap_or(0),
     };
@@ -260,6 +272,7 @@ mod tests {
         assert_eq!(err(br#"{"prompt":"x","temperature":3}"#).param, Some("temperature"));
         assert_eq!(err(br#"{"prompt":"x","max_tokens":0}"#).param, Some("max_tokens"));
         assert_eq!(err(br#"{"prompt":"x","top_k":0}"#).param, Some("top_k"));
+        assert_eq!(err(br#"{"prompt":"x","presence_penalty":2.5}"#).param, Some("presence_penalty"));
         assert_eq!(err(br#"{"prompt":"x","repetition_penalty":-1}"#).param, Some("repetition_penalty"));
         let tuned = parse_completion(br#"{"prompt":"x","top_k":5,"repetition_penalty":1.3}"#, "m").unwrap();
         assert_eq!((tuned.settings.top_k, tuned.settings.repetition_penalty), (Some(5), 1.3));
