@@ -268,6 +268,7 @@ fn chat_completions_render_the_template_and_refuse_what_they_cannot_do() {
     let mut streamed = request.clone();
     streamed["stream"] = json!(true);
     streamed["max_completion_tokens"] = json!(10);
+    streamed["stream_options"] = json!({"include_usage": true});
     let (status, body) = server.request("POST", "/v1/chat/completions", Some(&streamed));
     assert_eq!(status, 200, "{body}");
     let (chunks, done) = events(&body);
@@ -276,11 +277,10 @@ fn chat_completions_render_the_template_and_refuse_what_they_cannot_do() {
     assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
     let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
     assert_eq!(text, expected);
-    let last = chunks.last().unwrap();
-    assert_eq!(
-        (&last["choices"][0]["finish_reason"], &last["usage"]["completion_tokens"]),
-        (&json!("length"), &json!(10))
-    );
+    // The finish reason, then (include_usage) a chunk of no choices with the token counts.
+    let [.., finish, usage] = &chunks[..] else { panic!("{body}") };
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    assert_eq!((&usage["choices"], &usage["usage"]["completion_tokens"]), (&json!([]), &json!(10)));
 
     let refused = |request: Value, status: u16, says: &str| {
         let (got, body) = server.request("POST", "/v1/chat/completions", Some(&request));

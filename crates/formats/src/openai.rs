@@ -33,11 +33,19 @@ impl ApiError {
     }
 }
 
+/// How a response is sent: whole, or as server-sent events (then, with `include_usage`, a last chunk carries the
+/// token counts).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Streaming {
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
 /// A validated completion request.
 #[derive(Debug)]
 pub struct Completion {
     pub settings: SampleConfig,
-    pub stream: bool,
+    pub streaming: Streaming,
 }
 
 /// A validated chat completion request: its messages (keys in the request's order, for the chat template) and the
@@ -46,11 +54,11 @@ pub struct Completion {
 pub struct Chat {
     pub messages: Json,
     pub settings: SampleConfig,
-    pub stream: bool,
+    pub streaming: Streaming,
 }
 
 /// The fields of a chat completion request Ember implements; any other is refused by name rather than ignored.
-const CHAT_FIELDS: [&str; 15] = [
+const CHAT_FIELDS: [&str; 16] = [
     "model",
     "messages",
     "max_tokens",
@@ -63,6 +71,7 @@ const CHAT_FIELDS: [&str; 15] = [
     "presence_penalty",
     "stop",
     "stream",
+    "stream_options",
     "seed",
     "n",
     "user",
@@ -93,7 +102,7 @@ fn settings(
     obj: &Map<String, Value>,
     prompt: String,
     length_keys: &[&'static str],
-) -> Result<(SampleConfig, bool), ApiError> {
+) -> Result<(SampleConfig, Streaming), ApiError> {
     let number = |key: &'static str| -> Result<Option<f64>, ApiError> {
         match obj.get(key) {
             None | Some(Value::Null) => Ok(None),
@@ -166,6 +175,21 @@ fn settings(
         Some(Value::Bool(b)) => *b,
         _ => return Err(ApiError::invalid("stream", "stream must be a boolean")),
     };
+    let include_usage = match obj.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) if !stream && !o.is_empty() => {
+            return Err(ApiError::invalid("stream_options", "stream_options needs stream = true"));
+        }
+        Some(Value::Object(o)) => match (o.get("include_usage"), o.keys().find(|k| *k != "include_usage")) {
+            (_, Some(other)) => {
+                return Err(ApiError::invalid("stream_options", format!("stream_options.{other} is not supported")));
+            }
+            (None | Some(Value::Null), None) => false,
+            (Some(Value::Bool(b)), None) => *b,
+            _ => return Err(ApiError::invalid("stream_options", "stream_options.include_usage must be a boolean")),
+        },
+        _ => return Err(ApiError::invalid("stream_options", "stream_options must be an object")),
+    };
     let settings = SampleConfig {
         prompt,
         max_new_tokens: max_tokens as usize,
@@ -178,7 +202,7 @@ fn settings(
         stop,
         seed: integer("seed")?.unwrap_or(0),
     };
-    Ok((settings, stream))
+    Ok((settings, Streaming { stream, include_usage }))
 }
 
 /// Parses and checks a `POST /v1/completions` body against the served model `model_id`.
@@ -189,8 +213,8 @@ pub fn parse_completion(body: &[u8], model_id: &str) -> Result<Completion, ApiEr
         Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),
         _ => return Err(ApiError::invalid("prompt", "prompt must be a string (or a list of one string)")),
     };
-    let (settings, stream) = settings(&obj, prompt, &["max_tokens"])?;
-    Ok(Completion { settings, stream })
+    let (settings, streaming) = settings(&obj, prompt, &["max_tokens"])?;
+    Ok(Completion { settings, streaming })
 }
 
 /// Parses and checks a `POST /v1/chat/completions` body against the served model `model_id`: every field is one
@@ -206,7 +230,7 @@ pub fn parse_chat(body: &[u8], model_id: &str) -> Result<Chat, ApiError> {
             code: Some("unsupported_parameter"),
         });
     }
-    let (settings, stream) = settings(&obj, String::new(), &["max_completion_tokens", "max_tokens"])?;
+    let (settings, streaming) = settings(&obj, String::new(), &["max_completion_tokens", "max_tokens"])?;
     // The messages again with their keys in the request's order, as the template's tojson shows them.
     let ordered: Json = serde_json::from_slice(body).map_err(|e| ApiError::status(400, e.to_string()))?;
     let Json::Map(fields) = ordered else { return Err(ApiError::status(400, "the body must be a JSON object")) };
@@ -217,7 +241,7 @@ pub fn parse_chat(body: &[u8], model_id: &str) -> Result<Chat, ApiError> {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
     let messages = messages.into_iter().enumerate().map(|(i, m)| message(i, m)).collect::<Result<_, _>>()?;
-    Ok(Chat { messages: Json::List(messages), settings, stream })
+    Ok(Chat { messages: Json::List(messages), settings, streaming })
 }
 
 /// Message `i` with its role checked and its content as one string.
@@ -265,9 +289,13 @@ mod tests {
     fn completion_requests_are_validated_with_openai_style_errors() {
         let ok =
             parse_completion(br#"{"model":"m","prompt":"hi","max_tokens":5,"stop":["\n"],"seed":3}"#, "m").unwrap();
-        assert_eq!((ok.settings.max_new_tokens, ok.settings.stop.len(), ok.stream), (5, 1, false));
+        assert_eq!((ok.settings.max_new_tokens, ok.settings.stop.len(), ok.streaming.stream), (5, 1, false));
+        let usage = parse_completion(br#"{"prompt":"x","stream":true,"stream_options":{"include_usage":true}}"#, "m");
+        assert_eq!(usage.unwrap().streaming, Streaming { stream: true, include_usage: true });
         let err = |body: &[u8]| parse_completion(body, "m").unwrap_err();
         assert_eq!(err(b"{not json").status, 400);
+        assert_eq!(err(br#"{"prompt":"x","stream_options":{"include_usage":true}}"#).param, Some("stream_options"));
+        assert_eq!(err(br#"{"prompt":"x","stream":true,"stream_options":{"x":1}}"#).param, Some("stream_options"));
         assert_eq!(err(br#"{"model":"other","prompt":"x"}"#).status, 404);
         assert_eq!(err(br#"{"prompt":"x","temperature":3}"#).param, Some("temperature"));
         assert_eq!(err(br#"{"prompt":"x","max_tokens":0}"#).param, Some("max_tokens"));
@@ -290,7 +318,7 @@ mod tests {
             "m",
         )
         .unwrap();
-        assert_eq!((ok.settings.max_new_tokens, ok.stream), (7, true));
+        assert_eq!((ok.settings.max_new_tokens, ok.streaming.stream), (7, true));
         let Json::List(messages) = &ok.messages else { panic!("a list") };
         assert_eq!(
             messages[0],

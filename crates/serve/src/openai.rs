@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-pub use ember_formats::openai::{ApiError, Chat, Completion, parse_chat, parse_completion};
+pub use ember_formats::openai::{ApiError, Chat, Completion, Streaming, parse_chat, parse_completion};
 
 use crate::generate::{Finish, GenerateError};
 

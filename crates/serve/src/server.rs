@@ -16,7 +16,7 @@ use tokenizers::Tokenizer;
 
 use crate::http::{self, Request};
 use crate::metrics::Metrics;
-use crate::openai::{self, Api, ApiError};
+use crate::openai::{self, Api, ApiError, Streaming};
 use crate::sampling::SampleConfig;
 use crate::scheduler::{Event, Job};
 
@@ -157,11 +157,11 @@ fn route(
             &json!({"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "ember"}]}),
         ),
         ("POST", "/v1/completions") => match openai::parse_completion(&request.body, model_id) {
-            Ok(c) => respond(stream, metrics, Api::Completions, c.settings, c.stream, model_id, jobs),
+            Ok(c) => respond(stream, metrics, Api::Completions, c.settings, c.streaming, model_id, jobs),
             Err(e) => reply(stream, metrics, e.status, &e.body()),
         },
         ("POST", "/v1/chat/completions") => match chat_settings(&request.body, served) {
-            Ok((settings, streamed)) => respond(stream, metrics, Api::Chat, settings, streamed, model_id, jobs),
+            Ok((settings, streaming)) => respond(stream, metrics, Api::Chat, settings, streaming, model_id, jobs),
             Err(e) => reply(stream, metrics, e.status, &e.body()),
         },
         ("POST", path @ ("/tokenize" | "/detokenize")) => match tokens(path, &request.body, served) {
@@ -187,7 +187,7 @@ fn route(
 
 /// A chat request's sampling settings, its prompt the model's template rendered over the messages (with the
 /// assistant's turn opened). The template's own refusal (`raise_exception`) is a 400.
-fn chat_settings(body: &[u8], served: &Served) -> Result<(SampleConfig, bool), ApiError> {
+fn chat_settings(body: &[u8], served: &Served) -> Result<(SampleConfig, Streaming), ApiError> {
     let chat = openai::parse_chat(body, &served.id)?;
     let Some(prompt) = &served.chat else {
         return Err(ApiError::status(
@@ -205,7 +205,7 @@ fn chat_settings(body: &[u8], served: &Served) -> Result<(SampleConfig, bool), A
         ChatError::Refused(message) => ApiError::invalid("messages", message),
         other => ApiError::invalid("messages", other.to_string()),
     })?;
-    Ok((SampleConfig { prompt: rendered, ..chat.settings }, chat.stream))
+    Ok((SampleConfig { prompt: rendered, ..chat.settings }, chat.streaming))
 }
 
 /// Runs `settings` on the scheduler and answers in `api`'s format, whole or as server-sent events.
@@ -214,7 +214,7 @@ fn respond(
     metrics: &Metrics,
     api: Api,
     settings: SampleConfig,
-    streamed: bool,
+    streaming: Streaming,
     model_id: &str,
     jobs: &Sender<Job>,
 ) -> std::io::Result<()> {
@@ -251,7 +251,7 @@ fn respond(
                 let e = ApiError::from(e);
                 return if started { Ok(()) } else { reply(stream, metrics, e.status, &e.body()) };
             }
-            Event::Text(piece) if streamed => {
+            Event::Text(piece) if streaming.stream => {
                 start(&mut started)?;
                 // A write error means the client left: returning drops the receiver, and the scheduler frees the sequence.
                 http::send_event(stream, &api.body(&id, model_id, created, &piece, None, true).to_string())?;
@@ -263,15 +263,19 @@ fn respond(
                     metrics.per_token(first.elapsed().as_secs_f64() / (completion_tokens - 1) as f64);
                 }
                 let usage = openai::usage(prompt_tokens, completion_tokens);
-                if !streamed {
+                if !streaming.stream {
                     let mut body = api.body(&id, model_id, created, &text, Some(finish), false);
                     body["usage"] = usage;
                     return reply(stream, metrics, 200, &body);
                 }
                 start(&mut started)?;
-                let mut last = api.body(&id, model_id, created, "", Some(finish), true);
-                last["usage"] = usage;
-                http::send_event(stream, &last.to_string())?;
+                http::send_event(stream, &api.body(&id, model_id, created, "", Some(finish), true).to_string())?;
+                if streaming.include_usage {
+                    let mut last = api.body(&id, model_id, created, "", None, true);
+                    last["choices"] = json!([]);
+                    last["usage"] = usage;
+                    http::send_event(stream, &last.to_string())?;
+                }
                 return http::send_event(stream, "[DONE]");
             }
         }
