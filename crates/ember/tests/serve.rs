@@ -400,6 +400,34 @@ fn metrics_count_responses_tokens_and_latencies() {
     assert_eq!(sample(&metrics, "ember_kv_cache_bytes"), 0.0);
 }
 
+/// The playground at `/` in headless Chromium: a message typed and sent streams back the answer `ember generate` gives
+/// the rendered chat, and the page shows the token rate (tests/browser/playground.py drives it over the DevTools
+/// protocol and reports the DOM).
+#[test]
+#[ignore = "needs Chromium (scripts/test.sh installs Debian's chromium)"]
+fn the_playground_streams_a_chat_in_a_real_browser() {
+    let chromium = std::env::var("EMBER_CHROMIUM").unwrap_or_else(|_| "chromium".into());
+    let dir = tempfile::tempdir().unwrap();
+    let (run, prompts) = tiny_model(dir.path());
+    let server = chat_server(dir.path(), &run);
+    let (status, page) = server.request("GET", "/", None);
+    assert!(status == 200 && page.contains("/v1/chat/completions"), "{status}");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/playground.py");
+    let url = format!("http://{}/", server.address);
+    let profile = dir.path().join("chromium-profile");
+    let out = Command::new("python3")
+        .args([script, &chromium, &url, &prompts[2], "8", profile.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let state: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(state["model"], "tiny");
+    assert_eq!(state["errors"], json!([]));
+    assert_eq!(state["user"], json!([prompts[2]]));
+    assert_eq!(state["assistant"], json!([generate_cli(&run, &chat_prompt(&prompts[2]), 8)]));
+    assert!(state["stats"].as_str().unwrap().starts_with("8 tokens, "), "{state}");
+}
+
 /// The official client, streaming and not: scripts/test.sh provides a Python with `openai` in EMBER_OPENAI_PYTHON.
 #[test]
 #[ignore = "needs a Python with the openai package in EMBER_OPENAI_PYTHON (scripts/test.sh makes one)"]

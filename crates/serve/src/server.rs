@@ -84,6 +84,9 @@ fn tokens(path: &str, body: &[u8], served: &Served) -> Result<serde_json::Value,
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// The playground at `/`: a chat box streaming from `/v1/chat/completions`, plain HTML and JavaScript.
+const PLAYGROUND: &str = include_str!("playground.html");
+
 /// Accepts connections on `listener` until `stop` is set, then lets every open request finish. Dropping the last
 /// job sender (when this returns) lets the scheduler drain and return too.
 pub fn accept(
@@ -133,7 +136,9 @@ fn route(
     metrics: &Metrics,
 ) -> std::io::Result<()> {
     let model_id = served.id.as_str();
-    if request.path != "/health" && !authorized(&request, served.api_key.as_deref()) {
+    // The page and the health check are public; the page asks for the key and sends it with its API calls.
+    let public = matches!(request.path.as_str(), "/health" | "/");
+    if !public && !authorized(&request, served.api_key.as_deref()) {
         let e = ApiError {
             status: 401,
             message: "a valid API key is needed (Authorization: Bearer KEY, or X-Api-Key: KEY)".into(),
@@ -146,6 +151,10 @@ fn route(
         ("GET", "/health") => {
             let running = metrics.running.load(Ordering::SeqCst);
             reply(stream, metrics, 200, &json!({"status": "ok", "active_sequences": running}))
+        }
+        ("GET", "/") => {
+            metrics.response(200);
+            http::respond_text(stream, 200, "text/html; charset=utf-8", PLAYGROUND)
         }
         ("GET", "/metrics") => {
             metrics.response(200);
