@@ -183,3 +183,11 @@ seed("http_request", "completion.http",
 seed("http_request", "health.http", "GET /health?x=1 HTTP/1.1\r\nHost: x\r\n\r\n")
 seed("openai_request", "completion.json", body)
 seed("openai_request", "minimal.json", json.dumps({"prompt": ["Hello"], "n": 1, "stop": None}))
+seed("openai_request", "chat.json", json.dumps({"model": "ember", "messages": [
+    {"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+    "max_completion_tokens": 8, "stream": True}))
+
+# --- chat templates: SmolLM2's and the feature-rich ones of the transformers fixture ------------------------------
+fixture = json.loads((root / "crates/formats/tests/fixtures/chat_templates.json").read_text())
+for name, template in fixture["templates"].items():
+    seed("chat_template", name.replace(" ", "-") + ".jinja", template)

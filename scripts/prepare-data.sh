@@ -5,6 +5,9 @@
 #                                            Apache-2.0; the real SmolLM2-135M-Instruct in GGUF, Q4_1)
 #   scripts/prepare-data.sh bible-en-es   -> data/bible-en-es/{train,valid,test}.tsv (Debian sword-text-kjv and
 #                                            sword-text-sparv, read with PyPI pysword 0.2.8; both texts public domain)
+#   scripts/prepare-data.sh chat-templates -> data/chat-templates/*.jinja (llama.cpp's collection of 70 real models'
+#                                            chat templates, models/templates/ of the PyPI llama-cpp-python 0.3.36
+#                                            sdist, MIT)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 data="${EMBER_DATA_DIR:-$root/data}"
@@ -89,8 +92,19 @@ PY
     for split in train valid test; do mv "$data/bible-en-es/$split.tsv.tmp" "$data/bible-en-es/$split.tsv"; done
     echo "data/bible-en-es ready ($(wc -l < "$data/bible-en-es/train.tsv") training pairs)"
     ;;
+  chat-templates)
+    python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python --dest "$work" llama-cpp-python==0.3.36
+    sdist="$work/llama_cpp_python-0.3.36.tar.gz"
+    check "$sdist" 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+    mkdir -p "$work/templates"
+    tar -xzf "$sdist" -C "$work/templates" --strip-components=5 --wildcards \
+      'llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates/*.jinja'
+    rm -rf "$data/chat-templates"
+    mv "$work/templates" "$data/chat-templates"
+    echo "data/chat-templates ready ($(ls "$data/chat-templates" | wc -l) templates)"
+    ;;
   *)
-    echo "usage: $0 shakespeare|smollm2|bible-en-es" >&2
+    echo "usage: $0 shakespeare|smollm2|bible-en-es|chat-templates" >&2
     exit 2
     ;;
 esac

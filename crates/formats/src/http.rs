@@ -7,7 +7,16 @@ use std::io::{self, BufRead, Read};
 pub struct Request {
     pub method: String,
     pub path: String,
+    /// Header names and values as sent, values trimmed.
+    pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+}
+
+impl Request {
+    /// The first header called `name` (any case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
 }
 
 /// Header lines read at most; the rest of a longer header is left unread (the request fails on it as a body).
@@ -41,16 +50,19 @@ pub fn read_request(reader: &mut impl BufRead) -> io::Result<Request> {
         _ => return Err(bad("malformed request line")),
     };
     let mut length = 0usize;
+    let mut headers = Vec::new();
     for _ in 0..MAX_HEADER_LINES {
         line(reader, &mut text)?;
         let header = text.trim_end();
         if header.is_empty() {
             break;
         }
-        if let Some((name, value)) = header.split_once(':')
-            && name.trim().eq_ignore_ascii_case("content-length")
-        {
-            length = value.trim().parse().map_err(|_| bad("bad Content-Length"))?;
+        if let Some((name, value)) = header.split_once(':') {
+            let (name, value) = (name.trim(), value.trim());
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.parse().map_err(|_| bad("bad Content-Length"))?;
+            }
+            headers.push((name.to_string(), value.to_string()));
         }
     }
     if length > MAX_BODY {
@@ -58,5 +70,5 @@ pub fn read_request(reader: &mut impl BufRead) -> io::Result<Request> {
     }
     let mut body = vec![0u8; length];
     reader.read_exact(&mut body)?;
-    Ok(Request { method, path, body })
+    Ok(Request { method, path, headers, body })
 }

@@ -3,6 +3,7 @@
 //! any input and allocates no more than its input justifies; none needs Burn, so `fuzz/` builds this crate alone and
 //! [`fuzz`] holds the entry points its targets (and the corpus replay tests) call.
 
+pub mod chat;
 pub mod checkpoint;
 pub mod config;
 pub mod files;

@@ -1,7 +1,9 @@
-//! OpenAI completions requests: the body validated into [`SampleConfig`], and OpenAI-style errors.
+//! OpenAI completions and chat completions requests: the body validated into [`SampleConfig`] (and, for a chat, its
+//! messages), and OpenAI-style errors.
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
+use crate::chat::Json;
 use crate::sampling::SampleConfig;
 
 /// An error as OpenAI reports it: an HTTP status and `{"error": {message, type, param, code}}`.
@@ -17,35 +19,72 @@ impl ApiError {
     pub fn invalid(param: &'static str, message: impl Into<String>) -> Self {
         Self { status: 400, message: message.into(), param: Some(param), code: None }
     }
+    /// A 4xx or 5xx that names no parameter.
+    pub fn status(status: u16, message: impl Into<String>) -> Self {
+        Self { status, message: message.into(), param: None, code: None }
+    }
     pub fn body(&self) -> Value {
-        let kind = if self.status == 404 { "not_found_error" } else { "invalid_request_error" };
+        let kind = match self.status {
+            401 => "authentication_error",
+            404 => "not_found_error",
+            _ => "invalid_request_error",
+        };
         json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}})
     }
+}
+
+/// How a response is sent: whole, or as server-sent events (then, with `include_usage`, a last chunk carries the
+/// token counts).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Streaming {
+    pub stream: bool,
+    pub include_usage: bool,
 }
 
 /// A validated completion request.
 #[derive(Debug)]
 pub struct Completion {
     pub settings: SampleConfig,
-    pub stream: bool,
+    pub streaming: Streaming,
 }
 
-/// Parses and checks a `POST /v1/completions` body against the served model `model_id`.
-pub fn parse_completion(body: &[u8], model_id: &str) -> Result<Completion, ApiError> {
-    let json: Value = serde_json::from_slice(body).map_err(|e| ApiError {
-        status: 400,
-        message: format!("invalid JSON body: {e}"),
-        param: None,
-        code: None,
-    })?;
-    let Some(obj) = json.as_object() else {
-        return Err(ApiError {
-            status: 400,
-            message: "the body must be a JSON object".into(),
-            param: None,
-            code: None,
-        });
-    };
+/// A validated chat completion request: its messages (keys in the request's order, for the chat template) and the
+/// sampling settings, whose prompt is the rendered template.
+#[derive(Debug)]
+pub struct Chat {
+    pub messages: Json,
+    pub settings: SampleConfig,
+    pub streaming: Streaming,
+}
+
+/// The fields of a chat completion request Ember implements; any other is refused by name rather than ignored.
+const CHAT_FIELDS: [&str; 16] = [
+    "model",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "stop",
+    "stream",
+    "stream_options",
+    "seed",
+    "n",
+    "user",
+];
+
+/// The roles a chat message may have.
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+/// The body as a JSON object, for the served model `model_id`.
+fn object(body: &[u8], model_id: &str) -> Result<Map<String, Value>, ApiError> {
+    let json: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::status(400, format!("invalid JSON body: {e}")))?;
+    let Value::Object(obj) = json else { return Err(ApiError::status(400, "the body must be a JSON object")) };
     if let Some(model) = obj.get("model").and_then(Value::as_str).filter(|&m| m != model_id) {
         return Err(ApiError {
             status: 404,
@@ -54,11 +93,16 @@ pub fn parse_completion(body: &[u8], model_id: &str) -> Result<Completion, ApiEr
             code: Some("model_not_found"),
         });
     }
-    let prompt = match obj.get("prompt") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),
-        _ => return Err(ApiError::invalid("prompt", "prompt must be a string (or a list of one string)")),
-    };
+    Ok(obj)
+}
+
+/// The sampling settings both endpoints share, with `prompt`; `max_tokens` is read from the first of `length_keys`
+/// present.
+fn settings(
+    obj: &Map<String, Value>,
+    prompt: String,
+    length_keys: &[&'static str],
+) -> Result<(SampleConfig, Streaming), ApiError> {
     let number = |key: &'static str| -> Result<Option<f64>, ApiError> {
         match obj.get(key) {
             None | Some(Value::Null) => Ok(None),
@@ -77,9 +121,16 @@ pub fn parse_completion(body: &[u8], model_id: &str) -> Result<Completion, ApiEr
     if integer("n")?.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid("n", "only n = 1 is supported"));
     }
-    let max_tokens = integer("max_tokens")?.unwrap_or(16);
+    let mut max_tokens = (length_keys[0], 16);
+    for &key in length_keys {
+        if let Some(n) = integer(key)? {
+            max_tokens = (key, n);
+            break;
+        }
+    }
+    let (key, max_tokens) = max_tokens;
     if !(1..=100_000).contains(&max_tokens) {
-        return Err(ApiError::invalid("max_tokens", "max_tokens must be between 1 and 100000"));
+        return Err(ApiError::invalid(key, format!("{key} must be between 1 and 100000")));
     }
     let temperature = number("temperature")?.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
@@ -89,6 +140,25 @@ pub fn parse_completion(body: &[u8], model_id: &str) -> Result<Completion, ApiEr
     if top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
         return Err(ApiError::invalid("top_p", "top_p must be in (0, 1]"));
     }
+    let top_k = integer("top_k")?.map(|k| usize::try_from(k).unwrap_or(usize::MAX));
+    if top_k == Some(0) {
+        return Err(ApiError::invalid("top_k", "top_k must be at least 1"));
+    }
+    let repetition_penalty = number("repetition_penalty")?.unwrap_or(1.0);
+    if !(repetition_penalty > 0.0 && repetition_penalty.is_finite()) {
+        return Err(ApiError::invalid(
+            "repetition_penalty",
+            "repetition_penalty must be a finite number > 0 (1 is off)",
+        ));
+    }
+    let penalty = |key: &'static str| -> Result<f64, ApiError> {
+        let alpha = number(key)?.unwrap_or(0.0);
+        match (-2.0..=2.0).contains(&alpha) {
+            true => Ok(alpha),
+            false => Err(ApiError::invalid(key, format!("{key} must be between -2 and 2"))),
+        }
+    };
+    let (frequency_penalty, presence_penalty) = (penalty("frequency_penalty")?, penalty("presence_penalty")?);
     let stop = match obj.get("stop") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::String(s)) => vec![s.clone()],
@@ -105,15 +175,170 @@ pub fn parse_completion(body: &[u8], model_id: &str) -> Result<Completion, ApiEr
         Some(Value::Bool(b)) => *b,
         _ => return Err(ApiError::invalid("stream", "stream must be a boolean")),
     };
+    let include_usage = match obj.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) if !stream && !o.is_empty() => {
+            return Err(ApiError::invalid("stream_options", "stream_options needs stream = true"));
+        }
+        Some(Value::Object(o)) => match (o.get("include_usage"), o.keys().find(|k| *k != "include_usage")) {
+            (_, Some(other)) => {
+                return Err(ApiError::invalid("stream_options", format!("stream_options.{other} is not supported")));
+            }
+            (None | Some(Value::Null), None) => false,
+            (Some(Value::Bool(b)), None) => *b,
+            _ => return Err(ApiError::invalid("stream_options", "stream_options.include_usage must be a boolean")),
+        },
+        _ => return Err(ApiError::invalid("stream_options", "stream_options must be an object")),
+    };
     let settings = SampleConfig {
         prompt,
         max_new_tokens: max_tokens as usize,
         temperature,
-        top_k: None,
+        top_k,
         top_p,
-        repetition_penalty: 1.0,
+        repetition_penalty,
+        frequency_penalty,
+        presence_penalty,
         stop,
         seed: integer("seed")?.unwrap_or(0),
     };
-    Ok(Completion { settings, stream })
+    Ok((settings, Streaming { stream, include_usage }))
+}
+
+/// Parses and checks a `POST /v1/completions` body against the served model `model_id`.
+pub fn parse_completion(body: &[u8], model_id: &str) -> Result<Completion, ApiError> {
+    let obj = object(body, model_id)?;
+    let prompt = match obj.get("prompt") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),
+        _ => return Err(ApiError::invalid("prompt", "prompt must be a string (or a list of one string)")),
+    };
+    let (settings, streaming) = settings(&obj, prompt, &["max_tokens"])?;
+    Ok(Completion { settings, streaming })
+}
+
+/// Parses and checks a `POST /v1/chat/completions` body against the served model `model_id`: every field is one
+/// Ember implements, and every message has a known role and text content (a string, or a list of text parts, which
+/// are joined).
+pub fn parse_chat(body: &[u8], model_id: &str) -> Result<Chat, ApiError> {
+    let obj = object(body, model_id)?;
+    if let Some(field) = obj.keys().find(|k| !CHAT_FIELDS.contains(&k.as_str())) {
+        return Err(ApiError {
+            status: 400,
+            message: format!("`{field}` is not supported by this server (it implements {})", CHAT_FIELDS.join(", ")),
+            param: None,
+            code: Some("unsupported_parameter"),
+        });
+    }
+    let (settings, streaming) = settings(&obj, String::new(), &["max_completion_tokens", "max_tokens"])?;
+    // The messages again with their keys in the request's order, as the template's tojson shows them.
+    let ordered: Json = serde_json::from_slice(body).map_err(|e| ApiError::status(400, e.to_string()))?;
+    let Json::Map(fields) = ordered else { return Err(ApiError::status(400, "the body must be a JSON object")) };
+    let Some((_, Json::List(messages))) = fields.into_iter().find(|(k, _)| k == "messages") else {
+        return Err(ApiError::invalid("messages", "messages must be a list of {role, content} objects"));
+    };
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must not be empty"));
+    }
+    let messages = messages.into_iter().enumerate().map(|(i, m)| message(i, m)).collect::<Result<_, _>>()?;
+    Ok(Chat { messages: Json::List(messages), settings, streaming })
+}
+
+/// Message `i` with its role checked and its content as one string.
+fn message(i: usize, message: Json) -> Result<Json, ApiError> {
+    let bad = |what: String| ApiError::invalid("messages", format!("messages[{i}]: {what}"));
+    let Json::Map(mut entries) = message else { return Err(bad("must be an object".into())) };
+    match entries.iter().find(|(k, _)| k == "role").map(|(_, v)| v) {
+        Some(Json::Str(role)) if ROLES.contains(&role.as_str()) => {}
+        Some(Json::Str(role)) => return Err(bad(format!("role {role:?} is not one of {}", ROLES.join(", ")))),
+        _ => return Err(bad("has no role".into())),
+    }
+    let Some(content) = entries.iter_mut().find(|(k, _)| k == "content").map(|(_, v)| v) else {
+        return Err(bad("has no content".into()));
+    };
+    match content {
+        Json::Str(_) => {}
+        Json::List(parts) => {
+            let mut text = String::new();
+            for part in parts.iter() {
+                let field = |key: &str| match part {
+                    Json::Map(p) => p.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+                    _ => None,
+                };
+                match (field("type"), field("text")) {
+                    (Some(Json::Str(kind)), Some(Json::Str(t))) if kind == "text" => text.push_str(t),
+                    _ => {
+                        return Err(bad(
+                            "content parts other than {\"type\": \"text\", \"text\": ...} are not supported".into(),
+                        ));
+                    }
+                }
+            }
+            *content = Json::Str(text);
+        }
+        _ => return Err(bad("content must be a string or a list of text parts".into())),
+    }
+    Ok(Json::Map(entries))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completion_requests_are_validated_with_openai_style_errors() {
+        let ok =
+            parse_completion(br#"{"model":"m","prompt":"hi","max_tokens":5,"stop":["\n"],"seed":3}"#, "m").unwrap();
+        assert_eq!((ok.settings.max_new_tokens, ok.settings.stop.len(), ok.streaming.stream), (5, 1, false));
+        let usage = parse_completion(br#"{"prompt":"x","stream":true,"stream_options":{"include_usage":true}}"#, "m");
+        assert_eq!(usage.unwrap().streaming, Streaming { stream: true, include_usage: true });
+        let err = |body: &[u8]| parse_completion(body, "m").unwrap_err();
+        assert_eq!(err(b"{not json").status, 400);
+        assert_eq!(err(br#"{"prompt":"x","stream_options":{"include_usage":true}}"#).param, Some("stream_options"));
+        assert_eq!(err(br#"{"prompt":"x","stream":true,"stream_options":{"x":1}}"#).param, Some("stream_options"));
+        assert_eq!(err(br#"{"model":"other","prompt":"x"}"#).status, 404);
+        assert_eq!(err(br#"{"prompt":"x","temperature":3}"#).param, Some("temperature"));
+        assert_eq!(err(br#"{"prompt":"x","max_tokens":0}"#).param, Some("max_tokens"));
+        assert_eq!(err(br#"{"prompt":"x","top_k":0}"#).param, Some("top_k"));
+        assert_eq!(err(br#"{"prompt":"x","presence_penalty":2.5}"#).param, Some("presence_penalty"));
+        assert_eq!(err(br#"{"prompt":"x","repetition_penalty":-1}"#).param, Some("repetition_penalty"));
+        let tuned = parse_completion(br#"{"prompt":"x","top_k":5,"repetition_penalty":1.3}"#, "m").unwrap();
+        assert_eq!((tuned.settings.top_k, tuned.settings.repetition_penalty), (Some(5), 1.3));
+        assert_eq!(err(br#"{"prompt":5}"#).param, Some("prompt"));
+        let body = err(br#"{"prompt":"x","top_p":0}"#).body();
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert_eq!(body["error"]["param"], "top_p");
+    }
+
+    #[test]
+    fn chat_requests_name_what_they_cannot_take() {
+        let ok = parse_chat(
+            br#"{"model":"m","messages":[{"content":[{"type":"text","text":"a"},{"type":"text","text":"b"}],"role":"user"}],
+                "max_completion_tokens":7,"stream":true}"#,
+            "m",
+        )
+        .unwrap();
+        assert_eq!((ok.settings.max_new_tokens, ok.streaming.stream), (7, true));
+        let Json::List(messages) = &ok.messages else { panic!("a list") };
+        assert_eq!(
+            messages[0],
+            Json::Map(vec![("content".into(), Json::Str("ab".into())), ("role".into(), Json::Str("user".into()))])
+        );
+        let err = |body: &[u8]| parse_chat(body, "m").unwrap_err();
+        let tools = err(br#"{"messages":[{"role":"user","content":"x"}],"tools":[]}"#);
+        assert_eq!((tools.status, tools.code), (400, Some("unsupported_parameter")));
+        assert!(tools.message.starts_with("`tools` is not supported"), "{}", tools.message);
+        assert_eq!(err(br#"{"messages":[]}"#).param, Some("messages"));
+        assert!(err(br#"{"messages":[{"role":"wizard","content":"x"}]}"#).message.contains("role \"wizard\""));
+        assert!(err(br#"{"messages":[{"role":"user"}]}"#).message.contains("has no content"));
+        assert!(
+            err(br#"{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#)
+                .message
+                .contains("content parts other than")
+        );
+        assert_eq!(
+            err(br#"{"messages":[{"role":"user","content":"x"}],"max_completion_tokens":0}"#).param,
+            Some("max_completion_tokens")
+        );
+    }
 }

@@ -23,6 +23,12 @@ pub struct SampleConfig {
     /// Penalty θ on tokens already in the context (prompt included): z / θ where z > 0, z · θ otherwise (CTRL).
     #[serde(default = "one")]
     pub repetition_penalty: f64,
+    /// α_f: z_j − α_f · c_j, with c_j the times token j was generated so far (OpenAI's frequency_penalty).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub frequency_penalty: f64,
+    /// α_p: z_j − α_p when token j was generated so far (OpenAI's presence_penalty).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub presence_penalty: f64,
     /// Generation ends before the first of these strings appears; it is not part of the output.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stop: Vec<String>,
@@ -45,6 +51,9 @@ fn default_seed() -> u64 {
 fn one() -> f64 {
     1.0
 }
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
 
 impl Default for SampleConfig {
     fn default() -> Self {
@@ -55,6 +64,8 @@ impl Default for SampleConfig {
             top_k: None,
             top_p: None,
             repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             stop: Vec::new(),
             seed: default_seed(),
         }
@@ -82,6 +93,11 @@ impl SampleConfig {
             theta,
             "a finite number > 0 (1 is off)",
         )?;
+        for (key, alpha) in
+            [("sample.frequency_penalty", self.frequency_penalty), ("sample.presence_penalty", self.presence_penalty)]
+        {
+            require((-2.0..=2.0).contains(&alpha), key, alpha, "from -2 to 2 (0 is off)")?;
+        }
         if let Some(empty) = self.stop.iter().find(|s| s.is_empty()) {
             require(false, "sample.stop", format!("{empty:?}"), "stop strings must not be empty")?;
         }
@@ -100,16 +116,30 @@ pub fn argmax<T: PartialOrd + Copy>(values: &[T]) -> u32 {
     best as u32
 }
 
-/// The next token after `history`: logits of tokens in the history are penalised (`repetition_penalty`), then the
-/// argmax when `temperature` is 0, else a draw from softmax(z / temperature) restricted to the `top_k` largest logits
-/// and then to the smallest set whose probability reaches `top_p`.
-pub fn sample(logits: &[f32], settings: &SampleConfig, history: &[u32], rng: &mut Rng) -> u32 {
+/// The next token after `history`, whose first `prompt_len` tokens are the prompt: logits of tokens in the history
+/// are penalised (`repetition_penalty`), those of generated tokens lowered by the frequency and presence penalties,
+/// then the argmax when `temperature` is 0, else a draw from softmax(z / temperature) restricted to the `top_k`
+/// largest logits and then to the smallest set whose probability reaches `top_p`.
+pub fn sample(logits: &[f32], settings: &SampleConfig, history: &[u32], prompt_len: usize, rng: &mut Rng) -> u32 {
     let mut z: Vec<f64> = logits.iter().map(|&x| x as f64).collect();
     let theta = settings.repetition_penalty;
     if theta != 1.0 {
-        for &t in history {
+        let mut seen = std::collections::HashSet::new();
+        for &t in history.iter().filter(|&&t| seen.insert(t)) {
             if let Some(zi) = z.get_mut(t as usize) {
                 *zi = if *zi > 0.0 { *zi / theta } else { *zi * theta };
+            }
+        }
+    }
+    let (alpha_f, alpha_p) = (settings.frequency_penalty, settings.presence_penalty);
+    if alpha_f != 0.0 || alpha_p != 0.0 {
+        let mut counts = std::collections::HashMap::<u32, f64>::new();
+        for &t in history.get(prompt_len..).unwrap_or_default() {
+            *counts.entry(t).or_default() += 1.0;
+        }
+        for (t, c) in counts {
+            if let Some(zi) = z.get_mut(t as usize) {
+                *zi -= alpha_f * c + alpha_p;
             }
         }
     }
@@ -153,12 +183,12 @@ mod tests {
         let logits = [0.0f32, 2.0, 1.0, -1.0];
         let mut rng = Rng::new(1);
         let with = |temperature: f64, top_k: Option<usize>| SampleConfig { temperature, top_k, ..Default::default() };
-        assert_eq!(sample(&logits, &with(0.0, None), &[], &mut rng), 1);
-        assert!((0..50).all(|_| sample(&logits, &with(1.0, Some(1)), &[], &mut rng) == 1));
+        assert_eq!(sample(&logits, &with(0.0, None), &[], 0, &mut rng), 1);
+        assert!((0..50).all(|_| sample(&logits, &with(1.0, Some(1)), &[], 0, &mut rng) == 1));
         let mut counts = [0usize; 4];
         let n = 40_000;
         for _ in 0..n {
-            counts[sample(&logits, &with(1.0, Some(2)), &[], &mut rng) as usize] += 1;
+            counts[sample(&logits, &with(1.0, Some(2)), &[], 0, &mut rng) as usize] += 1;
         }
         assert_eq!(counts[0] + counts[3], 0, "top-k excludes the rest");
         let p1 = counts[1] as f64 / n as f64;
@@ -174,11 +204,29 @@ mod tests {
         let nucleus = SampleConfig { temperature: 1.0, top_p: Some(0.85), ..Default::default() };
         let mut seen = [false; 4];
         for _ in 0..2000 {
-            seen[sample(&logits, &nucleus, &[], &mut rng) as usize] = true;
+            seen[sample(&logits, &nucleus, &[], 0, &mut rng) as usize] = true;
         }
         assert_eq!(seen, [true, true, false, false], "0.644 + 0.237 ≥ 0.85: the top two only");
         let greedy = SampleConfig { temperature: 0.0, repetition_penalty: 4.0, ..Default::default() };
-        assert_eq!(sample(&logits, &greedy, &[0], &mut rng), 1, "2/4 < 1: the penalised token loses");
-        assert_eq!(sample(&logits, &greedy, &[], &mut rng), 0);
+        assert_eq!(sample(&logits, &greedy, &[0], 0, &mut rng), 1, "2/4 < 1: the penalised token loses");
+        assert_eq!(sample(&logits, &greedy, &[], 0, &mut rng), 0);
+        // Once per token however often it occurs, as transformers applies it: 2/1.5 = 1.33 > 1.
+        let mild = SampleConfig { temperature: 0.0, repetition_penalty: 1.5, ..Default::default() };
+        assert_eq!(sample(&logits, &mild, &[0, 0, 0], 0, &mut rng), 0);
+    }
+
+    #[test]
+    fn frequency_and_presence_penalties_count_generated_tokens_only() {
+        let logits = [2.0f32, 1.0, 0.0, -1.0];
+        let mut rng = Rng::new(3);
+        let frequency = SampleConfig { temperature: 0.0, frequency_penalty: 0.6, ..Default::default() };
+        // Token 0 once in the prompt and once generated: 2 − 0.6 = 1.4 > 1.
+        assert_eq!(sample(&logits, &frequency, &[0, 0], 1, &mut rng), 0);
+        // Generated twice: 2 − 1.2 = 0.8 < 1.
+        assert_eq!(sample(&logits, &frequency, &[0, 0], 0, &mut rng), 1);
+        let presence = SampleConfig { temperature: 0.0, presence_penalty: 1.5, ..Default::default() };
+        // 2 − 1.5 = 0.5 whatever the count.
+        assert_eq!(sample(&logits, &presence, &[3, 0], 1, &mut rng), 1);
+        assert_eq!(sample(&logits, &presence, &[0, 3], 1, &mut rng), 0);
     }
 }

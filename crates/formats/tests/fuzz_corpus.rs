@@ -67,6 +67,11 @@ fn openai_request_corpus() {
 }
 
 #[test]
+fn chat_template_corpus() {
+    replay("chat_template");
+}
+
+#[test]
 fn every_target_is_replayed() {
     let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/fuzz_targets");
     let mut files: Vec<String> =

@@ -283,7 +283,7 @@ impl<'a> Sequence<'a> {
     /// Completes a step whose logits were computed elsewhere (a batched forward pass over [`Self::batchable`]).
     pub fn step_with(&mut self, logits: Vec<f32>) -> Result<String, GenerateError> {
         self.seen = self.ids.len();
-        let next = sample(&logits, &self.settings, &self.ids, &mut self.rng);
+        let next = sample(&logits, &self.settings, &self.ids, self.prompt_len, &mut self.rng);
         if self.ends.contains(&next) {
             self.finished = Some(Finish::Stop);
         } else {

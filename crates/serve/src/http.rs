@@ -15,6 +15,7 @@ fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
         400 => "Bad Request",
+        401 => "Unauthorized",
         404 => "Not Found",
         405 => "Method Not Allowed",
         413 => "Payload Too Large",
@@ -22,6 +23,17 @@ fn reason(status: u16) -> &'static str {
         503 => "Service Unavailable",
         _ => "Error",
     }
+}
+
+/// A whole text response of `content_type`.
+pub fn respond_text(mut stream: &TcpStream, status: u16, content_type: &str, body: &str) -> io::Result<()> {
+    write!(
+        stream,
+        "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        reason(status),
+        body.len()
+    )?;
+    stream.flush()
 }
 
 /// A whole JSON response.

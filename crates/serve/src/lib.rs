@@ -5,6 +5,7 @@ pub mod beam;
 pub mod generate;
 pub mod http;
 pub mod kv;
+pub mod metrics;
 pub mod openai;
 pub mod scheduler;
 pub mod server;

@@ -1,8 +1,9 @@
-//! The OpenAI completions API: request validation (in `ember_formats::openai`), response and stream-chunk bodies.
+//! The OpenAI completions and chat completions APIs: response and stream-chunk bodies (requests are validated by
+//! `ember_formats::openai`).
 
 use serde_json::{Value, json};
 
-pub use ember_formats::openai::{ApiError, Completion, parse_completion};
+pub use ember_formats::openai::{ApiError, Chat, Completion, Streaming, parse_chat, parse_completion};
 
 use crate::generate::{Finish, GenerateError};
 
@@ -20,40 +21,59 @@ pub fn finish_reason(finish: Finish) -> &'static str {
     }
 }
 
-/// A `text_completion` object; `finish` is None for stream chunks before the last.
-pub fn completion_body(id: &str, model: &str, created: u64, text: &str, finish: Option<Finish>) -> Value {
-    json!({
-        "id": id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": finish.map(finish_reason)}],
-    })
+/// The API a response speaks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Api {
+    /// `/v1/completions`: `text_completion` objects.
+    Completions,
+    /// `/v1/chat/completions`: `chat.completion` objects, streamed as `chat.completion.chunk` deltas.
+    Chat,
+}
+
+impl Api {
+    /// The response id of the `n`th request.
+    pub fn id(self, n: u64) -> String {
+        match self {
+            Api::Completions => format!("cmpl-{n}"),
+            Api::Chat => format!("chatcmpl-{n}"),
+        }
+    }
+
+    /// A response (`chunk` false) or one stream chunk carrying `text`; `finish` is None for chunks before the last.
+    pub fn body(self, id: &str, model: &str, created: u64, text: &str, finish: Option<Finish>, chunk: bool) -> Value {
+        let finish = finish.map(finish_reason);
+        let (object, choice) = match (self, chunk) {
+            (Api::Completions, _) => {
+                ("text_completion", json!({"text": text, "index": 0, "logprobs": null, "finish_reason": finish}))
+            }
+            (Api::Chat, false) => (
+                "chat.completion",
+                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null,
+                       "finish_reason": finish}),
+            ),
+            (Api::Chat, true) => {
+                let delta = if text.is_empty() && finish.is_some() { json!({}) } else { json!({"content": text}) };
+                (
+                    "chat.completion.chunk",
+                    json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}),
+                )
+            }
+        };
+        json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]})
+    }
+
+    /// The chunk that opens a chat stream, naming the role before any text.
+    pub fn first_chunk(self, id: &str, model: &str, created: u64) -> Option<Value> {
+        (self == Api::Chat).then(|| {
+            json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                   "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null,
+                                "finish_reason": null}]})
+        })
+    }
 }
 
 /// Token counts as OpenAI's `usage`.
 pub fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
     json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
            "total_tokens": prompt_tokens + completion_tokens})
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn requests_are_validated_with_openai_style_errors() {
-        let ok =
-            parse_completion(br#"{"model":"m","prompt":"hi","max_tokens":5,"stop":["\n"],"seed":3}"#, "m").unwrap();
-        assert_eq!((ok.settings.max_new_tokens, ok.settings.stop.len(), ok.stream), (5, 1, false));
-        let err = |body: &[u8]| parse_completion(body, "m").unwrap_err();
-        assert_eq!(err(b"{not json").status, 400);
-        assert_eq!(err(br#"{"model":"other","prompt":"x"}"#).status, 404);
-        assert_eq!(err(br#"{"prompt":"x","temperature":3}"#).param, Some("temperature"));
-        assert_eq!(err(br#"{"prompt":"x","max_tokens":0}"#).param, Some("max_tokens"));
-        assert_eq!(err(br#"{"prompt":5}"#).param, Some("prompt"));
-        let body = err(br#"{"prompt":"x","top_p":0}"#).body();
-        assert_eq!(body["error"]["type"], "invalid_request_error");
-        assert_eq!(body["error"]["param"], "top_p");
-    }
 }

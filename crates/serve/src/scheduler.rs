@@ -3,7 +3,7 @@
 //! and a sequence whose client has gone is dropped at once, freeing its KV store.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 
 use burn::tensor::Device;
@@ -12,6 +12,7 @@ use ember_core_model::cache::KvCache;
 use tokenizers::Tokenizer;
 
 use crate::generate::{Finish, GenerateError, KvSpec, Sequence};
+use crate::metrics::Metrics;
 use crate::sampling::SampleConfig;
 
 /// A request for one completion; its events go back on `events`.
@@ -37,7 +38,7 @@ struct Active<'a> {
 }
 
 /// Serves `jobs` until every sender is dropped and every admitted job has finished, at most `max_batch` at a time;
-/// `active` counts the sequences holding a KV store.
+/// `metrics` hears the queue, the running sequences and their KV bytes after every round.
 pub fn run(
     model: &Gpt,
     tokenizer: &Tokenizer,
@@ -45,7 +46,7 @@ pub fn run(
     device: &Device,
     max_batch: usize,
     jobs: Receiver<Job>,
-    active_count: &AtomicUsize,
+    metrics: &Metrics,
 ) {
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut active: Vec<Active> = Vec::new();
@@ -121,7 +122,10 @@ pub fn run(
                 }
             }
         });
-        active_count.store(active.len(), Ordering::SeqCst);
+        metrics.running.store(active.len(), Ordering::SeqCst);
+        metrics.queued.store(waiting.len(), Ordering::SeqCst);
+        let kv_bytes: usize = active.iter().map(|a| a.sequence.kv_bytes()).sum();
+        metrics.kv_bytes.store(kv_bytes as u64, Ordering::SeqCst);
         if !open && active.is_empty() && waiting.is_empty() {
             return;
         }

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use burn::tensor::TensorData;
+use ember_formats::chat::ChatFormat;
 use tokenizers::Tokenizer;
 
 use super::gguf::{Array, Gguf, Value};
@@ -11,15 +12,15 @@ use super::{ImportError, Tensors, concat_rows, transpose};
 use crate::ModelConfig;
 use crate::tokenizer;
 
-/// Config, Ember-named tensors and tokenizer of a llama GGUF file.
-pub fn load(path: &Path) -> Result<(ModelConfig, Tensors, Tokenizer), ImportError> {
+/// Config, Ember-named tensors, tokenizer and chat format of a llama GGUF file.
+pub fn load(path: &Path) -> Result<(ModelConfig, Tensors, Tokenizer, ChatFormat), ImportError> {
     let bad = |reason: String| ImportError::new(path, reason);
     let bytes = crate::files::read(path).map_err(|e| bad(e.to_string()))?;
     let gguf = Gguf::parse(bytes).map_err(|e| bad(e.to_string()))?;
     let config = config(&gguf).map_err(bad)?;
     let tensors = tensors(&gguf, &config).map_err(bad)?;
     let tokenizer = tokenizer(&gguf).map_err(bad)?;
-    Ok((config, tensors, tokenizer))
+    Ok((config, tensors, tokenizer, ChatFormat::from_gguf(&gguf)))
 }
 
 fn meta<'a>(gguf: &'a Gguf, key: &str) -> Result<&'a Value, String> {

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::{Device, TensorData};
 
+use ember_formats::chat::ChatFormat;
+
 use crate::bundle::{self, Bundle, BundleError};
 use crate::{Gpt, tokenizer};
 
@@ -63,7 +65,7 @@ impl Source {
 
 /// Loads a run directory, a Hugging Face directory or a GGUF file onto `device`.
 pub fn load(path: &Path, device: &Device) -> Result<Bundle, ImportError> {
-    let (config, tensors, tokenizer) = match Source::of(path)? {
+    let (config, tensors, tokenizer, chat) = match Source::of(path)? {
         Source::Run => return Ok(bundle::load(path, device)?),
         Source::HuggingFace => {
             let (config, tensors) = hf::load(path)?;
@@ -72,13 +74,13 @@ pub fn load(path: &Path, device: &Device) -> Result<Bundle, ImportError> {
                 return Err(ImportError::new(path, "has no tokenizer.json, which generation needs"));
             }
             let tok = tokenizer::load(&tok_path).map_err(|e| ImportError::new(&tok_path, e.to_string()))?;
-            (config, tensors, tok)
+            (config, tensors, tok, ChatFormat::from_hf_dir(path).map_err(|e| ImportError::new(path, e))?)
         }
         Source::Gguf => gguf_llama::load(path)?,
     };
     let model = Gpt::load(&config, &tensors, device)
         .map_err(|cause| BundleError::Mismatch { path: path.to_path_buf(), cause })?;
-    Ok(Bundle { config, model, tokenizer })
+    Ok(Bundle { config, model, tokenizer, chat })
 }
 
 /// A [rows, cols] matrix as [cols, rows] (PyTorch's nn.Linear [out, in] to Burn's [in, out]).

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, anyhow};
 use clap::Args;
 use ember_core_model::import;
+use ember_serve::metrics::Metrics;
+use ember_serve::server::Served;
 use ember_serve::{KvKind, scheduler, server};
 use serde_json::json;
 
@@ -71,11 +73,18 @@ pub fn bench_serve(args: BenchServeArgs, device: DeviceChoice) -> Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let address = listener.local_addr()?.to_string();
     let stop = Arc::new(AtomicBool::new(false));
-    let active = Arc::new(AtomicUsize::new(0));
+    let metrics = Arc::new(Metrics::default());
     let (jobs, received) = mpsc::channel();
+    let served = Served {
+        id: "bench".into(),
+        chat: None,
+        tokenizer: run.tokenizer.clone(),
+        context: run.model.block_size(),
+        api_key: None,
+    };
     let acceptor = {
-        let (stop, active) = (stop.clone(), active.clone());
-        thread::spawn(move || server::accept(listener, "bench".into(), jobs, active, &stop))
+        let (stop, metrics, served) = (stop.clone(), metrics.clone(), Arc::new(served));
+        thread::spawn(move || server::accept(listener, served, jobs, metrics, &stop))
     };
     let body =
         json!({"prompt": args.prompt, "max_tokens": args.max_tokens, "temperature": 0, "stream": true}).to_string();
@@ -103,7 +112,7 @@ pub fn bench_serve(args: BenchServeArgs, device: DeviceChoice) -> Result<()> {
         })
     };
     let kv = KvKind::Contiguous.into();
-    scheduler::run(&run.model, &run.tokenizer, kv, &device, concurrency, received, &active);
+    scheduler::run(&run.model, &run.tokenizer, kv, &device, concurrency, received, &metrics);
     acceptor.join().map_err(|_| anyhow!("the listener panicked"))??;
     let (results, wall) = driver.join().map_err(|_| anyhow!("the load generator panicked"))?;
     let results: Vec<_> = results.into_iter().collect::<Result<_>>()?;

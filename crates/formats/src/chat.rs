@@ -1,0 +1,543 @@
+//! Chat templates: a model's Jinja template rendered over a chat's messages as transformers' `apply_chat_template`
+//! renders it — minijinja with Python's string and dict methods, `trim_blocks` and `lstrip_blocks`,
+//! `raise_exception`, `strftime_now`, and a `tojson` whose output equals Python's `json.dumps`, keys in the order the
+//! request gave them.
+
+use std::fmt::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, Value, ValueKind};
+use minijinja::{Environment, Error, ErrorKind};
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+
+use crate::files;
+use crate::gguf::{Gguf, Value as GgufValue};
+
+/// What went wrong with a chat template.
+#[derive(Clone, Debug, thiserror::Error, PartialEq)]
+pub enum ChatError {
+    #[error("the chat template does not compile: {0}")]
+    Syntax(String),
+    /// The template's own `raise_exception` (a chat it does not accept: roles out of order, say).
+    #[error("the chat template refused the messages: {0}")]
+    Refused(String),
+    #[error("rendering the chat template failed: {0}")]
+    Render(String),
+}
+
+/// A JSON value that keeps the order of an object's keys, as Python's dicts do (serde_json's `Value` sorts them).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Json {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    List(Vec<Json>),
+    Map(Vec<(String, Json)>),
+}
+
+impl<'de> Deserialize<'de> for Json {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct JsonVisitor;
+        impl<'de> Visitor<'de> for JsonVisitor {
+            type Value = Json;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_unit<E>(self) -> Result<Json, E> {
+                Ok(Json::Null)
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Json, E> {
+                Ok(Json::Bool(v))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Json, E> {
+                Ok(Json::Int(v))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Json, E> {
+                Ok(i64::try_from(v).map_or(Json::Float(v as f64), Json::Int))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Json, E> {
+                Ok(Json::Float(v))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Json, E> {
+                Ok(Json::Str(v.to_string()))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Json, E> {
+                Ok(Json::Str(v))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Json, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(Json::List(items))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
+                let mut entries: Vec<(String, Json)> = Vec::new();
+                while let Some((key, value)) = map.next_entry::<String, Json>()? {
+                    // A repeated key keeps its first place and its last value, as Python's json.loads does.
+                    match entries.iter_mut().find(|(k, _)| *k == key) {
+                        Some(entry) => entry.1 = value,
+                        None => entries.push((key, value)),
+                    }
+                }
+                Ok(Json::Map(entries))
+            }
+        }
+        deserializer.deserialize_any(JsonVisitor)
+    }
+}
+
+/// An object as the template sees it: a mapping that enumerates its keys in their JSON order.
+#[derive(Debug)]
+struct OrderedMap(Vec<(Value, Value)>);
+
+impl Object for OrderedMap {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Map
+    }
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+    }
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Values(self.0.iter().map(|(k, _)| k.clone()).collect())
+    }
+}
+
+impl From<&Json> for Value {
+    fn from(json: &Json) -> Self {
+        match json {
+            Json::Null => Value::from(()),
+            Json::Bool(b) => Value::from(*b),
+            Json::Int(i) => Value::from(*i),
+            Json::Float(f) => Value::from(*f),
+            Json::Str(s) => Value::from(s.as_str()),
+            Json::List(items) => Value::from(items.iter().map(Value::from).collect::<Vec<_>>()),
+            Json::Map(entries) => Value::from_object(OrderedMap(
+                entries.iter().map(|(k, v)| (Value::from(k.as_str()), Value::from(v))).collect(),
+            )),
+        }
+    }
+}
+
+/// A model's chat template and the texts of the special tokens templates refer to.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChatFormat {
+    pub template: Option<String>,
+    pub bos_token: String,
+    pub eos_token: String,
+}
+
+impl ChatFormat {
+    /// From a GGUF file's metadata: `tokenizer.chat_template`, and the tokens `tokenizer.ggml.bos_token_id` and
+    /// `eos_token_id` name.
+    pub fn from_gguf(gguf: &Gguf) -> Self {
+        let tokens = gguf.get("tokenizer.ggml.tokens").and_then(GgufValue::as_array).and_then(|a| a.strings());
+        let token = |key: &str| -> String {
+            let id = gguf.get(key).and_then(GgufValue::as_u64).and_then(|id| usize::try_from(id).ok());
+            id.and_then(|id| tokens?.iter().nth(id)).unwrap_or_default().to_string()
+        };
+        Self {
+            template: gguf.get("tokenizer.chat_template").and_then(GgufValue::as_str).map(String::from),
+            bos_token: token("tokenizer.ggml.bos_token_id"),
+            eos_token: token("tokenizer.ggml.eos_token_id"),
+        }
+    }
+
+    /// From a Hugging Face directory: `chat_template.jinja`, else `tokenizer_config.json`'s `chat_template` (a string,
+    /// or a list of named templates of which `default` is the one), and its `bos_token` and `eos_token` (a string or
+    /// `{"content": ...}`). A directory with neither file has no template.
+    pub fn from_hf_dir(dir: &Path) -> Result<Self, String> {
+        let read = |name: &str| -> Result<Option<String>, String> {
+            let path = dir.join(name);
+            match path.exists() {
+                true => files::read_to_string(&path).map(Some).map_err(|e| format!("{}: {e}", path.display())),
+                false => Ok(None),
+            }
+        };
+        let mut format = Self::default();
+        if let Some(text) = read("tokenizer_config.json")? {
+            let config: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| format!("{}: not valid JSON: {e}", dir.join("tokenizer_config.json").display()))?;
+            let token = |key: &str| match &config[key] {
+                serde_json::Value::String(s) => s.clone(),
+                other => other["content"].as_str().unwrap_or_default().to_string(),
+            };
+            format.bos_token = token("bos_token");
+            format.eos_token = token("eos_token");
+            format.template = match &config["chat_template"] {
+                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::Array(named) => {
+                    named.iter().find(|t| t["name"] == "default").and_then(|t| t["template"].as_str()).map(String::from)
+                }
+                _ => None,
+            };
+        }
+        if let Some(template) = read("chat_template.jinja")? {
+            format.template = Some(template);
+        }
+        Ok(format)
+    }
+}
+
+/// What a template sees beside the messages.
+pub struct Context<'a> {
+    pub bos_token: &'a str,
+    pub eos_token: &'a str,
+    /// Whether the prompt ends with the assistant's turn opened (a chat request: yes).
+    pub add_generation_prompt: bool,
+    /// The time `strftime_now` formats.
+    pub now: chrono::NaiveDateTime,
+}
+
+/// A chat template, checked when it is loaded.
+pub struct ChatTemplate {
+    source: String,
+}
+
+/// `raise_exception(message)`: the template refuses the chat; the error's detail starts with this.
+const REFUSED: &str = "raise_exception: ";
+
+/// The instructions a render may run: a template comes with a model file, untrusted, and nested loops over
+/// `range()` could otherwise keep a request busy for hours; a chat of a thousand messages renders well within it.
+pub const FUEL: u64 = 10_000_000;
+
+impl ChatTemplate {
+    pub fn new(source: impl Into<String>) -> Result<Self, ChatError> {
+        let template = Self { source: without_generation_tags(&source.into()) };
+        let env = template.environment(chrono::NaiveDateTime::default());
+        env.template_from_str(&template.source).map_err(|e| ChatError::Syntax(describe(&e)))?;
+        Ok(template)
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The prompt: the template rendered over `messages` (a JSON list of `{role, content, ...}` objects).
+    pub fn render(&self, messages: &Json, context: &Context) -> Result<String, ChatError> {
+        let env = self.environment(context.now);
+        let template = env.template_from_str(&self.source).map_err(|e| ChatError::Syntax(describe(&e)))?;
+        // transformers passes `tools` and `documents` as None when a request has none.
+        let globals = minijinja::context! {
+            messages => Value::from(messages),
+            tools => Value::from(()),
+            documents => Value::from(()),
+            bos_token => context.bos_token,
+            eos_token => context.eos_token,
+            add_generation_prompt => context.add_generation_prompt,
+        };
+        template.render(globals).map_err(|e| match e.detail().and_then(|d| d.strip_prefix(REFUSED)) {
+            Some(message) => ChatError::Refused(message.to_string()),
+            None => ChatError::Render(describe(&e)),
+        })
+    }
+
+    /// The environment transformers renders in: Jinja's whitespace control as `trim_blocks` and `lstrip_blocks`,
+    /// Python's methods, and its three additions.
+    fn environment(&self, now: chrono::NaiveDateTime) -> Environment<'_> {
+        let mut env = Environment::new();
+        env.set_fuel(Some(FUEL));
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |message: String| -> Result<Value, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, format!("{REFUSED}{message}")))
+        });
+        env.add_function("strftime_now", move |format: String| -> Result<String, Error> {
+            let mut out = String::new();
+            write!(out, "{}", now.format(&format))
+                .map_err(|_| Error::new(ErrorKind::InvalidOperation, format!("strftime_now: bad format {format:?}")))?;
+            Ok(out)
+        });
+        env.add_filter("tojson", tojson);
+        // Jinja's undefined has length 0, and `none` is not iterable; minijinja errs on the one and iterates the other.
+        env.add_filter("length", length);
+        env.add_filter("count", length);
+        env.add_test("iterable", |v: &Value| !v.is_none() && !v.is_undefined() && v.try_iter().is_ok());
+        env.set_formatter(|out, state, value| match value.kind() {
+            ValueKind::Seq | ValueKind::Map | ValueKind::Number => {
+                let mut text = String::new();
+                python_repr(&mut text, value)?;
+                out.write_str(&text).map_err(Error::from)
+            }
+            _ => minijinja::escape_formatter(out, state, value),
+        });
+        env
+    }
+}
+
+/// The template with transformers' `{% generation %}` … `{% endgeneration %}` blocks (which mark the assistant's
+/// tokens for training masks and render their body unchanged) as plain `{% if true %}` … `{% endif %}`, keeping any
+/// whitespace control.
+fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        let Some(len) = rest[start..].find("%}") else { break };
+        let tag = &rest[start..start + len + 2];
+        let inner = tag[2..tag.len() - 2].trim_start_matches(['-', '+']).trim_end_matches(['-', '+']).trim();
+        out.push_str(&rest[..start]);
+        match inner {
+            "generation" => out.push_str(&tag.replacen("generation", "if true", 1)),
+            "endgeneration" => out.push_str(&tag.replacen("endgeneration", "endif", 1)),
+            _ => out.push_str(tag),
+        }
+        rest = &rest[start + len + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `length`: as Jinja's, 0 for an undefined value.
+fn length(value: &Value) -> Result<Value, Error> {
+    if value.is_undefined() {
+        return Ok(Value::from(0));
+    }
+    let kind = value.kind();
+    value.len().map(Value::from).ok_or_else(|| {
+        Error::new(ErrorKind::InvalidOperation, format!("cannot calculate length of value of type {kind}"))
+    })
+}
+
+/// An error with its line, as minijinja reports it.
+fn describe(e: &Error) -> String {
+    match e.line() {
+        Some(line) => format!("{e} (line {line})"),
+        None => e.to_string(),
+    }
+}
+
+/// `tojson(x, ensure_ascii=false, indent=none, separators=none, sort_keys=false)`: Python's `json.dumps` with those
+/// arguments, as transformers defines the filter.
+fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let ensure_ascii: bool = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: bool = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
+    let separators: Option<Vec<String>> = kwargs.get("separators")?;
+    kwargs.assert_all_used()?;
+    let (item, key) = match separators.as_deref() {
+        Some([item, key]) => (item.clone(), key.clone()),
+        Some(_) => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be two strings")),
+        None if indent.is_some() => (",".into(), ": ".into()),
+        None => (", ".into(), ": ".into()),
+    };
+    let style = JsonStyle { ensure_ascii, indent, sort_keys, item, key };
+    let mut out = String::new();
+    style.write(&mut out, value, 0)?;
+    Ok(Value::from_safe_string(out))
+}
+
+struct JsonStyle {
+    ensure_ascii: bool,
+    indent: Option<usize>,
+    sort_keys: bool,
+    item: String,
+    key: String,
+}
+
+impl JsonStyle {
+    /// The separator before an item (`first` or not) at nesting `depth`.
+    fn before(&self, out: &mut String, first: bool, depth: usize) {
+        if !first {
+            out.push_str(&self.item);
+        }
+        if let Some(n) = self.indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * depth));
+        }
+    }
+
+    fn close(&self, out: &mut String, depth: usize, bracket: char) {
+        if let Some(n) = self.indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * depth));
+        }
+        out.push(bracket);
+    }
+
+    fn write(&self, out: &mut String, value: &Value, depth: usize) -> Result<(), Error> {
+        match value.kind() {
+            ValueKind::None | ValueKind::Undefined => out.push_str("null"),
+            ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
+            ValueKind::Number => match value.as_i64() {
+                Some(i) if !is_float(value) => write!(out, "{i}").expect("writing to a String"),
+                _ => out.push_str(&python_float(f64::try_from(value.clone())?)),
+            },
+            ValueKind::String => self.string(out, value.as_str().unwrap_or_default()),
+            ValueKind::Seq | ValueKind::Iterable => {
+                let items: Vec<Value> = value.try_iter()?.collect();
+                if items.is_empty() {
+                    out.push_str("[]");
+                    return Ok(());
+                }
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    self.before(out, i == 0, depth + 1);
+                    self.write(out, item, depth + 1)?;
+                }
+                self.close(out, depth, ']');
+            }
+            ValueKind::Map => {
+                let mut keys: Vec<Value> = value.try_iter()?.collect();
+                if self.sort_keys {
+                    keys.sort_by_key(|k| k.to_string());
+                }
+                if keys.is_empty() {
+                    out.push_str("{}");
+                    return Ok(());
+                }
+                out.push('{');
+                for (i, k) in keys.iter().enumerate() {
+                    self.before(out, i == 0, depth + 1);
+                    self.string(out, &k.to_string());
+                    out.push_str(&self.key);
+                    self.write(out, &value.get_item(k)?, depth + 1)?;
+                }
+                self.close(out, depth, '}');
+            }
+            other => {
+                return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: a {other} is not JSON")));
+            }
+        }
+        Ok(())
+    }
+
+    /// A JSON string as Python writes it: `"` `\` and control characters escaped, and every non-ASCII character
+    /// too with `ensure_ascii`.
+    fn string(&self, out: &mut String, s: &str) {
+        out.push('"');
+        for c in s.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                '\u{8}' => out.push_str("\\b"),
+                '\u{c}' => out.push_str("\\f"),
+                c if (c as u32) < 0x20 || (self.ensure_ascii && !c.is_ascii()) => {
+                    let mut units = [0u16; 2];
+                    for unit in c.encode_utf16(&mut units) {
+                        write!(out, "\\u{unit:04x}").expect("writing to a String");
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+}
+
+/// `repr()` in Python, as Jinja prints a list, a dict or a number: strings quoted as Python quotes them, `None`,
+/// `True`, `False`, floats as [`python_float`].
+fn python_repr(out: &mut String, value: &Value) -> Result<(), Error> {
+    match value.kind() {
+        ValueKind::None | ValueKind::Undefined => out.push_str("None"),
+        ValueKind::Bool => out.push_str(if value.is_true() { "True" } else { "False" }),
+        ValueKind::Number if is_float(value) => out.push_str(&python_float(f64::try_from(value.clone())?)),
+        ValueKind::String => {
+            let s = value.as_str().unwrap_or_default();
+            let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+            out.push(quote);
+            for c in s.chars() {
+                match c {
+                    '\\' => out.push_str("\\\\"),
+                    '\n' => out.push_str("\\n"),
+                    '\r' => out.push_str("\\r"),
+                    '\t' => out.push_str("\\t"),
+                    c if c == quote => {
+                        out.push('\\');
+                        out.push(c);
+                    }
+                    c if (c as u32) < 0x20 || c == '\u{7f}' => write!(out, "\\x{:02x}", c as u32).expect("a String"),
+                    c => out.push(c),
+                }
+            }
+            out.push(quote);
+        }
+        ValueKind::Seq | ValueKind::Iterable => {
+            out.push('[');
+            for (i, item) in value.try_iter()?.enumerate() {
+                out.push_str(if i == 0 { "" } else { ", " });
+                python_repr(out, &item)?;
+            }
+            out.push(']');
+        }
+        ValueKind::Map => {
+            out.push('{');
+            for (i, key) in value.try_iter()?.enumerate() {
+                out.push_str(if i == 0 { "" } else { ", " });
+                python_repr(out, &key)?;
+                out.push_str(": ");
+                python_repr(out, &value.get_item(&key)?)?;
+            }
+            out.push('}');
+        }
+        _ => write!(out, "{value}").expect("a String"),
+    }
+    Ok(())
+}
+
+/// Whether a number is a float to minijinja (1.0 stays 1.0, as in Python).
+fn is_float(value: &Value) -> bool {
+    value.as_i64().is_none() || value.to_string().contains(['.', 'e', 'E', 'n', 'N', 'i'])
+}
+
+/// `repr(float)` in Python: the shortest round-tripping digits, `.0` on integral values, exponents from 1e16 and
+/// below 1e-4 written `1e+16`, `1e-05`, and `NaN`, `Infinity` as json.dumps writes them.
+fn python_float(f: f64) -> String {
+    if f.is_nan() {
+        return "NaN".into();
+    }
+    if f.is_infinite() {
+        return if f > 0.0 { "Infinity".into() } else { "-Infinity".into() };
+    }
+    let exponent = if f == 0.0 { 0 } else { f.abs().log10().floor() as i32 };
+    if (-4..16).contains(&exponent) {
+        let s = format!("{f:?}");
+        return if s.contains('.') { s } else { format!("{s}.0") };
+    }
+    // Scientific: Rust's {:e} gives the shortest digits ("1e16", "1.5e-7").
+    let s = format!("{f:e}");
+    let (mantissa, exp) = s.split_once('e').expect("an exponent");
+    let exp: i32 = exp.parse().expect("an integer exponent");
+    format!("{mantissa}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn context() -> Context<'static> {
+        Context { bos_token: "<s>", eos_token: "</s>", add_generation_prompt: true, now: Default::default() }
+    }
+
+    #[test]
+    fn long_chats_render_and_runaway_templates_stop() {
+        let template = ChatTemplate::new(
+            "{% for m in messages %}<|im_start|>{{ m['role'] + '\\n' + m['content'] }}<|im_end|>\n{% endfor %}",
+        )
+        .unwrap();
+        let message = |i: usize| {
+            Json::Map(vec![("role".into(), Json::Str("user".into())), ("content".into(), Json::Str(i.to_string()))])
+        };
+        let chat = Json::List((0..1000).map(message).collect());
+        assert_eq!(template.render(&chat, &context()).unwrap().matches("<|im_end|>").count(), 1000);
+        let runaway =
+            ChatTemplate::new("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}");
+        let error = runaway.unwrap().render(&Json::List(vec![]), &context()).unwrap_err();
+        assert!(matches!(&error, ChatError::Render(e) if e.contains("fuel")), "{error}");
+    }
+
+    #[test]
+    fn floats_print_as_python_repr() {
+        for (f, python) in [(1.0, "1.0"), (0.1, "0.1"), (1e16, "1e+16"), (1.5e-7, "1.5e-07"), (-2.5, "-2.5")] {
+            assert_eq!(python_float(f), python);
+        }
+        assert_eq!(python_float(0.0001), "0.0001");
+        assert_eq!(python_float(123456789012345.0), "123456789012345.0");
+    }
+}

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Chat templates rendered by Hugging Face transformers' apply_chat_template machinery
+(transformers.utils.chat_template_utils.render_jinja_template), for Ember's chat-template renderer to equal byte for
+byte: SmolLM2-135M-Instruct's template (from its GGUF file's tokenizer.chat_template, or the copy below when the file
+is absent) and templates written to use every feature transformers adds or Jinja offers that model templates rely
+on — whitespace control under trim_blocks/lstrip_blocks, Python string methods, namespace(), loop variables,
+slicing, tojson with its options, strftime_now (at a fixed time), raise_exception, bos_token/eos_token.
+
+    python3 scripts/reference/chat_template_fixture.py crates/formats/tests/fixtures/chat_templates.json [GGUF]
+
+Needs transformers and jinja2 (pip install transformers jinja2; gguf to read the template from a GGUF file).
+"""
+import datetime
+import json
+import sys
+
+import jinja2
+import transformers
+from transformers.utils import chat_template_utils
+
+NOW = datetime.datetime(2026, 3, 7, 9, 5, 3)
+
+
+class FixedDatetime(datetime.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return NOW
+
+
+chat_template_utils.datetime = FixedDatetime
+
+SMOLLM2 = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# The shape of Llama 3.1's template: a dated system header, trimmed contents, roles checked.
+DATED = """{{- bos_token }}
+{%- if not date_string is defined %}
+    {%- set date_string = strftime_now("%d %b %Y") %}
+{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\\n\\n" }}
+{{- "Today Date: " + date_string + "\\n\\n" }}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{%- for message in messages %}
+    {%- if message.role not in ['user', 'assistant'] %}
+        {{- raise_exception('Conversation roles must be user or assistant, not ' + message.role) }}
+    {%- endif %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}
+"""
+
+# Block tags on their own lines (trim_blocks and lstrip_blocks at work), Python methods, namespace, tojson.
+PYTHONIC = """{% set ns = namespace(bangs=0) %}
+{% for m in messages %}
+    {% if m.content.startswith('!') %}
+        {% set ns.bangs = ns.bangs + 1 %}
+    {% endif %}
+    [{{ m.role.upper() }} {{ loop.index }}/{{ loop.length }}] {{ m.content.strip().replace('\\n', ' / ') }}
+    {{ m | tojson }}
+{% endfor %}
+{{ messages | tojson(indent=2) }}
+{{ messages[-1] | tojson(ensure_ascii=true, sort_keys=true) }}
+{{ messages[0] | tojson(separators=[',', ':']) }}
+{% for key, value in messages[0].items() %}{{ key }}={{ value }};{% endfor %}
+
+bangs={{ ns.bangs }} words={{ messages[-1].content.split() | length }} {{ messages[0].get('name', 'anonymous') }}
+{{- eos_token if not add_generation_prompt }}
+{% if add_generation_prompt %}<assistant>{% endif %}
+"""
+
+SYNTAX_ERROR = "{% for m in messages %}{{ m.content }"
+
+CHATS = {
+    "one user turn": [{"role": "user", "content": "What is the capital of France?"}],
+    "with a system prompt": [
+        {"role": "system", "content": "  You answer in one word.  "},
+        {"role": "user", "content": "Capital of Peru?"},
+        {"role": "assistant", "content": "Lima"},
+        {"role": "user", "content": "!And of Chile?\nPlease."},
+    ],
+    "unicode, quotes and keys in their own order": [
+        {"role": "user", "content": 'Zürich says "grüezi" — 日本語 🙂 \\ tab\there', "name": "ueli", "weight": 1.0,
+         "tags": ["a", 2, None, True, {"z": 0.1, "a": 1e-7}]},
+    ],
+    "a tool role": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "tool", "content": "sunny"},
+    ],
+}
+
+
+def render(template, messages, add_generation_prompt):
+    try:
+        return {"rendered": chat_template_utils.render_jinja_template(
+            conversations=[messages], chat_template=template, add_generation_prompt=add_generation_prompt,
+            bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>")[0][0]}
+    except jinja2.exceptions.TemplateSyntaxError as e:
+        return {"syntax_error": str(e)}
+    except jinja2.exceptions.TemplateError as e:
+        return {"refused": str(e)}
+
+
+def main():
+    out = sys.argv[1]
+    smollm2 = SMOLLM2
+    if len(sys.argv) > 2:
+        from gguf import GGUFReader
+        field = GGUFReader(sys.argv[2]).fields["tokenizer.chat_template"]
+        smollm2 = bytes(field.parts[field.data[0]]).decode()
+    templates = {"smollm2": smollm2, "dated": DATED, "pythonic": PYTHONIC, "syntax error": SYNTAX_ERROR}
+    cases = []
+    for name, template in templates.items():
+        for chat, messages in CHATS.items():
+            for add in (True, False):
+                case = {"template": name, "chat": chat, "add_generation_prompt": add}
+                case.update(render(template, messages, add))
+                cases.append(case)
+    fixture = {
+        "transformers": transformers.__version__, "jinja2": jinja2.__version__, "now": NOW.isoformat(),
+        "bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>", "templates": templates, "chats": CHATS,
+        "cases": cases,
+    }
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(fixture, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"wrote {len(cases)} cases to {out}")
+
+
+main()
