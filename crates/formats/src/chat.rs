@@ -276,16 +276,18 @@ fn without_generation_tags(source: &str) -> String {
     let mut out = String::with_capacity(source.len());
     let mut rest = source;
     while let Some(start) = rest.find("{%") {
-        let Some(len) = rest[start..].find("%}") else { break };
-        let tag = &rest[start..start + len + 2];
-        let inner = tag[2..tag.len() - 2].trim_start_matches(['-', '+']).trim_end_matches(['-', '+']).trim();
+        // The tag's inside runs from after `{%` to the next `%}` (in `{%}` there is none).
+        let Some(len) = rest[start + 2..].find("%}") else { break };
+        let end = start + 2 + len + 2;
+        let tag = &rest[start..end];
+        let inner = rest[start + 2..start + 2 + len].trim_start_matches(['-', '+']).trim_end_matches(['-', '+']).trim();
         out.push_str(&rest[..start]);
         match inner {
             "generation" => out.push_str(&tag.replacen("generation", "if true", 1)),
             "endgeneration" => out.push_str(&tag.replacen("endgeneration", "endif", 1)),
             _ => out.push_str(tag),
         }
-        rest = &rest[start + len + 2..];
+        rest = &rest[end..];
     }
     out.push_str(rest);
     out
@@ -530,6 +532,15 @@ mod tests {
             ChatTemplate::new("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}");
         let error = runaway.unwrap().render(&Json::List(vec![]), &context()).unwrap_err();
         assert!(matches!(&error, ChatError::Render(e) if e.contains("fuel")), "{error}");
+    }
+
+    #[test]
+    fn generation_blocks_render_their_body() {
+        assert_eq!(
+            without_generation_tags("a{%- generation -%}b{% endgeneration %}c"),
+            "a{%- if true -%}b{% endif %}c"
+        );
+        assert_eq!(without_generation_tags("{%}{% x %}{%"), "{%}{% x %}{%");
     }
 
     #[test]
