@@ -1,9 +1,10 @@
 //! Chat templates rendered as transformers renders them, byte for byte: SmolLM2's template (from its GGUF) and
 //! templates that use whitespace control, Python's methods, namespace(), loop variables, slicing, tojson with its
-//! options, strftime_now and raise_exception, over four chats with and without the generation prompt. The fixture is
-//! `scripts/reference/chat_template_fixture.py`'s output. Then the 70 real templates of llama.cpp's collection (Llama 3.x,
-//! Qwen2.5 and 3, Gemma 2, Mistral, DeepSeek-R1 and V3, Phi, Granite, ...; fetched by `scripts/prepare-data.sh
-//! chat-templates`, not committed) over three chats, against `scripts/reference/chat_template_real.py`'s renders.
+//! options, strftime_now and raise_exception, over four chats with and without the generation prompt (the fixture
+//! is `scripts/reference/chat_templates.py fixture`'s output). Then the 70 real templates of llama.cpp's collection
+//! (Llama 3.x, Qwen2.5 and 3, Gemma 2, Mistral, DeepSeek-R1 and V3, Phi, Granite, ...; fetched by
+//! `scripts/prepare-data.sh chat-templates`, not committed) over three chats, against
+//! `scripts/reference/chat_templates.py real`'s renders.
 
 use ember_formats::chat::{ChatError, ChatTemplate, Context, Json};
 

@@ -23,10 +23,11 @@ def pipes():
     os.dup2(101, 4)
 
 
+log = open(os.path.join(os.path.dirname(profile), "chromium.log"), "w")
 browser = subprocess.Popen(
     [chromium, "--headless=new", "--remote-debugging-pipe", "--no-sandbox", "--disable-gpu",
      "--no-first-run", f"--user-data-dir={profile}", "about:blank"],
-    preexec_fn=pipes, close_fds=False, stdout=subprocess.DEVNULL, stderr=open(os.path.join(os.path.dirname(profile), "chromium.log"), "w"))
+    preexec_fn=pipes, close_fds=False, stdout=subprocess.DEVNULL, stderr=log)
 os.close(to_chrome_r)
 os.close(from_chrome_w)
 pending = b""

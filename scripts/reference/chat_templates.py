@@ -1,18 +1,29 @@
 #!/usr/bin/env python3
 """Chat templates rendered by Hugging Face transformers' apply_chat_template machinery
 (transformers.utils.chat_template_utils.render_jinja_template), for Ember's chat-template renderer to equal byte for
-byte: SmolLM2-135M-Instruct's template (from its GGUF file's tokenizer.chat_template, or the copy below when the file
-is absent) and templates written to use every feature transformers adds or Jinja offers that model templates rely
-on — whitespace control under trim_blocks/lstrip_blocks, Python string methods, namespace(), loop variables,
-slicing, tojson with its options, strftime_now (at a fixed time), raise_exception, bos_token/eos_token.
+byte, at a fixed time for strftime_now.
 
-    python3 scripts/reference/chat_template_fixture.py crates/formats/tests/fixtures/chat_templates.json [GGUF]
+    python3 scripts/reference/chat_templates.py fixture crates/formats/tests/fixtures/chat_templates.json [GGUF]
+    python3 scripts/reference/chat_templates.py real data/chat-templates crates/formats/tests/fixtures/chat_templates_real.json
 
-Needs transformers and jinja2 (pip install transformers jinja2; gguf to read the template from a GGUF file).
+fixture: SmolLM2-135M-Instruct's template (from its GGUF file's tokenizer.chat_template, or the copy below when no
+file is given) and templates written to use every feature transformers adds or Jinja offers that model templates
+rely on (whitespace control under trim_blocks/lstrip_blocks, Python string methods, namespace(), loop variables,
+slicing, tojson with its options, strftime_now, raise_exception, bos_token/eos_token), over four chats with and
+without the generation prompt; the templates are written into the fixture.
+
+real: the real templates of llama.cpp's collection (models/templates/*.jinja in the llama-cpp-python 0.3.36 sdist;
+scripts/prepare-data.sh chat-templates fetches them, as they are third-party files and not committed) over three chats
+(a user turn; a system prompt and two turns; a system prompt, a tool result and a user turn) with the generation
+prompt; only the rendered strings are written, keyed by file name. A template that fails in transformers is recorded
+with its error, so Ember must fail it too.
+
+Needs transformers and jinja2 (pip install transformers jinja2; gguf to read a template from a GGUF file).
 """
 import datetime
 import json
 import sys
+from pathlib import Path
 
 import jinja2
 import transformers
@@ -83,7 +94,7 @@ bangs={{ ns.bangs }} words={{ messages[-1].content.split() | length }} {{ messag
 
 SYNTAX_ERROR = "{% for m in messages %}{{ m.content }"
 
-CHATS = {
+FIXTURE_CHATS = {
     "one user turn": [{"role": "user", "content": "What is the capital of France?"}],
     "with a system prompt": [
         {"role": "system", "content": "  You answer in one word.  "},
@@ -102,7 +113,7 @@ CHATS = {
 }
 
 
-def render(template, messages, add_generation_prompt):
+def render_case(template, messages, add_generation_prompt):
     try:
         return {"rendered": chat_template_utils.render_jinja_template(
             conversations=[messages], chat_template=template, add_generation_prompt=add_generation_prompt,
@@ -113,24 +124,40 @@ def render(template, messages, add_generation_prompt):
         return {"refused": str(e)}
 
 
-def main():
-    out = sys.argv[1]
+REAL_CHATS = {
+    "user": [{"role": "user", "content": "Hello! What is 2 + 2?"}],
+    "system and turns": [
+        {"role": "system", "content": "You are a terse assistant."},
+        {"role": "user", "content": "Name a prime."},
+        {"role": "assistant", "content": "7"},
+        {"role": "user", "content": "Another one, please."},
+    ],
+    "tool result": [
+        {"role": "system", "content": "You can call tools."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "tool", "content": "{\"temperature\": 18}"},
+        {"role": "user", "content": "Thanks. Summarise."},
+    ],
+}
+
+
+def fixture(out, gguf=None):
     smollm2 = SMOLLM2
-    if len(sys.argv) > 2:
+    if gguf:
         from gguf import GGUFReader
-        field = GGUFReader(sys.argv[2]).fields["tokenizer.chat_template"]
+        field = GGUFReader(gguf).fields["tokenizer.chat_template"]
         smollm2 = bytes(field.parts[field.data[0]]).decode()
     templates = {"smollm2": smollm2, "dated": DATED, "pythonic": PYTHONIC, "syntax error": SYNTAX_ERROR}
     cases = []
     for name, template in templates.items():
-        for chat, messages in CHATS.items():
+        for chat, messages in FIXTURE_CHATS.items():
             for add in (True, False):
                 case = {"template": name, "chat": chat, "add_generation_prompt": add}
-                case.update(render(template, messages, add))
+                case.update(render_case(template, messages, add))
                 cases.append(case)
     fixture = {
         "transformers": transformers.__version__, "jinja2": jinja2.__version__, "now": NOW.isoformat(),
-        "bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>", "templates": templates, "chats": CHATS,
+        "bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>", "templates": templates, "chats": FIXTURE_CHATS,
         "cases": cases,
     }
     with open(out, "w", encoding="utf-8") as f:
@@ -139,4 +166,30 @@ def main():
     print(f"wrote {len(cases)} cases to {out}")
 
 
-main()
+def real(templates, out):
+    templates = Path(templates)
+    renders = {}
+    for path in sorted(templates.glob("*.jinja")):
+        cases = {}
+        for chat, messages in REAL_CHATS.items():
+            try:
+                text = chat_template_utils.render_jinja_template(
+                    conversations=[messages], chat_template=path.read_text(), add_generation_prompt=True,
+                    bos_token="<|bos|>", eos_token="<|eos|>")[0][0]
+                cases[chat] = {"rendered": text}
+            except Exception as e:  # what transformers refuses, Ember must refuse too
+                cases[chat] = {"error": f"{type(e).__name__}: {e}"}
+        renders[path.name] = cases
+    fixture = {"transformers": transformers.__version__, "jinja2": jinja2.__version__, "now": NOW.isoformat(),
+               "bos_token": "<|bos|>", "eos_token": "<|eos|>", "chats": REAL_CHATS, "renders": renders}
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(fixture, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"wrote {len(renders)} templates × {len(REAL_CHATS)} chats to {out}")
+
+
+if __name__ == "__main__":
+    commands = {"fixture": fixture, "real": real}
+    if len(sys.argv) < 3 or sys.argv[1] not in commands:
+        sys.exit(__doc__)
+    commands[sys.argv[1]](*sys.argv[2:])
