@@ -9,7 +9,7 @@
 # code there; the corpus is then minimised (`cargo fuzz cmin`). A crash, timeout (10 s per input) or an input that
 # takes more than 2 GiB lands in fuzz/artifacts/TARGET/; crates/formats/tests/fuzz_corpus.rs replays the corpus
 # and every artifact on the stable toolchain, so commit both. Prints a table: executions, coverage (libFuzzer's
-# edge count `cov` and feature count `ft`), corpus size, and the failures found; exits non-zero if any.
+# edge count `cov` and feature count `ft`), corpus size, and the failures this run found; exits non-zero if any.
 #
 # Builds with overflow checks and debug assertions, no sanitizer (the readers are safe Rust: a panic, an abort or
 # an allocation past the limit is what there is to find), in the shared target directory.
@@ -28,6 +28,10 @@ flags=(--sanitizer none --debug-assertions)
 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
+# The failures found before this run (committed, replayed by the tests) are not this run's.
+for target in "${targets[@]}"; do
+  ls "fuzz/artifacts/$target" 2>/dev/null | sort >"$logs/$target.before" || true
+done
 run() {
   local target=$1
   mkdir -p "fuzz/corpus/$target" "fuzz/artifacts/$target"
@@ -53,11 +57,11 @@ for target in "${targets[@]}"; do
   last=$(grep -E '^#[0-9]+' "$log" | tail -n 1)
   cov=$(grep -Eo 'cov: [0-9]+' <<<"$last" | grep -Eo '[0-9]+' || echo "?")
   ft=$(grep -Eo 'ft: [0-9]+' <<<"$last" | grep -Eo '[0-9]+' || echo "?")
-  found=$(ls "fuzz/artifacts/$target" 2>/dev/null | wc -l)
+  found=$(ls "fuzz/artifacts/$target" 2>/dev/null | sort | comm -13 "$logs/$target.before" - | wc -l)
   problems=$(grep -Eo '(deadly signal|panicked at|ERROR: libFuzzer: [a-z-]+)' "$log" | sort -u | paste -sd, - || true)
   [ "$found" = 0 ] && [ -z "$problems" ] || failures=$((failures + 1))
   echo "| $target | $seconds | $(stat number_of_executed_units) | $(stat average_exec_per_sec) | $cov | $ft |" \
-    "$(ls "fuzz/corpus/$target" | wc -l) | ${problems:-none}${found:+ ($found in fuzz/artifacts/$target)} |"
+    "$(ls "fuzz/corpus/$target" | wc -l) | ${problems:-none}$([ "$found" = 0 ] || echo " ($found new in fuzz/artifacts/$target)") |"
 done
 if [ "$failures" -gt 0 ]; then
   echo "$failures target(s) failed; the inputs are in fuzz/artifacts/ and each log's end says why" >&2

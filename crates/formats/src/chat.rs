@@ -229,7 +229,11 @@ impl ChatTemplate {
             eos_token => context.eos_token,
             add_generation_prompt => context.add_generation_prompt,
         };
-        template.render(globals).map_err(|e| match e.detail().and_then(|d| d.strip_prefix(REFUSED)) {
+        // minijinja 2.24 panics on some templates (a negative-step slice of an empty sequence indexes past its end):
+        // a template comes with a model file, so such a panic is this template's error, not the server's.
+        let rendered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| template.render(globals)))
+            .map_err(|_| ChatError::Render("the template engine failed on this template".into()))?;
+        rendered.map_err(|e| match e.detail().and_then(|d| d.strip_prefix(REFUSED)) {
             Some(message) => ChatError::Refused(message.to_string()),
             None => ChatError::Render(describe(&e)),
         })
@@ -528,6 +532,8 @@ mod tests {
         };
         let chat = Json::List((0..1000).map(message).collect());
         assert_eq!(template.render(&chat, &context()).unwrap().matches("<|im_end|>").count(), 1000);
+        let empty_reversed = ChatTemplate::new("{{ messages[::-1] }}").unwrap().render(&Json::List(vec![]), &context());
+        assert!(matches!(empty_reversed, Err(ChatError::Render(_))), "{empty_reversed:?}");
         let runaway =
             ChatTemplate::new("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}");
         let error = runaway.unwrap().render(&Json::List(vec![]), &context()).unwrap_err();
