@@ -316,11 +316,17 @@ fn describe(e: &Error) -> String {
     }
 }
 
+/// The widest `tojson` indent: a template comes with a model file, and an indent of 10¹⁵ would take all memory.
+const MAX_INDENT: usize = 64;
+
 /// `tojson(x, ensure_ascii=false, indent=none, separators=none, sort_keys=false)`: Python's `json.dumps` with those
 /// arguments, as transformers defines the filter.
 fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
     let ensure_ascii: bool = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
     let indent: Option<usize> = kwargs.get("indent")?;
+    if indent.is_some_and(|n| n > MAX_INDENT) {
+        return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: indent is at most {MAX_INDENT}")));
+    }
     let sort_keys: bool = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
     let separators: Option<Vec<String>> = kwargs.get("separators")?;
     kwargs.assert_all_used()?;
@@ -532,6 +538,10 @@ mod tests {
         };
         let chat = Json::List((0..1000).map(message).collect());
         assert_eq!(template.render(&chat, &context()).unwrap().matches("<|im_end|>").count(), 1000);
+        let wide = ChatTemplate::new("{{ messages | tojson(indent=2999999999999999) }}").unwrap();
+        assert!(
+            matches!(wide.render(&Json::List(vec![]), &context()), Err(ChatError::Render(e)) if e.contains("indent"))
+        );
         let empty_reversed = ChatTemplate::new("{{ messages[::-1] }}").unwrap().render(&Json::List(vec![]), &context());
         assert!(matches!(empty_reversed, Err(ChatError::Render(_))), "{empty_reversed:?}");
         let runaway =
