@@ -197,6 +197,26 @@ pub struct ChatTemplate {
     source: String,
 }
 
+/// The longest rendered chat, in bytes: far above any model's context, and it bounds what a template from a model file
+/// can make a request build (a string repeated millions of times, say).
+pub const MAX_PROMPT: usize = 4 << 20;
+
+/// A buffer that refuses to grow past [`MAX_PROMPT`].
+struct Capped(Vec<u8>);
+
+impl std::io::Write for Capped {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + bytes.len() > MAX_PROMPT {
+            return Err(std::io::Error::other("the rendered chat is too long"));
+        }
+        self.0.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// `raise_exception(message)`: the template refuses the chat; the error's detail starts with this.
 const REFUSED: &str = "raise_exception: ";
 
@@ -231,12 +251,20 @@ impl ChatTemplate {
         };
         // minijinja 2.24 panics on some templates (a negative-step slice of an empty sequence indexes past its end):
         // a template comes with a model file, so such a panic is this template's error, not the server's.
-        let rendered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| template.render(globals)))
-            .map_err(|_| ChatError::Render("the template engine failed on this template".into()))?;
-        rendered.map_err(|e| match e.detail().and_then(|d| d.strip_prefix(REFUSED)) {
-            Some(message) => ChatError::Refused(message.to_string()),
-            None => ChatError::Render(describe(&e)),
-        })
+        let mut out = Capped(Vec::new());
+        let rendered =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| template.render_captured_to(globals, &mut out)))
+                .map_err(|_| ChatError::Render("the template engine failed on this template".into()))?;
+        match rendered {
+            Ok(_) => String::from_utf8(out.0).map_err(|_| ChatError::Render("the rendered chat is not UTF-8".into())),
+            Err(e) if e.kind() == ErrorKind::WriteFailure => {
+                Err(ChatError::Render(format!("the rendered chat is longer than {} MiB", MAX_PROMPT >> 20)))
+            }
+            Err(e) => Err(match e.detail().and_then(|d| d.strip_prefix(REFUSED)) {
+                Some(message) => ChatError::Refused(message.to_string()),
+                None => ChatError::Render(describe(&e)),
+            }),
+        }
     }
 
     /// The environment transformers renders in: Jinja's whitespace control as `trim_blocks` and `lstrip_blocks`,
@@ -452,6 +480,9 @@ fn python_repr(out: &mut String, value: &Value) -> Result<(), Error> {
         ValueKind::Number if is_float(value) => out.push_str(&python_float(f64::try_from(value.clone())?)),
         ValueKind::String => {
             let s = value.as_str().unwrap_or_default();
+            if out.len() + s.len() > MAX_PROMPT {
+                return Err(Error::new(ErrorKind::InvalidOperation, "a printed value is longer than the longest chat"));
+            }
             let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
             out.push(quote);
             for c in s.chars() {
@@ -542,6 +573,8 @@ mod tests {
         assert!(
             matches!(wide.render(&Json::List(vec![]), &context()), Err(ChatError::Render(e)) if e.contains("indent"))
         );
+        let huge = ChatTemplate::new("{{ ('abcde' * 3000000, 1) }}").unwrap().render(&Json::List(vec![]), &context());
+        assert!(matches!(&huge, Err(ChatError::Render(e)) if e.contains("longer")), "{huge:?}");
         let empty_reversed = ChatTemplate::new("{{ messages[::-1] }}").unwrap().render(&Json::List(vec![]), &context());
         assert!(matches!(empty_reversed, Err(ChatError::Render(_))), "{empty_reversed:?}");
         let runaway =
