@@ -232,10 +232,6 @@ impl ChatTemplate {
         Ok(template)
     }
 
-    pub fn source(&self) -> &str {
-        &self.source
-    }
-
     /// The prompt: the template rendered over `messages` (a JSON list of `{role, content, ...}` objects).
     pub fn render(&self, messages: &Json, context: &Context) -> Result<String, ChatError> {
         let env = self.environment(context.now);

@@ -37,15 +37,8 @@ pub fn respond_text(mut stream: &TcpStream, status: u16, content_type: &str, bod
 }
 
 /// A whole JSON response.
-pub fn respond_json(mut stream: &TcpStream, status: u16, body: &serde_json::Value) -> io::Result<()> {
-    let body = body.to_string();
-    write!(
-        stream,
-        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        reason(status),
-        body.len()
-    )?;
-    stream.flush()
+pub fn respond_json(stream: &TcpStream, status: u16, body: &serde_json::Value) -> io::Result<()> {
+    respond_text(stream, status, "application/json", &body.to_string())
 }
 
 /// The head of a server-sent-events response; events follow with [`send_event`] until the connection closes.

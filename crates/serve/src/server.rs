@@ -40,10 +40,21 @@ pub struct Served {
     pub api_key: Option<String>,
 }
 
+/// A whole response of `content_type`, counted in `metrics`.
+fn reply_text(
+    stream: &TcpStream,
+    metrics: &Metrics,
+    status: u16,
+    content_type: &str,
+    body: &str,
+) -> std::io::Result<()> {
+    metrics.response(status);
+    http::respond_text(stream, status, content_type, body)
+}
+
 /// A whole JSON response, counted in `metrics`.
 fn reply(stream: &TcpStream, metrics: &Metrics, status: u16, body: &serde_json::Value) -> std::io::Result<()> {
-    metrics.response(status);
-    http::respond_json(stream, status, body)
+    reply_text(stream, metrics, status, "application/json", &body.to_string())
 }
 
 /// Whether `given` equals `key`, in time that depends on their lengths only, not on where they differ.
@@ -152,11 +163,9 @@ fn route(
             let running = metrics.running.load(Ordering::SeqCst);
             reply(stream, metrics, 200, &json!({"status": "ok", "active_sequences": running}))
         }
-        ("GET", "/") => {
-            metrics.response(200);
-            http::respond_text(stream, 200, "text/html; charset=utf-8", PLAYGROUND)
-        }
+        ("GET", "/") => reply_text(stream, metrics, 200, "text/html; charset=utf-8", PLAYGROUND),
         ("GET", "/metrics") => {
+            // Counted before rendering, so that a scrape includes itself.
             metrics.response(200);
             http::respond_text(stream, 200, "text/plain; version=0.0.4; charset=utf-8", &metrics.render())
         }
