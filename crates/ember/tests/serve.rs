@@ -381,13 +381,18 @@ fn metrics_count_responses_tokens_and_latencies() {
         assert_eq!(server.request("POST", "/v1/completions", Some(&body)).0, 200);
     }
     assert_eq!(server.request("POST", "/v1/completions", Some(&json!({"prompt": 5}))).0, 400);
+    assert_eq!(server.request("GET", "/v1/models", None).0, 200);
     let (status, metrics) = server.request("GET", "/metrics", None);
     assert_eq!(status, 200);
     for line in metrics.lines().filter(|l| !l.starts_with('#')) {
         let value = line.rsplit_once(' ').map(|(_, v)| v).unwrap_or_default();
         assert!(value.parse::<f64>().is_ok(), "not a sample: {line:?}");
     }
-    assert_eq!(sample(&metrics, "ember_responses_total{status=\"200\"}"), 4.0, "three completions and this scrape");
+    assert_eq!(
+        sample(&metrics, "ember_responses_total{status=\"200\"}"),
+        5.0,
+        "three completions, the model list, this scrape"
+    );
     assert_eq!(sample(&metrics, "ember_responses_total{status=\"400\"}"), 1.0);
     assert_eq!(sample(&metrics, "ember_generated_tokens_total"), 12.0);
     let prompt_tokens: usize = prompts[..3].iter().map(|p| p.chars().count()).sum();

@@ -36,11 +36,6 @@ pub fn respond_text(mut stream: &TcpStream, status: u16, content_type: &str, bod
     stream.flush()
 }
 
-/// A whole JSON response.
-pub fn respond_json(stream: &TcpStream, status: u16, body: &serde_json::Value) -> io::Result<()> {
-    respond_text(stream, status, "application/json", &body.to_string())
-}
-
 /// The head of a server-sent-events response; events follow with [`send_event`] until the connection closes.
 pub fn start_events(mut stream: &TcpStream) -> io::Result<()> {
     write!(

@@ -169,8 +169,9 @@ fn route(
             metrics.response(200);
             http::respond_text(stream, 200, "text/plain; version=0.0.4; charset=utf-8", &metrics.render())
         }
-        ("GET", "/v1/models") => http::respond_json(
+        ("GET", "/v1/models") => reply(
             stream,
+            metrics,
             200,
             &json!({"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "ember"}]}),
         ),
