@@ -175,12 +175,9 @@ seed("checkpoint_state", "translation.json",
 seed("tsv", "pairs.tsv", "In the beginning\tEn el principio\nGod created\tDios creó\tlos cielos\n")
 seed("tsv", "aligned.txt", "one\ntwo\nuno\ndos\n")
 
-# --- HTTP requests and completions bodies -------------------------------------------------------------------------
+# --- completions bodies -------------------------------------------------------------------------
 body = json.dumps({"model": "ember", "prompt": "To be", "max_tokens": 8, "temperature": 0.7, "top_p": 0.9,
                    "stop": ["\n"], "stream": True, "seed": 1})
-seed("http_request", "completion.http",
-     f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}")
-seed("http_request", "health.http", "GET /health?x=1 HTTP/1.1\r\nHost: x\r\n\r\n")
 seed("openai_request", "completion.json", body)
 seed("openai_request", "minimal.json", json.dumps({"prompt": ["Hello"], "n": 1, "stop": None}))
 seed("openai_request", "chat.json", json.dumps({"model": "ember", "messages": [

@@ -1,21 +1,24 @@
-//! `ember serve`: load a model, listen, and run the continuous-batching scheduler until Ctrl-C, which stops accepting
-//! and lets every request in flight finish.
+//! `ember serve`: listen at once (answering 503 while the model loads), load the model, and run the continuous-batching
+//! scheduler on this thread until SIGINT or SIGTERM, which stop accepting, close idle connections and let every
+//! request in flight finish.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::thread;
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use ember_core_model::files;
 use ember_core_model::import;
 use ember_formats::chat::{ChatFormat, ChatTemplate};
+use ember_serve::http::{self, Limits};
 use ember_serve::metrics::Metrics;
-use ember_serve::server::{ChatPrompt, Served};
-use ember_serve::{KvKind, KvSpec, scheduler, server};
+use ember_serve::scheduler::{self, Batching};
+use ember_serve::server::{self, App, ChatPrompt, Options, Served};
+use ember_serve::{KvKind, KvSpec};
+use tokio::signal::unix::{SignalKind, signal};
 
 use crate::devices::{self, DeviceChoice};
 
@@ -32,49 +35,75 @@ pub struct ServeArgs {
     /// The model's id in the API; the file or directory name when absent.
     #[arg(long)]
     name: Option<String>,
-    /// Sequences decoded together; more requests wait their turn.
+    /// Sequences decoded together.
     #[arg(long, default_value_t = 16)]
     max_batch: usize,
+    /// Sequences that may wait for a place in the batch; requests beyond get 429 at once (default: 4 batches).
+    #[arg(long)]
+    max_queue: Option<usize>,
+    /// Seconds a generation may take from its request's arrival; then it ends with 504 (or an error event when
+    /// streaming) and its sequences are freed.
+    #[arg(long, default_value_t = 600.0)]
+    request_timeout: f64,
+    /// Seconds for a request's headers to arrive, counted from the connection's start or its last response: a
+    /// connection that idles or trickles longer is closed.
+    #[arg(long, default_value_t = 10.0)]
+    header_timeout: f64,
     #[arg(long, default_value = "contiguous")]
     kv_cache: KvKind,
     #[arg(long, default_value_t = 16)]
     page_size: usize,
     #[arg(long, default_value_t = 32)]
     kv_group: usize,
+    /// With `--kv-cache paged`: full prompt pages kept for later requests that start with the same tokens (prefix
+    /// caching; 0 turns it off).
+    #[arg(long, default_value_t = 256)]
+    prefix_cache_pages: usize,
     /// A Jinja chat template for /v1/chat/completions, in place of the model's own (a GGUF file's
     /// tokenizer.chat_template, a Hugging Face directory's chat_template.jinja or tokenizer_config.json).
     #[arg(long)]
     chat_template: Option<PathBuf>,
-    /// Require this key of every request but /health (`Authorization: Bearer KEY` or `X-Api-Key: KEY`).
+    /// Require this key of every route but / and /health (`Authorization: Bearer KEY` or `X-Api-Key: KEY`).
     #[arg(long, conflicts_with = "api_key_file")]
     api_key: Option<String>,
     /// Read the key from the first line of this file (keeps it out of the process list).
     #[arg(long)]
     api_key_file: Option<PathBuf>,
+    /// Let browser pages from this origin call the API (repeatable; `*` for any). CORS is off without it.
+    #[arg(long)]
+    cors_origin: Vec<String>,
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
+/// Seconds given on the command line as a duration: positive and finite.
+fn seconds(flag: &str, value: f64) -> Result<Duration> {
+    Duration::try_from_secs_f64(value)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| anyhow!("{flag} must be a positive number of seconds, not {value}"))
+}
 
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
+/// Resolves on SIGINT or SIGTERM.
+async fn stop_signal() {
+    let (Ok(mut interrupt), Ok(mut terminate)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+    else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
 }
 
 pub fn serve(args: ServeArgs, choice: DeviceChoice) -> Result<()> {
     if args.max_batch == 0 {
         bail!("--max-batch must be at least 1");
     }
-    let (device, description) = devices::select(choice)?;
-    let run = import::load(&args.model, &device)?;
-    if devices::on_host(choice) {
-        crate::admission::admit_kv_stores(&run.config, args.max_batch)?;
-    }
-    let kv = KvSpec { kind: args.kv_cache, page_size: args.page_size, group: args.kv_group };
-    kv.check(run.model.block_size()).map_err(anyhow::Error::msg)?;
+    let deadline = seconds("--request-timeout", args.request_timeout)?;
+    let header_timeout = seconds("--header-timeout", args.header_timeout)?;
     let id = args
         .name
         .clone()
         .unwrap_or_else(|| args.model.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned()));
-    let chat = chat_prompt(args.chat_template.as_deref(), &run.chat)?;
     let api_key = match &args.api_key_file {
         Some(path) => {
             let text = files::read_to_string(path).with_context(|| format!("--api-key-file {}", path.display()))?;
@@ -85,25 +114,42 @@ pub fn serve(args: ServeArgs, choice: DeviceChoice) -> Result<()> {
     if api_key.as_deref() == Some("") {
         bail!("the API key is empty");
     }
+    let defaults = Options::new(args.max_batch);
+    let options = Options {
+        api_key,
+        cors_origins: args.cors_origin.clone(),
+        max_queue: args.max_queue.unwrap_or(defaults.max_queue),
+        deadline,
+        ..defaults
+    };
     let listener = TcpListener::bind((args.host.as_str(), args.port))
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
     let address = listener.local_addr()?;
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-    }
-    let chat_note = if chat.is_some() { "completions and chat completions" } else { "completions (no chat template)" };
-    println!("serving {id} on http://{address} ({description}), {chat_note}; Ctrl-C drains and stops");
-    std::io::Write::flush(&mut std::io::stdout())?;
     let (jobs, received) = mpsc::channel();
     let metrics = Arc::new(Metrics::default());
-    let reported = metrics.clone();
-    let context = run.model.block_size();
-    let served = Arc::new(Served { id, chat, tokenizer: run.tokenizer.clone(), context, api_key });
-    let acceptor = thread::spawn(move || server::accept(listener, served, jobs, reported, &STOP));
-    scheduler::run(&run.model, &run.tokenizer, kv, &device, args.max_batch, received, &metrics);
-    acceptor.join().map_err(|_| anyhow!("the listener thread panicked"))??;
+    let app = App::new(id.clone(), jobs, metrics.clone(), options);
+    let router = server::router(app.clone()).map_err(|e| anyhow!("{e} is not a valid origin"))?;
+    let limits = Limits { header_timeout, ..Limits::default() };
+    let listening = http::spawn(listener, router, limits, stop_signal())?;
+    println!("listening on http://{address}; loading {}", args.model.display());
+
+    let (device, description) = devices::select(choice)?;
+    let run = import::load(&args.model, &device)?;
+    if devices::on_host(choice) {
+        crate::admission::admit_kv_stores(&run.config, args.max_batch)?;
+    }
+    let kv = KvSpec { kind: args.kv_cache, page_size: args.page_size, group: args.kv_group };
+    kv.check(run.model.block_size()).map_err(anyhow::Error::msg)?;
+    let chat = chat_prompt(args.chat_template.as_deref(), &run.chat)?;
+    let chat_note = if chat.is_some() { "completions and chat completions" } else { "completions (no chat template)" };
+    app.ready(Served { chat, tokenizer: run.tokenizer.clone(), context: run.model.block_size() });
+    // The scheduler ends when the server, which holds the last job sender, has shut down.
+    drop(app);
+    println!("serving {id} ({description}), {chat_note}; Ctrl-C drains and stops");
+    std::io::Write::flush(&mut std::io::stdout())?;
+    let batching = Batching { max_batch: args.max_batch, kv, prefix_pages: args.prefix_cache_pages };
+    scheduler::run(&run.model, &run.tokenizer, &device, batching, received, &metrics);
+    listening.join().map_err(|_| anyhow!("the HTTP thread panicked"))??;
     println!("stopped: every request in flight finished");
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `ember serve` driven over HTTP on a loopback port: health and models, completions and chat completions (plain and
-//! streamed) equal to `ember generate` on the same prompt, OpenAI-style 4xx errors, 16 concurrent requests, a client
-//! leaving mid-stream, Ctrl-C draining, and the official `openai` Python client.
+//! streamed, n choices, logprobs) equal to `ember generate` on the same prompt, OpenAI-style 4xx errors, 16 concurrent
+//! requests, admission (429) and the request deadline (504), a client leaving mid-stream, SIGINT/SIGTERM draining,
+//! and the official `openai` Python client. The HTTP layer alone is tested in `crates/serve/tests/http.rs`.
 
 mod common;
 
@@ -33,8 +34,16 @@ impl Server {
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();
-        let address = line.split("http://").nth(1).and_then(|s| s.split_whitespace().next()).expect(&line).to_string();
-        Self { child, address, _stdout: stdout }
+        let address = line.split("http://").nth(1).and_then(|s| s.split(';').next()).expect(&line).to_string();
+        let server = Self { child, address, _stdout: stdout };
+        // It listens at once and answers 503 until the model has loaded.
+        for _ in 0..6000 {
+            if raw(&server.address, "GET", "/health", None).0 == 200 {
+                return server;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("the server never became ready");
     }
 
     fn request(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
@@ -204,21 +213,144 @@ fn completions_health_errors_concurrency_and_disconnects() {
     assert_eq!(server.request("GET", "/health", None).0, 200);
 }
 
+/// SIGINT and SIGTERM stop the server gracefully: with a whole and a streamed request in flight and a connection
+/// open that has sent nothing, both responses finish, the idle connection is closed, and the server exits 0.
 #[test]
-fn ctrl_c_lets_requests_in_flight_finish() {
+fn sigint_and_sigterm_let_requests_in_flight_finish() {
     let dir = tempfile::tempdir().unwrap();
     let (run, prompts) = tiny_model(dir.path());
-    let mut server = Server::start(&run);
-    let address = server.address.clone();
-    let body = json!({"prompt": prompts[0], "max_tokens": 400, "temperature": 0}).to_string();
-    let in_flight = std::thread::spawn(move || raw(&address, "POST", "/v1/completions", Some(&body)));
-    wait_for_active(&server, 1);
-    let pid = server.child.id().to_string();
-    assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
-    let (status, body) = in_flight.join().unwrap();
+    for signal in ["-INT", "-TERM"] {
+        let mut server = Server::start(&run);
+        let mut idle = TcpStream::connect(&server.address).unwrap();
+        let in_flight: Vec<_> = [false, true]
+            .into_iter()
+            .map(|stream| {
+                let address = server.address.clone();
+                let body = json!({"prompt": prompts[0], "max_tokens": 300, "temperature": 0, "stream": stream,
+                                  "stream_options": if stream { json!({"include_usage": true}) } else { json!(null) }});
+                std::thread::spawn(move || raw(&address, "POST", "/v1/completions", Some(&body.to_string())))
+            })
+            .collect();
+        wait_for_active(&server, 2);
+        let pid = server.child.id().to_string();
+        assert!(Command::new("kill").args([signal, &pid]).status().unwrap().success());
+        let results: Vec<(u16, String)> = in_flight.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(results[0].0, 200, "{}", results[0].1);
+        assert_eq!(serde_json::from_str::<Value>(&results[0].1).unwrap()["usage"]["completion_tokens"], 300);
+        let (chunks, done) = events(&results[1].1);
+        assert!(done, "{signal}: the stream ends with [DONE]");
+        assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 300);
+        let mut byte = [0u8; 1];
+        assert_eq!(idle.read(&mut byte).unwrap(), 0, "{signal}: the idle connection is closed");
+        assert!(server.child.wait().unwrap().success(), "{signal}: the server exits cleanly after draining");
+    }
+}
+
+/// With one place in the batch and none in the queue, a second request is turned away at once with 429 and
+/// Retry-After; when the first client leaves mid-stream its sequence is freed and the next request is served. A
+/// generation past `--request-timeout` ends with 504 (whole) or an error event (streamed), and frees its sequence.
+#[test]
+fn admission_turns_requests_away_and_the_deadline_ends_generations() {
+    let dir = tempfile::tempdir().unwrap();
+    let (run, prompts) = tiny_model(dir.path());
+    let p0 = prompts[0].as_str();
+    let server = Server::start_with(&run, &["--max-batch", "1", "--max-queue", "0"]);
+    let endless = json!({"prompt": p0, "max_tokens": 100000, "stream": true}).to_string();
+    {
+        let mut stream = TcpStream::connect(&server.address).unwrap();
+        write!(stream, "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{endless}", endless.len()).unwrap();
+        let mut first = [0u8; 64];
+        stream.read_exact(&mut first).unwrap();
+        wait_for_active(&server, 1);
+        let mut busy = TcpStream::connect(&server.address).unwrap();
+        let body = json!({"prompt": p0, "max_tokens": 4}).to_string();
+        write!(
+            busy,
+            "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut response = String::new();
+        busy.read_to_string(&mut response).unwrap();
+        assert!(response.starts_with("HTTP/1.1 429"), "{response}");
+        assert!(response.to_ascii_lowercase().contains("retry-after: 1\r\n"), "{response}");
+        assert!(response.contains("rate_limit_error") && response.contains("rate_limit_exceeded"), "{response}");
+    }
+    wait_for_active(&server, 0);
+    server.complete(json!({"prompt": p0, "max_tokens": 4}));
+    let (status, body) = server.request("POST", "/v1/completions", Some(&json!({"prompt": p0, "n": 2})));
+    assert_eq!(status, 400, "more choices than the server takes: {body}");
+    drop(server);
+
+    let server = Server::start_with(&run, &["--request-timeout", "1"]);
+    let (status, body) = server.request("POST", "/v1/completions", Some(&json!({"prompt": p0, "max_tokens": 100000})));
+    assert_eq!(status, 504, "{body}");
+    assert!(body.contains("deadline") && body.contains("server_error"), "{body}");
+    let (status, body) = raw(&server.address, "POST", "/v1/completions", Some(&endless));
+    assert_eq!(status, 200);
+    let (chunks, done) = events(&body);
+    assert!(!done, "a stream cut by the deadline does not claim [DONE]");
+    assert!(chunks.last().unwrap()["error"]["message"].as_str().unwrap().contains("deadline"), "{body}");
+    wait_for_active(&server, 0);
+}
+
+/// `n` choices (choice i sampled with seed + i, as a request of that seed samples it) and logprobs: log-probabilities
+/// of the generated tokens and their alternatives, the greedy token the most likely, in both APIs' shapes, whole
+/// and streamed.
+#[test]
+fn n_choices_and_logprobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (run, prompts) = tiny_model(dir.path());
+    let p0 = prompts[0].as_str();
+    let server = chat_server(dir.path(), &run);
+    let two = server.complete(json!({"prompt": p0, "max_tokens": 8, "temperature": 1.0, "seed": 5, "n": 2}));
+    for i in 0..2 {
+        assert_eq!(two["choices"][i]["index"], i);
+        let alone = server.complete(json!({"prompt": p0, "max_tokens": 8, "temperature": 1.0, "seed": 5 + i}));
+        assert_eq!(two["choices"][i]["text"], alone["choices"][0]["text"], "choice {i}");
+    }
+    assert_eq!(two["usage"]["completion_tokens"], 16);
+    let streamed = json!({"prompt": p0, "max_tokens": 8, "temperature": 1.0, "seed": 5, "n": 2, "stream": true});
+    let (chunks, done) = events(&server.request("POST", "/v1/completions", Some(&streamed)).1);
+    assert!(done);
+    for i in 0..2 {
+        let text: String = chunks
+            .iter()
+            .filter(|c| c["choices"][0]["index"] == i)
+            .filter_map(|c| c["choices"][0]["text"].as_str())
+            .collect();
+        assert_eq!(json!(text), two["choices"][i]["text"], "streamed choice {i}");
+    }
+
+    let greedy = server.complete(json!({"prompt": p0, "max_tokens": 6, "temperature": 0, "logprobs": 3}));
+    let logprobs = &greedy["choices"][0]["logprobs"];
+    let tokens: Vec<&str> = logprobs["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(tokens.concat(), greedy["choices"][0]["text"].as_str().unwrap(), "{logprobs}");
+    for (i, top) in logprobs["top_logprobs"].as_array().unwrap().iter().enumerate() {
+        let top = top.as_object().unwrap();
+        assert_eq!(top.len(), 3, "{top:?}");
+        let chosen = logprobs["token_logprobs"][i].as_f64().unwrap();
+        assert!(chosen <= 0.0);
+        let best = top.values().map(|v| v.as_f64().unwrap()).fold(f64::NEG_INFINITY, f64::max);
+        assert_eq!(chosen, best, "greedy takes the most likely token");
+        assert_eq!(top[tokens[i]].as_f64().unwrap(), chosen);
+    }
+    assert_eq!(logprobs["text_offset"], json!([0, 1, 2, 3, 4, 5]), "one character per token");
+
+    let chat = json!({"messages": [{"role": "user", "content": p0}], "max_tokens": 5, "temperature": 0,
+                      "logprobs": true, "top_logprobs": 2});
+    let (status, body) = server.request("POST", "/v1/chat/completions", Some(&chat));
     assert_eq!(status, 200, "{body}");
-    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["usage"]["completion_tokens"], 400);
-    assert!(server.child.wait().unwrap().success(), "the server exits cleanly after draining");
+    let whole: Value = serde_json::from_str(&body).unwrap();
+    let content = whole["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), 5);
+    assert!(content.iter().all(|t| t["top_logprobs"].as_array().unwrap().len() == 2 && t["bytes"].is_array()));
+    let mut streamed = chat.clone();
+    streamed["stream"] = json!(true);
+    let (chunks, _) = events(&server.request("POST", "/v1/chat/completions", Some(&streamed)).1);
+    let streamed: Vec<Value> =
+        chunks.iter().filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array()).flatten().cloned().collect();
+    assert_eq!(&streamed, content, "streamed logprobs equal the whole response's");
 }
 
 /// A chat template written with the tiny model's characters (Shakespeare's), refusing system messages.
@@ -390,8 +522,9 @@ fn metrics_count_responses_tokens_and_latencies() {
     }
     assert_eq!(
         sample(&metrics, "ember_responses_total{status=\"200\"}"),
-        5.0,
-        "three completions, the model list, this scrape"
+        4.0 + 1.0,
+        "three completions, the model list and the health check that found the server ready (a scrape counts in the \
+         next one)"
     );
     assert_eq!(sample(&metrics, "ember_responses_total{status=\"400\"}"), 1.0);
     assert_eq!(sample(&metrics, "ember_generated_tokens_total"), 12.0);
@@ -403,6 +536,27 @@ fn metrics_count_responses_tokens_and_latencies() {
     assert!(sample(&metrics, "ember_time_to_first_token_seconds_sum") > 0.0);
     assert_eq!(sample(&metrics, "ember_running_sequences"), 0.0);
     assert_eq!(sample(&metrics, "ember_kv_cache_bytes"), 0.0);
+}
+
+/// Prefix caching with the paged store: a prompt sent again starts from the cached pages of the first (all its full
+/// pages but the one holding its last token), answers exactly as `ember generate`, and /metrics counts the hits.
+#[test]
+fn a_repeated_prompt_reuses_its_cached_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let (run, prompts) = tiny_model(dir.path());
+    let prompt = format!("{}{}{}", prompts[0], prompts[1], &prompts[2][..4]);
+    assert_eq!(prompt.chars().count(), 20);
+    let server = Server::start_with(&run, &["--kv-cache", "paged", "--page-size", "4"]);
+    let expected = generate_cli(&run, &prompt, 8);
+    for _ in 0..2 {
+        let r = server.complete(json!({"prompt": prompt, "max_tokens": 8, "temperature": 0}));
+        assert_eq!(r["choices"][0]["text"], expected);
+    }
+    let (_, metrics) = server.request("GET", "/metrics", None);
+    assert_eq!(sample(&metrics, "ember_prefix_cache_queried_tokens_total"), 40.0);
+    assert_eq!(sample(&metrics, "ember_prefix_cache_hit_tokens_total"), 16.0, "four pages of four tokens");
+    assert_eq!(sample(&metrics, "ember_prefix_cache_hit_rate"), 0.4);
+    assert_eq!(sample(&metrics, "ember_prefix_cache_pages"), 5.0, "the prompt's five full pages");
 }
 
 /// The playground at `/` in headless Chromium: a message typed and sent streams back the answer `ember generate` gives
@@ -433,7 +587,8 @@ fn the_playground_streams_a_chat_in_a_real_browser() {
     assert!(state["stats"].as_str().unwrap().starts_with("8 tokens, "), "{state}");
 }
 
-/// The official client, streaming and not: scripts/test.sh provides a Python with `openai` in EMBER_OPENAI_PYTHON.
+/// The official client: completions and chat, plain and streamed, include_usage, n = 2, the same seed giving the same
+/// text, logprobs; scripts/test.sh provides a Python with `openai` in EMBER_OPENAI_PYTHON.
 #[test]
 #[ignore = "needs a Python with the openai package in EMBER_OPENAI_PYTHON (scripts/test.sh makes one)"]
 fn the_openai_python_client_completes_and_streams() {
@@ -459,6 +614,24 @@ chunks = list(client.chat.completions.create(model="tiny", messages=messages, ma
 assert chunks[0].choices[0].delta.role == "assistant"
 streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks)
 assert streamed == c.choices[0].message.content, (streamed, c.choices[0].message.content)
+usage = [ch.usage for ch in client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, stream=True, stream_options={"include_usage": True}) if ch.usage]
+assert usage[0].completion_tokens == 12, usage
+two = client.completions.create(model="tiny", prompt=sys.argv[2], max_tokens=8, temperature=1.0, seed=11, n=2)
+assert [ch.index for ch in two.choices] == [0, 1] and two.usage.completion_tokens == 16
+again = client.completions.create(model="tiny", prompt=sys.argv[2], max_tokens=8, temperature=1.0, seed=11, n=2)
+assert [ch.text for ch in again.choices] == [ch.text for ch in two.choices], "same seed, same text"
+pair = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, n=2, seed=3, stream=True)
+texts = ["", ""]
+for ch in pair:
+    for choice in ch.choices:
+        texts[choice.index] += choice.delta.content or ""
+assert all(len(t) > 0 for t in texts), texts
+lp = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
+content = lp.choices[0].logprobs.content
+assert len(content) == 6 and all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in content), content
+assert "".join(t.token for t in content) == lp.choices[0].message.content
+clp = client.completions.create(model="tiny", prompt=sys.argv[2], max_tokens=4, temperature=0, logprobs=2)
+assert len(clp.choices[0].logprobs.tokens) == 4 and len(clp.choices[0].logprobs.top_logprobs[0]) == 2
 import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 scrape = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics").read().decode()

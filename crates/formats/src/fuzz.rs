@@ -5,13 +5,13 @@
 
 use std::collections::HashMap;
 
-use crate::{chat, checkpoint, config, gguf, hf, http, openai, safetensors, tokenizer, tsv};
+use crate::{chat, checkpoint, config, gguf, hf, openai, safetensors, tokenizer, tsv};
 
 /// A fuzz target: it reads the bytes and returns.
 pub type Target = fn(&[u8]);
 
 /// The targets by name, as `fuzz/fuzz_targets/` and `fuzz/corpus/` name them.
-pub const TARGETS: [(&str, Target); 10] = [
+pub const TARGETS: [(&str, Target); 9] = [
     ("gguf", gguf),
     ("safetensors", safetensors),
     ("hf_config", hf_config),
@@ -19,7 +19,6 @@ pub const TARGETS: [(&str, Target); 10] = [
     ("tokenizer", tokenizer),
     ("checkpoint_state", checkpoint_state),
     ("tsv", tsv),
-    ("http_request", http_request),
     ("openai_request", openai_request),
     ("chat_template", chat_template),
 ];
@@ -87,11 +86,6 @@ pub fn tsv(bytes: &[u8]) {
     let _ = tsv::pairs(text);
     let middle = (0..=text.len() / 2).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
     let _ = tsv::aligned(&text[..middle], &text[middle..]);
-}
-
-/// An HTTP request as the server reads it from a connection.
-pub fn http_request(bytes: &[u8]) {
-    let _ = http::read_request(&mut &bytes[..]);
 }
 
 /// A completions or chat completions request body.

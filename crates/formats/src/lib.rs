@@ -1,5 +1,5 @@
 //! The formats Ember reads from bytes it did not write: run-directory configs, GGUF files, safetensors, Hugging Face
-//! directories, tokenizers, TSV corpora, HTTP requests and OpenAI request bodies. Each reader returns an error for
+//! directories, tokenizers, TSV corpora and OpenAI request bodies. Each reader returns an error for
 //! any input and allocates no more than its input justifies; none needs Burn, so `fuzz/` builds this crate alone and
 //! [`fuzz`] holds the entry points its targets (and the corpus replay tests) call.
 
@@ -10,7 +10,6 @@ pub mod files;
 pub mod fuzz;
 pub mod gguf;
 pub mod hf;
-pub mod http;
 pub mod openai;
 pub mod rng;
 pub mod safetensors;

@@ -27,25 +27,36 @@ impl ApiError {
         let kind = match self.status {
             401 => "authentication_error",
             404 => "not_found_error",
+            429 => "rate_limit_error",
+            500.. => "server_error",
             _ => "invalid_request_error",
         };
         json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}})
     }
 }
 
-/// How a response is sent: whole, or as server-sent events (then, with `include_usage`, a last chunk carries the
-/// token counts).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Streaming {
+/// The most choices one request may ask for (`n`).
+pub const MAX_CHOICES: usize = 16;
+
+/// The most alternatives a token's logprobs may list (`logprobs`, `top_logprobs`).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// What a response holds and how it is sent: `n` choices, whole or as server-sent events (then, with
+/// `include_usage`, a last chunk carries the token counts), and with `logprobs` each token's log-probability and
+/// that many alternatives.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Output {
     pub stream: bool,
     pub include_usage: bool,
+    pub n: usize,
+    pub logprobs: Option<usize>,
 }
 
 /// A validated completion request.
 #[derive(Debug)]
 pub struct Completion {
     pub settings: SampleConfig,
-    pub streaming: Streaming,
+    pub output: Output,
 }
 
 /// A validated chat completion request: its messages (keys in the request's order, for the chat template) and the
@@ -54,11 +65,11 @@ pub struct Completion {
 pub struct Chat {
     pub messages: Json,
     pub settings: SampleConfig,
-    pub streaming: Streaming,
+    pub output: Output,
 }
 
 /// The fields of a chat completion request Ember implements; any other is refused by name rather than ignored.
-const CHAT_FIELDS: [&str; 16] = [
+const CHAT_FIELDS: [&str; 18] = [
     "model",
     "messages",
     "max_tokens",
@@ -74,6 +85,8 @@ const CHAT_FIELDS: [&str; 16] = [
     "stream_options",
     "seed",
     "n",
+    "logprobs",
+    "top_logprobs",
     "user",
 ];
 
@@ -96,13 +109,19 @@ fn object(body: &[u8], model_id: &str) -> Result<Map<String, Value>, ApiError> {
     Ok(obj)
 }
 
+/// A seed for a request that names none, different every time.
+fn fresh_seed() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(0u8)
+}
+
 /// The sampling settings both endpoints share, with `prompt`; `max_tokens` is read from the first of `length_keys`
-/// present.
+/// present. The logprobs fields, which differ between the endpoints, are left to the caller.
 fn settings(
     obj: &Map<String, Value>,
     prompt: String,
     length_keys: &[&'static str],
-) -> Result<(SampleConfig, Streaming), ApiError> {
+) -> Result<(SampleConfig, Output), ApiError> {
     let number = |key: &'static str| -> Result<Option<f64>, ApiError> {
         match obj.get(key) {
             None | Some(Value::Null) => Ok(None),
@@ -118,8 +137,9 @@ fn settings(
                 .ok_or_else(|| ApiError::invalid(key, format!("{key} must be a non-negative integer"))),
         }
     };
-    if integer("n")?.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid("n", "only n = 1 is supported"));
+    let n = integer("n")?.unwrap_or(1);
+    if !(1..=MAX_CHOICES as u64).contains(&n) {
+        return Err(ApiError::invalid("n", format!("n must be between 1 and {MAX_CHOICES}")));
     }
     let mut max_tokens = (length_keys[0], 16);
     for &key in length_keys {
@@ -200,9 +220,20 @@ fn settings(
         frequency_penalty,
         presence_penalty,
         stop,
-        seed: integer("seed")?.unwrap_or(0),
+        seed: integer("seed")?.unwrap_or_else(fresh_seed),
     };
-    Ok((settings, Streaming { stream, include_usage }))
+    Ok((settings, Output { stream, include_usage, n: n as usize, logprobs: None }))
+}
+
+/// A number of alternatives per token, at most [`MAX_TOP_LOGPROBS`].
+fn top_count(obj: &Map<String, Value>, key: &'static str) -> Result<Option<usize>, ApiError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64().filter(|&k| k <= MAX_TOP_LOGPROBS as u64) {
+            Some(k) => Ok(Some(k as usize)),
+            None => Err(ApiError::invalid(key, format!("{key} must be an integer from 0 to {MAX_TOP_LOGPROBS}"))),
+        },
+    }
 }
 
 /// Parses and checks a `POST /v1/completions` body against the served model `model_id`.
@@ -213,8 +244,9 @@ pub fn parse_completion(body: &[u8], model_id: &str) -> Result<Completion, ApiEr
         Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),
         _ => return Err(ApiError::invalid("prompt", "prompt must be a string (or a list of one string)")),
     };
-    let (settings, streaming) = settings(&obj, prompt, &["max_tokens"])?;
-    Ok(Completion { settings, streaming })
+    let (settings, mut output) = settings(&obj, prompt, &["max_tokens"])?;
+    output.logprobs = top_count(&obj, "logprobs")?;
+    Ok(Completion { settings, output })
 }
 
 /// Parses and checks a `POST /v1/chat/completions` body against the served model `model_id`: every field is one
@@ -230,7 +262,15 @@ pub fn parse_chat(body: &[u8], model_id: &str) -> Result<Chat, ApiError> {
             code: Some("unsupported_parameter"),
         });
     }
-    let (settings, streaming) = settings(&obj, String::new(), &["max_completion_tokens", "max_tokens"])?;
+    let (settings, mut output) = settings(&obj, String::new(), &["max_completion_tokens", "max_tokens"])?;
+    output.logprobs = match (obj.get("logprobs"), top_count(&obj, "top_logprobs")?) {
+        (None | Some(Value::Null | Value::Bool(false)), None) => None,
+        (None | Some(Value::Null | Value::Bool(false)), Some(_)) => {
+            return Err(ApiError::invalid("top_logprobs", "top_logprobs needs logprobs = true"));
+        }
+        (Some(Value::Bool(true)), top) => Some(top.unwrap_or(0)),
+        _ => return Err(ApiError::invalid("logprobs", "logprobs must be a boolean")),
+    };
     // The messages again with their keys in the request's order, as the template's tojson shows them.
     let ordered: Json = serde_json::from_slice(body).map_err(|e| ApiError::status(400, e.to_string()))?;
     let Json::Map(fields) = ordered else { return Err(ApiError::status(400, "the body must be a JSON object")) };
@@ -241,7 +281,7 @@ pub fn parse_chat(body: &[u8], model_id: &str) -> Result<Chat, ApiError> {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
     let messages = messages.into_iter().enumerate().map(|(i, m)| message(i, m)).collect::<Result<_, _>>()?;
-    Ok(Chat { messages: Json::List(messages), settings, streaming })
+    Ok(Chat { messages: Json::List(messages), settings, output })
 }
 
 /// Message `i` with its role checked and its content as one string.
@@ -289,9 +329,16 @@ mod tests {
     fn completion_requests_are_validated_with_openai_style_errors() {
         let ok =
             parse_completion(br#"{"model":"m","prompt":"hi","max_tokens":5,"stop":["\n"],"seed":3}"#, "m").unwrap();
-        assert_eq!((ok.settings.max_new_tokens, ok.settings.stop.len(), ok.streaming.stream), (5, 1, false));
+        assert_eq!((ok.settings.max_new_tokens, ok.settings.stop.len(), ok.output.stream), (5, 1, false));
         let usage = parse_completion(br#"{"prompt":"x","stream":true,"stream_options":{"include_usage":true}}"#, "m");
-        assert_eq!(usage.unwrap().streaming, Streaming { stream: true, include_usage: true });
+        assert_eq!(usage.unwrap().output, Output { stream: true, include_usage: true, n: 1, logprobs: None });
+        let two = parse_completion(br#"{"prompt":"x","n":2,"logprobs":3}"#, "m").unwrap().output;
+        assert_eq!((two.n, two.logprobs), (2, Some(3)));
+        assert_ne!(
+            parse_completion(br#"{"prompt":"x"}"#, "m").unwrap().settings.seed,
+            parse_completion(br#"{"prompt":"x"}"#, "m").unwrap().settings.seed,
+            "a request without a seed gets a fresh one"
+        );
         let err = |body: &[u8]| parse_completion(body, "m").unwrap_err();
         assert_eq!(err(b"{not json").status, 400);
         assert_eq!(err(br#"{"prompt":"x","stream_options":{"include_usage":true}}"#).param, Some("stream_options"));
@@ -300,6 +347,8 @@ mod tests {
         assert_eq!(err(br#"{"prompt":"x","temperature":3}"#).param, Some("temperature"));
         assert_eq!(err(br#"{"prompt":"x","max_tokens":0}"#).param, Some("max_tokens"));
         assert_eq!(err(br#"{"prompt":"x","top_k":0}"#).param, Some("top_k"));
+        assert_eq!(err(br#"{"prompt":"x","n":17}"#).param, Some("n"));
+        assert_eq!(err(br#"{"prompt":"x","logprobs":21}"#).param, Some("logprobs"));
         assert_eq!(err(br#"{"prompt":"x","presence_penalty":2.5}"#).param, Some("presence_penalty"));
         assert_eq!(err(br#"{"prompt":"x","repetition_penalty":-1}"#).param, Some("repetition_penalty"));
         let tuned = parse_completion(br#"{"prompt":"x","top_k":5,"repetition_penalty":1.3}"#, "m").unwrap();
@@ -318,7 +367,13 @@ mod tests {
             "m",
         )
         .unwrap();
-        assert_eq!((ok.settings.max_new_tokens, ok.streaming.stream), (7, true));
+        assert_eq!((ok.settings.max_new_tokens, ok.output.stream, ok.output.logprobs), (7, true, None));
+        let user = r#""messages":[{"role":"user","content":"x"}]"#;
+        let chat = |rest: &str| parse_chat(format!("{{{user},{rest}}}").as_bytes(), "m");
+        assert_eq!(chat(r#""logprobs":true,"top_logprobs":5"#).unwrap().output.logprobs, Some(5));
+        assert_eq!(chat(r#""logprobs":true"#).unwrap().output.logprobs, Some(0));
+        assert_eq!(chat(r#""top_logprobs":5"#).unwrap_err().param, Some("top_logprobs"));
+        assert_eq!(chat(r#""logprobs":1"#).unwrap_err().param, Some("logprobs"));
         let Json::List(messages) = &ok.messages else { panic!("a list") };
         assert_eq!(
             messages[0],

@@ -116,6 +116,36 @@ pub fn argmax<T: PartialOrd + Copy>(values: &[T]) -> u32 {
     best as u32
 }
 
+/// A generated token's log-probability under the model and the `top` most likely alternatives, as the completions
+/// APIs report them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    /// The most likely tokens and their log-probabilities, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// log softmax(z)_chosen and the `top` largest entries of log softmax(z): the model's own distribution, before the
+/// temperature and penalties shape the draw (as vLLM reports logprobs).
+pub fn logprobs(logits: &[f32], chosen: u32, top: usize) -> TokenLogprob {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let log_sum = max + logits.iter().map(|&z| (z as f64 - max).exp()).sum::<f64>().ln();
+    let logprob = |id: usize| (logits[id] as f64 - log_sum) as f32;
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    let top = top.min(logits.len());
+    if top > 0 {
+        order.select_nth_unstable_by(top - 1, |&a, &b| logits[b].total_cmp(&logits[a]));
+    }
+    order.truncate(top);
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    TokenLogprob {
+        id: chosen,
+        logprob: logprob(chosen as usize),
+        top: order.into_iter().map(|i| (i as u32, logprob(i))).collect(),
+    }
+}
+
 /// The next token after `history`, whose first `prompt_len` tokens are the prompt: logits of tokens in the history
 /// are penalised (`repetition_penalty`), those of generated tokens lowered by the frequency and presence penalties,
 /// then the argmax when `temperature` is 0, else a draw from softmax(z / temperature) restricted to the `top_k`
@@ -213,6 +243,18 @@ mod tests {
         // Once per token however often it occurs, as transformers applies it: 2/1.5 = 1.33 > 1.
         let mild = SampleConfig { temperature: 0.0, repetition_penalty: 1.5, ..Default::default() };
         assert_eq!(sample(&logits, &mild, &[0, 0, 0], 0, &mut rng), 0);
+    }
+
+    #[test]
+    fn logprobs_are_log_softmax_with_the_top_alternatives_in_order() {
+        let logits = [2.0f32, 1.0, 0.0, -1.0];
+        let total: f64 = logits.iter().map(|&z| (z as f64).exp()).sum();
+        let lp = logprobs(&logits, 2, 2);
+        assert!((lp.logprob as f64 - (-total.ln())).abs() < 1e-6, "{lp:?}");
+        assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), [0, 1]);
+        assert!((lp.top[0].1 as f64 - (2.0 - total.ln())).abs() < 1e-6);
+        assert_eq!(logprobs(&logits, 0, 0).top, []);
+        assert_eq!(logprobs(&logits, 0, 9).top.len(), 4);
     }
 
     #[test]

@@ -57,11 +57,6 @@ fn tsv_corpus() {
 }
 
 #[test]
-fn http_request_corpus() {
-    replay("http_request");
-}
-
-#[test]
 fn openai_request_corpus() {
     replay("openai_request");
 }

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
 use crate::kv::{Bits, ContiguousCache, PagePool, PagedCache, QuantizedCache};
-use crate::sampling::{SampleConfig, sample};
+use crate::sampling::{SampleConfig, TokenLogprob, logprobs, sample};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GenerateError {
@@ -131,7 +131,17 @@ pub struct Decoder<'a> {
 
 impl<'a> Decoder<'a> {
     pub fn new(model: &'a Gpt, kv: impl Into<KvSpec>, device: &Device) -> Self {
-        Self { model, cache: kv.into().build(), device: device.clone() }
+        Self::with_store(model, kv.into().build(), device)
+    }
+
+    /// A decoder over `cache` (None: recompute), which may already hold the first tokens of the sequence.
+    pub fn with_store(model: &'a Gpt, cache: Option<Box<dyn KvCache>>, device: &Device) -> Self {
+        Self { model, cache, device: device.clone() }
+    }
+
+    /// Tokens the store holds.
+    fn cached(&self) -> usize {
+        self.cache.as_ref().map_or(0, |c| c.len())
     }
 
     /// Logits after `ids`, of which the first `seen` were given before. Cached: only the new tokens run, unless the
@@ -209,6 +219,7 @@ pub struct Sequence<'a> {
     ids: Vec<u32>,
     prompt_len: usize,
     seen: usize,
+    reused: usize,
     rng: Rng,
     ends: Vec<u32>,
     /// Bytes held back because they could still become a stop string.
@@ -216,6 +227,9 @@ pub struct Sequence<'a> {
     emitted: usize,
     text: String,
     finished: Option<Finish>,
+    /// With Some(k), each token's log-probability and k alternatives are kept for [`Self::take_logprob`].
+    top_logprobs: Option<usize>,
+    logprob: Option<TokenLogprob>,
 }
 
 impl<'a> Sequence<'a> {
@@ -227,21 +241,49 @@ impl<'a> Sequence<'a> {
         kv: KvSpec,
         device: &Device,
     ) -> Result<Self, GenerateError> {
+        Self::with_store(model, tokenizer, settings, device, |_| kv.build())
+    }
+
+    /// [`Self::new`] with the KV store `store` makes for the prompt's ids; the tokens it already holds (a cached
+    /// prefix) are not computed again.
+    pub fn with_store(
+        model: &'a Gpt,
+        tokenizer: &'a Tokenizer,
+        settings: &SampleConfig,
+        device: &Device,
+        store: impl FnOnce(&[u32]) -> Option<Box<dyn KvCache>>,
+    ) -> Result<Self, GenerateError> {
         let ids = prompt_ids(tokenizer, &settings.prompt, model.block_size(), model.config().vocab())?;
+        let decoder = Decoder::with_store(model, store(&ids), device);
+        let reused = decoder.cached();
         Ok(Self {
-            decoder: Decoder::new(model, kv, device),
+            seen: reused,
+            reused,
+            decoder,
             tokenizer,
             settings: settings.clone(),
             prompt_len: ids.len(),
             ids,
-            seen: 0,
             rng: Rng::new(settings.seed),
             ends: end_tokens(tokenizer),
             hold: settings.stop.iter().map(|s| s.len().saturating_sub(1)).max().unwrap_or(0),
             emitted: 0,
             text: String::new(),
             finished: if settings.max_new_tokens == 0 { Some(Finish::Length) } else { None },
+            top_logprobs: None,
+            logprob: None,
         })
+    }
+
+    /// Keeps each generated token's log-probability and `top` alternatives (None: keeps nothing).
+    pub fn with_logprobs(self, top: Option<usize>) -> Self {
+        Self { top_logprobs: top, ..self }
+    }
+
+    /// The logprobs of the token the last step generated (None for an end-of-text token, or without
+    /// [`Self::with_logprobs`]).
+    pub fn take_logprob(&mut self) -> Option<TokenLogprob> {
+        self.logprob.take()
     }
 
     pub fn prompt_tokens(&self) -> usize {
@@ -255,6 +297,10 @@ impl<'a> Sequence<'a> {
     }
     pub fn kv_bytes(&self) -> usize {
         self.decoder.kv_bytes()
+    }
+    /// Prompt tokens whose keys and values came from the store (a cached prefix) rather than being computed.
+    pub fn reused_tokens(&self) -> usize {
+        self.reused
     }
     /// The text generated so far (up to a stop string).
     pub fn text(&self) -> &str {
@@ -287,6 +333,7 @@ impl<'a> Sequence<'a> {
         if self.ends.contains(&next) {
             self.finished = Some(Finish::Stop);
         } else {
+            self.logprob = self.top_logprobs.map(|top| logprobs(&logits, next, top));
             self.ids.push(next);
             // Decode everything generated so far, so multi-token characters stay whole.
             self.text =

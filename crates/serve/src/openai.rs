@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-pub use ember_formats::openai::{ApiError, Chat, Completion, Streaming, parse_chat, parse_completion};
+pub use ember_formats::openai::{ApiError, Chat, Completion, Output, parse_chat, parse_completion};
 
 use crate::generate::{Finish, GenerateError};
 
@@ -21,6 +21,14 @@ pub fn finish_reason(finish: Finish) -> &'static str {
     }
 }
 
+/// A generated token's logprobs with the tokens as text.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenText {
+    pub token: String,
+    pub logprob: f32,
+    pub top: Vec<(String, f32)>,
+}
+
 /// The API a response speaks.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Api {
@@ -28,6 +36,17 @@ pub enum Api {
     Completions,
     /// `/v1/chat/completions`: `chat.completion` objects, streamed as `chat.completion.chunk` deltas.
     Chat,
+}
+
+/// One choice of a response, or its part in a stream chunk: text, the logprobs of its tokens (None when not asked
+/// for), and the finish reason once it has ended.
+pub struct ChoiceBody<'a> {
+    pub index: usize,
+    pub text: &'a str,
+    pub logprobs: Option<&'a [TokenText]>,
+    /// Where the tokens' text starts in the choice's whole text (completions' `text_offset`).
+    pub offset: usize,
+    pub finish: Option<Finish>,
 }
 
 impl Api {
@@ -39,34 +58,72 @@ impl Api {
         }
     }
 
-    /// A response (`chunk` false) or one stream chunk carrying `text`; `finish` is None for chunks before the last.
-    pub fn body(self, id: &str, model: &str, created: u64, text: &str, finish: Option<Finish>, chunk: bool) -> Value {
-        let finish = finish.map(finish_reason);
-        let (object, choice) = match (self, chunk) {
-            (Api::Completions, _) => {
-                ("text_completion", json!({"text": text, "index": 0, "logprobs": null, "finish_reason": finish}))
-            }
-            (Api::Chat, false) => (
-                "chat.completion",
-                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null,
-                       "finish_reason": finish}),
-            ),
-            (Api::Chat, true) => {
-                let delta = if text.is_empty() && finish.is_some() { json!({}) } else { json!({"content": text}) };
-                (
-                    "chat.completion.chunk",
-                    json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}),
-                )
-            }
+    /// A response (`chunk` false) holding `choices`, or one stream chunk.
+    pub fn body(self, id: &str, model: &str, created: u64, choices: &[ChoiceBody], chunk: bool) -> Value {
+        let choices: Vec<Value> = choices.iter().map(|c| self.choice(c, chunk)).collect();
+        let object = match (self, chunk) {
+            (Api::Completions, _) => "text_completion",
+            (Api::Chat, false) => "chat.completion",
+            (Api::Chat, true) => "chat.completion.chunk",
         };
-        json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]})
+        json!({"id": id, "object": object, "created": created, "model": model, "choices": choices})
     }
 
-    /// The chunk that opens a chat stream, naming the role before any text.
-    pub fn first_chunk(self, id: &str, model: &str, created: u64) -> Option<Value> {
+    fn choice(self, c: &ChoiceBody, chunk: bool) -> Value {
+        let finish = c.finish.map(finish_reason);
+        let logprobs = c.logprobs.map_or(Value::Null, |tokens| self.logprobs(tokens, c.offset));
+        match (self, chunk) {
+            (Api::Completions, _) => {
+                json!({"text": c.text, "index": c.index, "logprobs": logprobs, "finish_reason": finish})
+            }
+            (Api::Chat, false) => json!({"index": c.index, "message": {"role": "assistant", "content": c.text},
+                                         "logprobs": logprobs, "finish_reason": finish}),
+            (Api::Chat, true) => {
+                let delta = if c.text.is_empty() && finish.is_some() { json!({}) } else { json!({"content": c.text}) };
+                json!({"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+            }
+        }
+    }
+
+    /// Logprobs in the API's shape: completions' parallel lists, or chat's `content` entries with UTF-8 bytes.
+    fn logprobs(self, tokens: &[TokenText], offset: usize) -> Value {
+        match self {
+            Api::Completions => {
+                let offsets = tokens.iter().scan(offset, |at, t| {
+                    let here = *at;
+                    *at += t.token.len();
+                    Some(here)
+                });
+                json!({
+                    "tokens": tokens.iter().map(|t| &t.token).collect::<Vec<_>>(),
+                    "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+                    "top_logprobs": tokens.iter()
+                        .map(|t| t.top.iter().map(|(s, lp)| (s.clone(), json!(lp))).collect::<serde_json::Map<_, _>>())
+                        .collect::<Vec<_>>(),
+                    "text_offset": offsets.collect::<Vec<_>>(),
+                })
+            }
+            Api::Chat => {
+                let entry =
+                    |token: &str, logprob: f32| json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()});
+                let content: Vec<Value> = tokens
+                    .iter()
+                    .map(|t| {
+                        let mut e = entry(&t.token, t.logprob);
+                        e["top_logprobs"] = t.top.iter().map(|(s, lp)| entry(s, *lp)).collect();
+                        e
+                    })
+                    .collect();
+                json!({"content": content, "refusal": null})
+            }
+        }
+    }
+
+    /// The chunk that opens choice `index` of a chat stream, naming the role before any text.
+    pub fn first_chunk(self, id: &str, model: &str, created: u64, index: usize) -> Option<Value> {
         (self == Api::Chat).then(|| {
             json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                   "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null,
+                   "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null,
                                 "finish_reason": null}]})
         })
     }

@@ -1,31 +1,38 @@
 //! Continuous batching: one worker owns the model and steps every active sequence once per round — every sequence
 //! past its prompt in one batched forward pass over ragged lengths; requests join between rounds as others finish,
-//! and a sequence whose client has gone is dropped at once, freeing its KV store.
+//! and a sequence whose client has gone is dropped at once, freeing its KV store. With a paged store and a prefix
+//! cache, every sequence draws its pages from one pool that keeps the full pages of earlier prompts, so a prompt
+//! that starts as an earlier one did computes only the rest.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{Receiver, TryRecvError};
 
 use burn::tensor::Device;
 use ember_core_model::Gpt;
 use ember_core_model::cache::KvCache;
 use tokenizers::Tokenizer;
+use tokio::sync::mpsc::UnboundedSender;
 
-use crate::generate::{Finish, GenerateError, KvSpec, Sequence};
+use crate::generate::{Finish, GenerateError, KvKind, KvSpec, Sequence};
+use crate::kv::{PagePool, PagedCache};
 use crate::metrics::Metrics;
-use crate::sampling::SampleConfig;
+use crate::sampling::{SampleConfig, TokenLogprob};
 
-/// A request for one completion; its events go back on `events`.
+/// A request for one completion, choice `choice` of its response; its events go back on `events`, tagged with the
+/// choice. With `logprobs`, every token comes with its log-probability and that many alternatives.
 pub struct Job {
     pub settings: SampleConfig,
-    pub events: Sender<Event>,
+    pub choice: usize,
+    pub logprobs: Option<usize>,
+    pub events: UnboundedSender<(usize, Event)>,
 }
 
 /// What a job's client hears.
 #[derive(Debug)]
 pub enum Event {
-    /// Newly generated text.
-    Text(String),
+    /// A generated token: the text that became final with it (possibly none) and, when asked for, its logprobs.
+    Token { text: String, logprob: Option<TokenLogprob> },
     /// The end: why, and the token counts.
     Done { finish: Finish, prompt_tokens: usize, completion_tokens: usize },
     /// The request could not run (e.g. its prompt is longer than the context).
@@ -34,20 +41,39 @@ pub enum Event {
 
 struct Active<'a> {
     sequence: Sequence<'a>,
-    events: Sender<Event>,
+    choice: usize,
+    events: UnboundedSender<(usize, Event)>,
 }
 
-/// Serves `jobs` until every sender is dropped and every admitted job has finished, at most `max_batch` at a time;
-/// `metrics` hears the queue, the running sequences and their KV bytes after every round.
+/// How sequences are batched and stored.
+#[derive(Clone, Copy, Debug)]
+pub struct Batching {
+    /// Sequences stepped together.
+    pub max_batch: usize,
+    pub kv: KvSpec,
+    /// Full prompt pages a paged store keeps for later prompts (0: none, and with other stores always none).
+    pub prefix_pages: usize,
+}
+
+/// Serves `jobs` until every sender is dropped and every admitted job has finished, as `batching` says; `metrics`
+/// hears the queue, the running sequences, their KV bytes and the prefix cache's hits after every round.
 pub fn run(
     model: &Gpt,
     tokenizer: &Tokenizer,
-    kv: KvSpec,
     device: &Device,
-    max_batch: usize,
+    batching: Batching,
     jobs: Receiver<Job>,
     metrics: &Metrics,
 ) {
+    let Batching { max_batch, kv, prefix_pages } = batching;
+    let shared =
+        (kv.kind == KvKind::Paged && prefix_pages > 0).then(|| PagePool::with_prefix_cache(kv.page_size, prefix_pages));
+    let store = |ids: &[u32]| -> Option<Box<dyn KvCache>> {
+        match &shared {
+            Some(pool) => Some(Box::new(PagedCache::for_prompt(pool.clone(), ids))),
+            None => kv.build(),
+        }
+    };
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut active: Vec<Active> = Vec::new();
     let mut open = true;
@@ -68,10 +94,17 @@ pub fn run(
         }
         while active.len() < max_batch.max(1) {
             let Some(job) = waiting.pop_front() else { break };
-            match Sequence::new(model, tokenizer, &job.settings, kv, device) {
-                Ok(sequence) => active.push(Active { sequence, events: job.events }),
+            match Sequence::with_store(model, tokenizer, &job.settings, device, store) {
+                Ok(sequence) => {
+                    metrics.prompt_reuse(sequence.prompt_tokens(), sequence.reused_tokens());
+                    active.push(Active {
+                        sequence: sequence.with_logprobs(job.logprobs),
+                        choice: job.choice,
+                        events: job.events,
+                    })
+                }
                 Err(e) => {
-                    let _ = job.events.send(Event::Error(e));
+                    let _ = job.events.send((job.choice, Event::Error(e)));
                 }
             }
         }
@@ -102,22 +135,26 @@ pub fn run(
         let mut outcomes = outcomes.into_iter();
         active.retain_mut(|a| {
             let outcome = outcomes.next().flatten().unwrap_or_else(|| a.sequence.step());
+            let send = |event| a.events.send((a.choice, event)).is_ok();
             let event = match outcome {
-                Ok(piece) if piece.is_empty() => None,
-                Ok(piece) => Some(Event::Text(piece)),
+                Ok(text) => match a.sequence.take_logprob() {
+                    None if text.is_empty() => None,
+                    logprob => Some(Event::Token { text, logprob }),
+                },
                 Err(e) => {
-                    let _ = a.events.send(Event::Error(e));
+                    send(Event::Error(e));
                     return false;
                 }
             };
-            if event.is_some_and(|e| a.events.send(e).is_err()) {
+            // A send fails when the client has gone: the sequence leaves, freeing its KV store.
+            if event.is_some_and(|e| !send(e)) {
                 return false;
             }
             match a.sequence.finished() {
                 None => true,
                 Some(finish) => {
                     let (prompt_tokens, completion_tokens) = (a.sequence.prompt_tokens(), a.sequence.new_tokens());
-                    let _ = a.events.send(Event::Done { finish, prompt_tokens, completion_tokens });
+                    send(Event::Done { finish, prompt_tokens, completion_tokens });
                     false
                 }
             }
@@ -126,6 +163,9 @@ pub fn run(
         metrics.queued.store(waiting.len(), Ordering::SeqCst);
         let kv_bytes: usize = active.iter().map(|a| a.sequence.kv_bytes()).sum();
         metrics.kv_bytes.store(kv_bytes as u64, Ordering::SeqCst);
+        if let Some(pool) = &shared {
+            metrics.cached_pages.store(pool.borrow().cached_pages(), Ordering::SeqCst);
+        }
         if !open && active.is_empty() && waiting.is_empty() {
             return;
         }

@@ -1,23 +1,37 @@
-//! `ember serve`: an OpenAI-compatible completions and chat completions server. Each connection gets a thread that
-//! parses the request (rendering a chat through the model's template) and hands a [`Job`] to the scheduler, which
-//! owns the model; streamed responses are server-sent events.
+//! `ember serve`'s routes: OpenAI completions and chat completions (whole or streamed as server-sent events), the
+//! model list, health, tokenize/detokenize, Prometheus metrics and the playground page. A request is parsed here
+//! (a chat rendered through the model's template), admitted or turned away (429) by the number of sequences running
+//! and queued, and handed as one [`Job`] per choice to the scheduler, which owns the model on its own thread.
 
-use std::net::{TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Sender};
-use std::thread;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use axum::Router;
+use axum::body::{Body, Bytes, HttpBody};
+use axum::extract::{Request, State};
+use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use axum::http::{Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
 use ember_formats::chat::{ChatError, ChatTemplate, Context};
 use ember_formats::tokenizer;
-use serde_json::json;
+use http_body::Frame;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde_json::{Value, json};
 use tokenizers::Tokenizer;
+use tokio::sync::mpsc::{self as channel, UnboundedReceiver};
+use tower_http::cors::{AllowOrigin, CorsLayer};
 
-use crate::http::{self, Request};
+use crate::generate::Finish;
 use crate::metrics::Metrics;
-use crate::openai::{self, Api, ApiError, Streaming};
-use crate::sampling::SampleConfig;
+use crate::openai::{self, Api, ApiError, ChoiceBody, Output, TokenText};
+use crate::sampling::{SampleConfig, TokenLogprob};
 use crate::scheduler::{Event, Job};
 
 /// What `/v1/chat/completions` needs of the model: its chat template and the special tokens the template names.
@@ -27,34 +41,186 @@ pub struct ChatPrompt {
     pub eos_token: String,
 }
 
-/// The served model as the request handlers see it.
+/// The loaded model as the request handlers see it.
 pub struct Served {
-    pub id: String,
     /// None when the model has no chat template: chat requests get a 400 saying so.
     pub chat: Option<ChatPrompt>,
-    /// For `/tokenize` and `/detokenize`.
+    /// For `/tokenize`, `/detokenize` and logprobs.
     pub tokenizer: Tokenizer,
     /// The model's context, in tokens.
     pub context: usize,
-    /// With a key, every route but `/health` needs it, as `Authorization: Bearer KEY` or `X-Api-Key: KEY`.
+}
+
+/// How the server treats requests.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// With a key, every route but `/` and `/health` needs it, as `Authorization: Bearer KEY` or `X-Api-Key: KEY`.
     pub api_key: Option<String>,
+    /// Origins a browser page may call the API from (`*`: any); none turns CORS off.
+    pub cors_origins: Vec<String>,
+    /// Sequences generated together (the scheduler's batch).
+    pub max_batch: usize,
+    /// Sequences that may wait for a place in the batch; a request beyond that is answered 429 at once.
+    pub max_queue: usize,
+    /// Bytes of a request body (413 beyond).
+    pub body_limit: usize,
+    /// Time for a request body to arrive (408 after).
+    pub body_timeout: Duration,
+    /// Time for a whole generation, from the request's arrival: a request still running then ends with a 504, or
+    /// an error event when streaming, and its sequences are freed.
+    pub deadline: Duration,
 }
 
-/// A whole response of `content_type`, counted in `metrics`.
-fn reply_text(
-    stream: &TcpStream,
-    metrics: &Metrics,
-    status: u16,
-    content_type: &str,
-    body: &str,
-) -> std::io::Result<()> {
-    metrics.response(status);
-    http::respond_text(stream, status, content_type, body)
+impl Options {
+    /// Defaults for a batch of `max_batch`: a queue of four batches, 1 MiB bodies arriving within 30 s, and 10
+    /// minutes per generation.
+    pub fn new(max_batch: usize) -> Self {
+        Self {
+            api_key: None,
+            cors_origins: Vec::new(),
+            max_batch,
+            max_queue: 4 * max_batch,
+            body_limit: 1 << 20,
+            body_timeout: Duration::from_secs(30),
+            deadline: Duration::from_secs(600),
+        }
+    }
 }
 
-/// A whole JSON response, counted in `metrics`.
-fn reply(stream: &TcpStream, metrics: &Metrics, status: u16, body: &serde_json::Value) -> std::io::Result<()> {
-    reply_text(stream, metrics, status, "application/json", &body.to_string())
+/// The server's state: the model once it has loaded, the scheduler's job queue, metrics, and the admission count.
+pub struct App {
+    id: String,
+    served: OnceLock<Served>,
+    jobs: Sender<Job>,
+    metrics: Arc<Metrics>,
+    options: Options,
+    /// Sequences admitted and not yet finished (running or queued).
+    admitted: AtomicUsize,
+    next_id: AtomicU64,
+}
+
+impl App {
+    /// A server for the model `id` that sends its jobs to `jobs`; it answers 503 until [`App::ready`].
+    pub fn new(id: String, jobs: Sender<Job>, metrics: Arc<Metrics>, options: Options) -> Arc<Self> {
+        Arc::new(Self {
+            id,
+            served: OnceLock::new(),
+            jobs,
+            metrics,
+            options,
+            admitted: AtomicUsize::new(0),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// The model has loaded: requests are served from now on.
+    pub fn ready(&self, served: Served) {
+        let _ = self.served.set(served);
+    }
+
+    fn loaded(&self) -> Result<&Served, ApiError> {
+        self.served.get().ok_or_else(|| ApiError::status(503, "the model is still loading"))
+    }
+
+    /// Admits `n` sequences when they fit in the batch and the queue.
+    fn admit(self: &Arc<Self>, n: usize) -> Result<Admission, ApiError> {
+        let capacity = self.options.max_batch + self.options.max_queue;
+        if n > capacity {
+            return Err(ApiError::invalid("n", format!("n is more than the {capacity} sequences this server takes")));
+        }
+        self.admitted
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |a| (a + n <= capacity).then_some(a + n))
+            .map_err(|_| ApiError {
+                status: 429,
+                message: format!("the server is busy ({capacity} sequences running or queued); retry shortly"),
+                param: None,
+                code: Some("rate_limit_exceeded"),
+            })?;
+        Ok(Admission { app: self.clone(), n })
+    }
+}
+
+/// Admitted sequences, released when the response ends (or its client leaves).
+struct Admission {
+    app: Arc<App>,
+    n: usize,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.app.admitted.fetch_sub(self.n, Ordering::SeqCst);
+    }
+}
+
+type Shared = State<Arc<App>>;
+
+/// Every route, with the API key check, response counting and (when origins are given) CORS.
+pub fn router(app: Arc<App>) -> Result<Router, String> {
+    let api = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/metrics", get(metrics))
+        .route_layer(middleware::from_fn_with_state(app.clone(), authorize));
+    let router = Router::new()
+        .route("/", get(playground))
+        .route("/health", get(health))
+        .merge(api)
+        .fallback(not_found)
+        .method_not_allowed_fallback(not_allowed)
+        .layer(middleware::from_fn_with_state(app.clone(), count))
+        .with_state(app.clone());
+    Ok(match cors(&app.options.cors_origins)? {
+        Some(layer) => router.layer(layer),
+        None => router,
+    })
+}
+
+/// CORS for `origins`: browsers may call the API (with the key's headers) from those pages.
+fn cors(origins: &[String]) -> Result<Option<CorsLayer>, String> {
+    if origins.is_empty() {
+        return Ok(None);
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        let values = origins.iter().map(|o| HeaderValue::from_str(o).map_err(|_| format!("--cors-origin {o:?}")));
+        AllowOrigin::list(values.collect::<Result<Vec<_>, _>>()?)
+    };
+    Ok(Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE, HeaderName::from_static("x-api-key")])
+            .max_age(Duration::from_secs(3600)),
+    ))
+}
+
+fn json_response(status: u16, body: &Value) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+/// An OpenAI-style error; a 429 or 503 says when to retry.
+fn error_response(e: ApiError) -> Response {
+    let mut response = json_response(e.status, &e.body());
+    if matches!(e.status, 429 | 503) {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}
+
+fn reply(result: Result<Value, ApiError>) -> Response {
+    result.map_or_else(error_response, |body| json_response(200, &body))
+}
+
+/// Counts every response by status for `/metrics`.
+async fn count(State(app): Shared, request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    app.metrics.response(response.status().as_u16());
+    response
 }
 
 /// Whether `given` equals `key`, in time that depends on their lengths only, not on where they differ.
@@ -65,149 +231,123 @@ fn same_key(given: &[u8], key: &[u8]) -> bool {
     differ == 0
 }
 
-/// Whether the request carries the server's key (always, without one).
-fn authorized(request: &Request, key: Option<&str>) -> bool {
+/// Whether the headers carry the server's key (always, without one).
+fn authorized(headers: &HeaderMap, key: Option<&str>) -> bool {
     let Some(key) = key else { return true };
-    let bearer = request.header("authorization").and_then(|v| v.strip_prefix("Bearer "));
-    let given = bearer.or_else(|| request.header("x-api-key")).unwrap_or_default();
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let bearer = header("authorization").and_then(|v| v.strip_prefix("Bearer "));
+    let given = bearer.or_else(|| header("x-api-key")).unwrap_or_default();
     same_key(given.as_bytes(), key.as_bytes())
 }
 
-/// `POST /tokenize` `{"prompt": TEXT}` → the token ids, as generation encodes the prompt; `POST /detokenize`
-/// `{"tokens": [ids]}` → the text.
-fn tokens(path: &str, body: &[u8], served: &Served) -> Result<serde_json::Value, ApiError> {
-    let json: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::status(400, format!("invalid JSON body: {e}")))?;
-    if path == "/tokenize" {
-        let prompt = json["prompt"].as_str().ok_or_else(|| ApiError::invalid("prompt", "prompt must be a string"))?;
-        let ids =
-            tokenizer::encode(&served.tokenizer, prompt).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
-        return Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": served.context}));
+async fn authorize(State(app): Shared, request: Request, next: Next) -> Response {
+    if authorized(request.headers(), app.options.api_key.as_deref()) {
+        return next.run(request).await;
     }
-    let vocab = tokenizer::vocab_size(&served.tokenizer) as u64;
-    let ids: Vec<u32> = json["tokens"]
-        .as_array()
-        .and_then(|ids| ids.iter().map(|id| id.as_u64().filter(|&id| id < vocab).map(|id| id as u32)).collect())
-        .ok_or_else(|| ApiError::invalid("tokens", format!("tokens must be a list of ids below {vocab}")))?;
-    let text = tokenizer::decode(&served.tokenizer, &ids).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
-    Ok(json!({"prompt": text}))
+    error_response(ApiError {
+        status: 401,
+        message: "a valid API key is needed (Authorization: Bearer KEY, or X-Api-Key: KEY)".into(),
+        param: None,
+        code: Some("invalid_api_key"),
+    })
 }
 
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+async fn not_found(request: Request) -> Response {
+    error_response(ApiError::status(404, format!("no route {}", request.uri().path())))
+}
+
+async fn not_allowed(request: Request) -> Response {
+    error_response(ApiError::status(405, format!("{} is not allowed on {}", request.method(), request.uri().path())))
+}
 
 /// The playground at `/`: a chat box streaming from `/v1/chat/completions`, plain HTML and JavaScript.
 const PLAYGROUND: &str = include_str!("playground.html");
 
-/// Accepts connections on `listener` until `stop` is set, then lets every open request finish. Dropping the last
-/// job sender (when this returns) lets the scheduler drain and return too.
-pub fn accept(
-    listener: TcpListener,
-    served: Arc<Served>,
-    jobs: Sender<Job>,
-    metrics: Arc<Metrics>,
-    stop: &AtomicBool,
-) -> std::io::Result<()> {
-    listener.set_nonblocking(true)?;
-    let mut handlers = Vec::new();
-    while !stop.load(Ordering::SeqCst) {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                stream.set_nonblocking(false)?;
-                let (served, jobs, metrics) = (served.clone(), jobs.clone(), metrics.clone());
-                handlers.push(thread::spawn(move || handle(stream, &served, &jobs, &metrics)));
-                handlers.retain(|h| !h.is_finished());
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(10)),
-            Err(e) => return Err(e),
-        }
-    }
-    drop(jobs);
-    for h in handlers {
-        let _ = h.join();
-    }
-    Ok(())
+async fn playground() -> Response {
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], PLAYGROUND).into_response()
 }
 
-fn handle(stream: TcpStream, served: &Served, jobs: &Sender<Job>, metrics: &Metrics) {
-    let request = match http::read_request(&stream) {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = reply(&stream, metrics, 400, &ApiError::status(400, e.to_string()).body());
-            return;
+/// 200 with the running and queued sequences once the model has loaded, 503 before.
+async fn health(State(app): Shared) -> Response {
+    if app.served.get().is_none() {
+        let mut response = json_response(503, &json!({"status": "loading"}));
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return response;
+    }
+    let (running, queued) = (app.metrics.running.load(Ordering::SeqCst), app.metrics.queued.load(Ordering::SeqCst));
+    json_response(200, &json!({"status": "ok", "active_sequences": running, "queued_sequences": queued}))
+}
+
+async fn metrics(State(app): Shared) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], app.metrics.render()).into_response()
+}
+
+async fn models(State(app): Shared) -> Response {
+    reply(app.loaded().map(|served| {
+        json!({"object": "list", "data": [{"id": app.id, "object": "model", "created": 0, "owned_by": "ember",
+                                           "max_model_len": served.context}]})
+    }))
+}
+
+/// The body, at most `body_limit` bytes (413) arriving within `body_timeout` (408).
+async fn read_body(body: Body, options: &Options) -> Result<Bytes, ApiError> {
+    let limited = Limited::new(body, options.body_limit);
+    match tokio::time::timeout(options.body_timeout, limited.collect()).await {
+        Err(_) => Err(ApiError::status(408, format!("the body did not arrive within {:?}", options.body_timeout))),
+        Ok(Err(e)) if e.is::<LengthLimitError>() => {
+            Err(ApiError::status(413, format!("the body is larger than {} bytes", options.body_limit)))
         }
+        Ok(Err(e)) => Err(ApiError::status(400, format!("the body could not be read: {e}"))),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+    }
+}
+
+/// `POST /tokenize` `{"prompt": TEXT}` → the token ids, as generation encodes the prompt.
+async fn tokenize(State(app): Shared, body: Body) -> Response {
+    let result = async {
+        let served = app.loaded()?;
+        let json = parse_json(&read_body(body, &app.options).await?)?;
+        let prompt = json["prompt"].as_str().ok_or_else(|| ApiError::invalid("prompt", "prompt must be a string"))?;
+        let ids =
+            tokenizer::encode(&served.tokenizer, prompt).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+        Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": served.context}))
     };
-    let _ = route(&stream, request, served, jobs, metrics);
+    reply(result.await)
 }
 
-fn route(
-    stream: &TcpStream,
-    request: Request,
-    served: &Served,
-    jobs: &Sender<Job>,
-    metrics: &Metrics,
-) -> std::io::Result<()> {
-    let model_id = served.id.as_str();
-    // The page and the health check are public; the page asks for the key and sends it with its API calls.
-    let public = matches!(request.path.as_str(), "/health" | "/");
-    if !public && !authorized(&request, served.api_key.as_deref()) {
-        let e = ApiError {
-            status: 401,
-            message: "a valid API key is needed (Authorization: Bearer KEY, or X-Api-Key: KEY)".into(),
-            param: None,
-            code: Some("invalid_api_key"),
-        };
-        return reply(stream, metrics, 401, &e.body());
-    }
-    match (request.method.as_str(), request.path.as_str()) {
-        ("GET", "/health") => {
-            let running = metrics.running.load(Ordering::SeqCst);
-            reply(stream, metrics, 200, &json!({"status": "ok", "active_sequences": running}))
-        }
-        ("GET", "/") => reply_text(stream, metrics, 200, "text/html; charset=utf-8", PLAYGROUND),
-        ("GET", "/metrics") => {
-            // Counted before rendering, so that a scrape includes itself.
-            metrics.response(200);
-            http::respond_text(stream, 200, "text/plain; version=0.0.4; charset=utf-8", &metrics.render())
-        }
-        ("GET", "/v1/models") => reply(
-            stream,
-            metrics,
-            200,
-            &json!({"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "ember"}]}),
-        ),
-        ("POST", "/v1/completions") => match openai::parse_completion(&request.body, model_id) {
-            Ok(c) => respond(stream, metrics, Api::Completions, c.settings, c.streaming, model_id, jobs),
-            Err(e) => reply(stream, metrics, e.status, &e.body()),
-        },
-        ("POST", "/v1/chat/completions") => match chat_settings(&request.body, served) {
-            Ok((settings, streaming)) => respond(stream, metrics, Api::Chat, settings, streaming, model_id, jobs),
-            Err(e) => reply(stream, metrics, e.status, &e.body()),
-        },
-        ("POST", path @ ("/tokenize" | "/detokenize")) => match tokens(path, &request.body, served) {
-            Ok(body) => reply(stream, metrics, 200, &body),
-            Err(e) => reply(stream, metrics, e.status, &e.body()),
-        },
-        (
-            _,
-            "/health"
-            | "/metrics"
-            | "/v1/models"
-            | "/v1/completions"
-            | "/v1/chat/completions"
-            | "/tokenize"
-            | "/detokenize",
-        ) => {
-            let e = ApiError::status(405, format!("{} is not allowed here", request.method));
-            reply(stream, metrics, 405, &e.body())
-        }
-        (_, path) => reply(stream, metrics, 404, &ApiError::status(404, format!("no route {path}")).body()),
-    }
+/// `POST /detokenize` `{"tokens": [ids]}` → the text.
+async fn detokenize(State(app): Shared, body: Body) -> Response {
+    let result = async {
+        let served = app.loaded()?;
+        let json = parse_json(&read_body(body, &app.options).await?)?;
+        let vocab = tokenizer::vocab_size(&served.tokenizer) as u64;
+        let ids: Vec<u32> = json["tokens"]
+            .as_array()
+            .and_then(|ids| ids.iter().map(|id| id.as_u64().filter(|&id| id < vocab).map(|id| id as u32)).collect())
+            .ok_or_else(|| ApiError::invalid("tokens", format!("tokens must be a list of ids below {vocab}")))?;
+        let text =
+            tokenizer::decode(&served.tokenizer, &ids).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+        Ok(json!({"prompt": text}))
+    };
+    reply(result.await)
+}
+
+fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::status(400, format!("invalid JSON body: {e}")))
+}
+
+async fn completions(State(app): Shared, body: Body) -> Response {
+    generate(app, body, Api::Completions).await.unwrap_or_else(error_response)
+}
+
+async fn chat_completions(State(app): Shared, body: Body) -> Response {
+    generate(app, body, Api::Chat).await.unwrap_or_else(error_response)
 }
 
 /// A chat request's sampling settings, its prompt the model's template rendered over the messages (with the
 /// assistant's turn opened). The template's own refusal (`raise_exception`) is a 400.
-fn chat_settings(body: &[u8], served: &Served) -> Result<(SampleConfig, Streaming), ApiError> {
-    let chat = openai::parse_chat(body, &served.id)?;
+fn chat_settings(body: &[u8], id: &str, served: &Served) -> Result<(SampleConfig, Output), ApiError> {
+    let chat = openai::parse_chat(body, id)?;
     let Some(prompt) = &served.chat else {
         return Err(ApiError::status(
             400,
@@ -224,81 +364,232 @@ fn chat_settings(body: &[u8], served: &Served) -> Result<(SampleConfig, Streamin
         ChatError::Refused(message) => ApiError::invalid("messages", message),
         other => ApiError::invalid("messages", other.to_string()),
     })?;
-    Ok((SampleConfig { prompt: rendered, ..chat.settings }, chat.streaming))
+    Ok((SampleConfig { prompt: rendered, ..chat.settings }, chat.output))
 }
 
-/// Runs `settings` on the scheduler and answers in `api`'s format, whole or as server-sent events.
-fn respond(
-    stream: &TcpStream,
-    metrics: &Metrics,
-    api: Api,
-    settings: SampleConfig,
-    streaming: Streaming,
-    model_id: &str,
-    jobs: &Sender<Job>,
-) -> std::io::Result<()> {
-    let (events, received) = mpsc::channel();
-    if jobs.send(Job { settings, events }).is_err() {
-        return reply(stream, metrics, 503, &ApiError::status(503, "the server is shutting down").body());
-    }
-    let queued = Instant::now();
-    let mut first_text: Option<Instant> = None;
-    let id = api.id(NEXT_ID.fetch_add(1, Ordering::Relaxed));
-    let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let mut text = String::new();
-    let mut started = false;
-    // The stream's head (and a chat's role chunk) goes out with the first text, so that an error before any text
-    // can still be a 4xx.
-    let start = |started: &mut bool| -> std::io::Result<()> {
-        if !*started {
-            metrics.response(200);
-            http::start_events(stream)?;
-            if let Some(first) = api.first_chunk(&id, model_id, created) {
-                http::send_event(stream, &first.to_string())?;
-            }
-            *started = true;
-        }
-        Ok(())
+/// Parses, admits and runs a request: `n` jobs (choice i seeded with seed + i), answered whole or streamed. The
+/// first event decides the status, so that a prompt the model cannot take is still a 4xx when streaming.
+async fn generate(app: Arc<App>, body: Body, api: Api) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let served = app.loaded()?;
+    let body = read_body(body, &app.options).await?;
+    let (settings, output) = match api {
+        Api::Completions => openai::parse_completion(&body, &app.id).map(|c| (c.settings, c.output))?,
+        Api::Chat => chat_settings(&body, &app.id, served)?,
     };
-    for event in received {
-        if matches!(event, Event::Text(_)) && first_text.is_none() {
-            first_text = Some(Instant::now());
-            metrics.first_token(queued.elapsed().as_secs_f64());
+    let admission = app.admit(output.n)?;
+    let (events, received) = channel::unbounded_channel();
+    for choice in 0..output.n {
+        let settings = SampleConfig { seed: settings.seed.wrapping_add(choice as u64), ..settings.clone() };
+        let job = Job { settings, choice, logprobs: output.logprobs, events: events.clone() };
+        app.jobs.send(job).map_err(|_| ApiError::status(503, "the server is shutting down"))?;
+    }
+    let mut response = Generation {
+        id: api.id(app.next_id.fetch_add(1, Ordering::Relaxed)),
+        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        api,
+        output,
+        events: received,
+        deadline: tokio::time::Instant::from_std(arrived + app.options.deadline),
+        arrived,
+        first_token: None,
+        choices: (0..output.n).map(|_| Choice::default()).collect(),
+        prompt_tokens: 0,
+        _admission: admission,
+        app: app.clone(),
+    };
+    let first = response.next().await?;
+    if !output.stream {
+        return response.whole(first).await.map(|body| json_response(200, &body));
+    }
+    let (frames, body) = channel::channel(16);
+    tokio::spawn(response.stream(first, frames));
+    let headers = [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")];
+    Ok((headers, Body::new(EventStream(body))).into_response())
+}
+
+/// What one choice has produced so far.
+#[derive(Default)]
+struct Choice {
+    text: String,
+    logprobs: Vec<TokenText>,
+    finish: Option<Finish>,
+    first_token: Option<Instant>,
+    completion_tokens: usize,
+}
+
+/// A response being generated: the events of its choices, folded into a whole response or stream chunks.
+struct Generation {
+    app: Arc<App>,
+    api: Api,
+    id: String,
+    created: u64,
+    output: Output,
+    /// Released before `events` closes, so that a freed sequence is never still counted.
+    _admission: Admission,
+    events: UnboundedReceiver<(usize, Event)>,
+    deadline: tokio::time::Instant,
+    arrived: Instant,
+    first_token: Option<Instant>,
+    choices: Vec<Choice>,
+    prompt_tokens: usize,
+}
+
+impl Generation {
+    /// The next event: an error as an [`ApiError`], and the deadline as a 504.
+    async fn next(&mut self) -> Result<(usize, Event), ApiError> {
+        match tokio::time::timeout_at(self.deadline, self.events.recv()).await {
+            Err(_) => Err(ApiError::status(
+                504,
+                format!("generation passed the request deadline of {:?}", self.app.options.deadline),
+            )),
+            Ok(None) => Err(ApiError::status(500, "generation ended without a result")),
+            Ok(Some((_, Event::Error(e)))) => Err(e.into()),
+            Ok(Some(event)) => Ok(event),
         }
+    }
+
+    fn finished(&self) -> bool {
+        self.choices.iter().all(|c| c.finish.is_some())
+    }
+
+    /// Records `event` of choice `index` (text, logprobs, metrics) and returns the new text and logprobs.
+    fn record(&mut self, index: usize, event: Event) -> (String, Vec<TokenText>) {
+        let metrics = &self.app.metrics;
+        let choice = &mut self.choices[index];
         match event {
-            Event::Error(e) => {
-                let e = ApiError::from(e);
-                return if started { Ok(()) } else { reply(stream, metrics, e.status, &e.body()) };
+            Event::Token { text, logprob } => {
+                let now = Instant::now();
+                if self.first_token.is_none() {
+                    self.first_token = Some(now);
+                    metrics.first_token(now.duration_since(self.arrived).as_secs_f64());
+                }
+                choice.first_token.get_or_insert(now);
+                choice.text.push_str(&text);
+                let served = self.app.served.get().expect("a generation runs on a loaded model");
+                let logprobs: Vec<TokenText> =
+                    logprob.map(|lp| token_text(&served.tokenizer, lp)).into_iter().collect();
+                choice.logprobs.extend(logprobs.iter().cloned());
+                (text, logprobs)
             }
-            Event::Text(piece) if streaming.stream => {
-                start(&mut started)?;
-                // A write error means the client left: returning drops the receiver, and the scheduler frees the sequence.
-                http::send_event(stream, &api.body(&id, model_id, created, &piece, None, true).to_string())?;
-            }
-            Event::Text(piece) => text.push_str(&piece),
             Event::Done { finish, prompt_tokens, completion_tokens } => {
                 metrics.tokens(prompt_tokens, completion_tokens);
-                if let Some(first) = first_text.filter(|_| completion_tokens > 1) {
+                if let Some(first) = choice.first_token.filter(|_| completion_tokens > 1) {
                     metrics.per_token(first.elapsed().as_secs_f64() / (completion_tokens - 1) as f64);
                 }
-                let usage = openai::usage(prompt_tokens, completion_tokens);
-                if !streaming.stream {
-                    let mut body = api.body(&id, model_id, created, &text, Some(finish), false);
-                    body["usage"] = usage;
-                    return reply(stream, metrics, 200, &body);
-                }
-                start(&mut started)?;
-                http::send_event(stream, &api.body(&id, model_id, created, "", Some(finish), true).to_string())?;
-                if streaming.include_usage {
-                    let mut last = api.body(&id, model_id, created, "", None, true);
-                    last["choices"] = json!([]);
-                    last["usage"] = usage;
-                    http::send_event(stream, &last.to_string())?;
-                }
-                return http::send_event(stream, "[DONE]");
+                choice.finish = Some(finish);
+                choice.completion_tokens = completion_tokens;
+                self.prompt_tokens = prompt_tokens;
+                (String::new(), Vec::new())
             }
+            Event::Error(_) => unreachable!("next() turns errors into ApiError"),
         }
     }
-    let e = ApiError::status(500, "generation ended without a result");
-    if started { Ok(()) } else { reply(stream, metrics, 500, &e.body()) }
+
+    fn usage(&self) -> Value {
+        openai::usage(self.prompt_tokens, self.choices.iter().map(|c| c.completion_tokens).sum())
+    }
+
+    /// Waits for every choice and answers with the whole response.
+    async fn whole(mut self, first: (usize, Event)) -> Result<Value, ApiError> {
+        let (index, event) = first;
+        self.record(index, event);
+        while !self.finished() {
+            let (index, event) = self.next().await?;
+            self.record(index, event);
+        }
+        let logprobs = self.output.logprobs.is_some();
+        let choices: Vec<ChoiceBody> = (self.choices.iter().enumerate())
+            .map(|(index, c)| ChoiceBody {
+                index,
+                text: &c.text,
+                logprobs: logprobs.then_some(c.logprobs.as_slice()),
+                offset: 0,
+                finish: c.finish,
+            })
+            .collect();
+        let mut body = self.api.body(&self.id, &self.app.id, self.created, &choices, false);
+        body["usage"] = self.usage();
+        Ok(body)
+    }
+
+    /// Sends the response as server-sent events into `frames`: a chat's role chunks, a chunk per token (or per
+    /// piece of text), each choice's finish, the usage when asked for, and `[DONE]`. It stops when the client
+    /// leaves (`frames` closes), which drops the event receiver and so frees the sequences.
+    async fn stream(mut self, first: (usize, Event), frames: channel::Sender<Bytes>) {
+        let send = |data: String| {
+            let frames = frames.clone();
+            async move { frames.send(Bytes::from(format!("data: {data}\n\n"))).await.is_ok() }
+        };
+        for index in 0..self.output.n {
+            if let Some(chunk) = self.api.first_chunk(&self.id, &self.app.id, self.created, index)
+                && !send(chunk.to_string()).await
+            {
+                return;
+            }
+        }
+        let mut event: Result<(usize, Event), ApiError> = Ok(first);
+        loop {
+            let (index, event_now) = match event {
+                Ok(e) => e,
+                Err(e) => {
+                    // OpenAI's way of failing a stream already under way.
+                    send(e.body().to_string()).await;
+                    return;
+                }
+            };
+            let offset = self.choices[index].text.len();
+            let (text, logprobs) = self.record(index, event_now);
+            let finish = self.choices[index].finish;
+            if !text.is_empty() || !logprobs.is_empty() || finish.is_some() {
+                let choice = ChoiceBody {
+                    index,
+                    text: &text,
+                    logprobs: self.output.logprobs.map(|_| logprobs.as_slice()),
+                    offset,
+                    finish,
+                };
+                if !send(self.api.body(&self.id, &self.app.id, self.created, &[choice], true).to_string()).await {
+                    return;
+                }
+            }
+            if self.finished() {
+                break;
+            }
+            event = self.next().await;
+        }
+        if self.output.include_usage {
+            let mut last = self.api.body(&self.id, &self.app.id, self.created, &[], true);
+            last["usage"] = self.usage();
+            if !send(last.to_string()).await {
+                return;
+            }
+        }
+        send("[DONE]".into()).await;
+    }
+}
+
+/// A token's logprobs with its text and its alternatives' as the tokenizer decodes each alone.
+fn token_text(tokenizer: &Tokenizer, lp: TokenLogprob) -> TokenText {
+    let text = |id: u32| tokenizer::decode(tokenizer, &[id]).unwrap_or_default();
+    TokenText {
+        token: text(lp.id),
+        logprob: lp.logprob,
+        top: lp.top.into_iter().map(|(id, p)| (text(id), p)).collect(),
+    }
+}
+
+/// A streamed response body: the frames [`Generation::stream`] sends.
+struct EventStream(channel::Receiver<Bytes>);
+
+impl HttpBody for EventStream {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|data| data.map(|bytes| Ok(Frame::data(bytes))))
+    }
 }

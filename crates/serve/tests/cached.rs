@@ -1,6 +1,7 @@
 //! Cached decoding equals full recomputation: for 64 steps the next-token logits agree within 1e-5 on the CPU for
 //! GPT, Llama (GQA, RoPE), MLA (absorbed, against cached latents) and sliding-window models, with the contiguous and
-//! the paged store; quantized stores stay close; forked sequences share pages.
+//! the paged store; quantized stores stay close; forked sequences share pages, and later prompts the cached pages of
+//! their shared prefix.
 
 use std::collections::HashMap;
 
@@ -154,6 +155,49 @@ fn forked_sequences_share_prompt_pages_and_copy_on_write() {
     drop(a);
     drop(b);
     assert_eq!(pool.borrow().allocator.counts().1, 0, "every page is free once both sequences end");
+}
+
+/// Prefix caching: a pool that indexes full prompt pages lets a later prompt start from the pages it shares with
+/// earlier ones (never its last token, whose logits are needed), continues exactly as an uncached recomputation,
+/// keeps pages after their sequences end, and holds at most its capacity.
+#[test]
+fn later_prompts_reuse_the_cached_pages_of_their_shared_prefix() {
+    let device = Device::flex();
+    let (_, llama) = configs().swap_remove(1);
+    let model = sharpened(Gpt::new(&llama, &mut Rng::new(3), &device));
+    let row = |ids: &[u32]| {
+        Tensor::<2, Int>::from_data(TensorData::new(ids.iter().map(|&i| i as i64).collect(), [1, ids.len()]), &device)
+    };
+    // The last position's logits of `ids` through a cache for it, and the tokens the cache started with.
+    let run = |pool: &std::rc::Rc<std::cell::RefCell<PagePool>>, ids: &[u32]| {
+        let mut cache = PagedCache::for_prompt(pool.clone(), ids);
+        let reused = cache.len();
+        let logits = model.forward_step(row(&ids[reused..]), &mut cache);
+        let full = model.forward(row(ids));
+        let (t, v) = (ids.len(), full.dims()[2]);
+        let d: f32 = (logits - full.slice([0..1, t - 1..t, 0..v]).reshape([1, v])).abs().max().into_scalar();
+        assert!(d <= 1e-5, "{ids:?} after {reused} cached tokens: {d}");
+        (reused, cache)
+    };
+    let pool = PagePool::with_prefix_cache(4, 3);
+    let a: Vec<u32> = (0..11).map(|i| (i * 7 % 50) as u32).collect();
+    let (reused, first) = run(&pool, &a);
+    assert_eq!((reused, pool.borrow().cached_pages()), (0, 2), "two full pages of 11 tokens indexed");
+    let mut b = a[..9].to_vec();
+    b.extend([40, 41, 42, 43, 44]);
+    let (reused, second) = run(&pool, &b);
+    assert_eq!(reused, 8, "the two pages b shares with a; its third page differs after one token");
+    assert_eq!(second.table(0)[..2], first.table(0)[..2]);
+    assert_eq!(run(&pool, &a).0, 8, "the same prompt again");
+    assert_eq!(run(&pool, &a[..8]).0, 4, "a prompt of two whole pages computes its last page");
+    drop((first, second));
+    let cached = pool.borrow().cached_pages();
+    assert_eq!(cached, 3, "a's two pages and b's third");
+    assert_eq!(pool.borrow().allocator.counts().1, 2 * cached, "the index keeps its pages in both layers");
+    let other: Vec<u32> = (0..13).map(|i| (i * 3 % 50 + 1) as u32).collect();
+    run(&pool, &other);
+    assert_eq!(pool.borrow().cached_pages(), 3, "at most the capacity, the least recently used evicted");
+    assert_eq!(run(&pool, &other).0, 12);
 }
 
 #[test]

@@ -1,21 +1,24 @@
-//! `ember bench serve`: the HTTP server under concurrent streaming clients, in one process: requests/s, generated
-//! tokens/s, time to first token and latency percentiles.
+//! `ember bench serve`: the HTTP server (the one `ember serve` runs) under streaming clients at several
+//! concurrencies, in one process: requests/s, generated tokens/s, time to first token and time per output token
+//! (p50 and p99), errors, and the process' resident memory after every round, so that growth across rounds shows.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, anyhow};
+use anyhow::{Result, anyhow, bail};
 use clap::Args;
 use ember_core_model::import;
+use ember_serve::KvKind;
+use ember_serve::http::{self, Limits};
 use ember_serve::metrics::Metrics;
-use ember_serve::server::Served;
-use ember_serve::{KvKind, scheduler, server};
-use serde_json::json;
+use ember_serve::scheduler::{self, Batching};
+use ember_serve::server::{self, App, Options, Served};
+use serde_json::{Value, json};
 
 use crate::devices::{self, DeviceChoice};
 
@@ -24,12 +27,15 @@ pub struct BenchServeArgs {
     /// A run directory, Hugging Face directory or GGUF file.
     #[arg(long)]
     model: PathBuf,
-    /// Requests in all.
+    /// Requests per concurrency level and round.
     #[arg(long, default_value_t = 32)]
     requests: usize,
-    /// Clients sending at once (and the scheduler's batch).
-    #[arg(long, default_value_t = 16)]
-    concurrency: usize,
+    /// Clients sending at once, one level after another (the largest is the scheduler's batch).
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+    concurrency: Vec<usize>,
+    /// Times the whole set of levels runs; memory is read after each.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Tokens generated per request.
     #[arg(long, default_value_t = 64)]
     max_tokens: usize,
@@ -38,105 +44,180 @@ pub struct BenchServeArgs {
     prompt: String,
 }
 
-/// One streamed request: (time to first token, total time, tokens received).
-fn stream_one(address: &str, body: &str) -> Result<(Duration, Duration, usize)> {
+/// One streamed request, as its client saw it.
+struct Timing {
+    first_token: Duration,
+    total: Duration,
+    tokens: usize,
+}
+
+/// One streaming completion over a fresh connection, read up to `[DONE]`: any other ending is an error.
+fn stream_one(address: &str, body: &str) -> Result<Timing> {
     let started = Instant::now();
     let mut stream = TcpStream::connect(address)?;
     write!(
         stream,
-        "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST /v1/completions HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
         body.len()
     )?;
-    let (mut first, mut chunks) = (None, 0);
-    for line in BufReader::new(stream).lines() {
-        let line = line?;
-        if line.starts_with("HTTP/1.1") && !line.contains(" 200 ") {
-            return Err(anyhow!("the server answered {line}"));
+    let (mut first, mut tokens, mut done) = (None, None, false);
+    let mut lines = BufReader::new(stream).lines();
+    let status = lines.next().ok_or_else(|| anyhow!("no response"))??;
+    if !status.contains(" 200 ") {
+        bail!("the server answered {status}");
+    }
+    for line in lines {
+        // Chunked framing lines (sizes, blank separators) are skipped; events are whole lines.
+        let Some(data) = line?.strip_prefix("data: ").map(String::from) else { continue };
+        if data == "[DONE]" {
+            done = true;
+            break;
         }
-        if let Some(data) = line.strip_prefix("data: ") {
+        let chunk: Value = serde_json::from_str(&data)?;
+        if chunk["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()) {
             first.get_or_insert_with(|| started.elapsed());
-            if data != "[DONE]" {
-                chunks += 1;
-            }
+        }
+        if let Some(n) = chunk["usage"]["completion_tokens"].as_u64() {
+            tokens = Some(n as usize);
         }
     }
-    Ok((first.unwrap_or_default(), started.elapsed(), chunks))
+    match (done, first, tokens) {
+        (true, Some(first_token), Some(tokens)) => Ok(Timing { first_token, total: started.elapsed(), tokens }),
+        _ => bail!("the stream ended without text, usage or [DONE]"),
+    }
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+    sorted.get(((sorted.len().max(1) - 1) as f64 * p).round() as usize).copied().unwrap_or(f64::NAN)
+}
+
+/// Resident and peak resident memory of this process, in MiB (VmRSS and VmHWM of /proc/self/status).
+fn memory_mib() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .map_or(f64::NAN, |kib| kib / 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The results of one concurrency level in one round.
+struct Level {
+    wall: Duration,
+    timings: Vec<Timing>,
+    errors: Vec<String>,
+}
+
+/// `requests` requests, `concurrency` at a time.
+fn run_level(address: &str, body: &str, requests: usize, concurrency: usize) -> Level {
+    let started = Instant::now();
+    let next = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (next, address, body) = (next.clone(), address.to_string(), body.to_string());
+            thread::spawn(move || {
+                let mut results = Vec::new();
+                while next.fetch_add(1, Ordering::SeqCst) < requests {
+                    results.push(stream_one(&address, &body));
+                }
+                results
+            })
+        })
+        .collect();
+    let (mut timings, mut errors) = (Vec::new(), Vec::new());
+    for result in clients.into_iter().flat_map(|c| c.join().unwrap_or_default()) {
+        match result {
+            Ok(t) => timings.push(t),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    Level { wall: started.elapsed(), timings, errors }
 }
 
 pub fn bench_serve(args: BenchServeArgs, device: DeviceChoice) -> Result<()> {
+    if args.concurrency.contains(&0) || args.requests == 0 || args.rounds == 0 || args.max_tokens < 2 {
+        bail!("--concurrency levels, --requests and --rounds must be at least 1, --max-tokens at least 2");
+    }
     let (device, description) = devices::select(device)?;
     let run = import::load(&args.model, &device)?;
+    let batch = args.concurrency.iter().copied().max().unwrap_or(1);
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let address = listener.local_addr()?.to_string();
-    let stop = Arc::new(AtomicBool::new(false));
     let metrics = Arc::new(Metrics::default());
     let (jobs, received) = mpsc::channel();
-    let served = Served {
-        id: "bench".into(),
-        chat: None,
-        tokenizer: run.tokenizer.clone(),
-        context: run.model.block_size(),
-        api_key: None,
-    };
-    let acceptor = {
-        let (stop, metrics, served) = (stop.clone(), metrics.clone(), Arc::new(served));
-        thread::spawn(move || server::accept(listener, served, jobs, metrics, &stop))
-    };
-    let body =
-        json!({"prompt": args.prompt, "max_tokens": args.max_tokens, "temperature": 0, "stream": true}).to_string();
-    let (requests, concurrency) = (args.requests.max(1), args.concurrency.max(1));
-    let driver = {
-        let stop = stop.clone();
-        thread::spawn(move || {
-            let started = Instant::now();
-            let next = Arc::new(AtomicUsize::new(0));
-            let clients: Vec<_> = (0..concurrency)
-                .map(|_| {
-                    let (next, address, body) = (next.clone(), address.clone(), body.clone());
-                    thread::spawn(move || {
-                        let mut results = Vec::new();
-                        while next.fetch_add(1, Ordering::SeqCst) < requests {
-                            results.push(stream_one(&address, &body));
-                        }
-                        results
-                    })
-                })
-                .collect();
-            let results: Vec<_> = clients.into_iter().flat_map(|c| c.join().unwrap_or_default()).collect();
-            stop.store(true, Ordering::SeqCst);
-            (results, started.elapsed())
-        })
-    };
-    let kv = KvKind::Contiguous.into();
-    scheduler::run(&run.model, &run.tokenizer, kv, &device, concurrency, received, &metrics);
-    acceptor.join().map_err(|_| anyhow!("the listener panicked"))??;
-    let (results, wall) = driver.join().map_err(|_| anyhow!("the load generator panicked"))?;
-    let results: Vec<_> = results.into_iter().collect::<Result<_>>()?;
-    let tokens: usize = results.iter().map(|r| r.2).sum();
-    let mut first: Vec<f64> = results.iter().map(|r| r.0.as_secs_f64()).collect();
-    let mut total: Vec<f64> = results.iter().map(|r| r.1.as_secs_f64()).collect();
-    first.sort_by(f64::total_cmp);
-    total.sort_by(f64::total_cmp);
-    let wall = wall.as_secs_f64();
+    let app = App::new("bench".into(), jobs, metrics.clone(), Options::new(batch));
+    app.ready(Served { chat: None, tokenizer: run.tokenizer.clone(), context: run.model.block_size() });
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let listening =
+        http::spawn(listener, server::router(app).map_err(anyhow::Error::msg)?, Limits::default(), async {
+            let _ = stopped.await;
+        })?;
+    let body = json!({"prompt": args.prompt, "max_tokens": args.max_tokens, "temperature": 0, "stream": true,
+                      "stream_options": {"include_usage": true}})
+    .to_string();
+    let (requests, levels, rounds) = (args.requests, args.concurrency.clone(), args.rounds);
+    let before = memory_mib();
+    let driver = thread::spawn(move || {
+        let mut results = Vec::new();
+        for _ in 0..rounds {
+            let round: Vec<Level> = levels.iter().map(|&c| run_level(&address, &body, requests, c)).collect();
+            results.push((round, memory_mib()));
+        }
+        let _ = stop.send(());
+        results
+    });
+    let batching = Batching { max_batch: batch, kv: KvKind::Contiguous.into(), prefix_pages: 0 };
+    scheduler::run(&run.model, &run.tokenizer, &device, batching, received, &metrics);
+    listening.join().map_err(|_| anyhow!("the HTTP thread panicked"))??;
+    let results = driver.join().map_err(|_| anyhow!("the load generator panicked"))?;
+
     println!(
-        "bench serve: {} on {description}: {requests} streaming requests of {} tokens, {concurrency} at a time",
+        "bench serve: {} on {description}: {requests} streaming requests of {} tokens per level and round, {rounds} \
+         rounds, greedy",
         args.model.display(),
         args.max_tokens
     );
-    println!("| requests/s | generated tokens/s | first token p50 / p99 | latency p50 / p99 |");
-    println!("|---|---|---|---|");
     println!(
-        "| {:.2} | {:.1} | {:.2} s / {:.2} s | {:.2} s / {:.2} s |",
-        requests as f64 / wall,
-        tokens as f64 / wall,
-        percentile(&first, 0.5),
-        percentile(&first, 0.99),
-        percentile(&total, 0.5),
-        percentile(&total, 0.99)
+        "| concurrency | requests/s | generated tokens/s | TTFT p50 / p99 | TPOT p50 / p99 | errors |\n|---:|---:|---:|---:|---:|---:|"
     );
+    let mut errors = Vec::new();
+    for (i, &concurrency) in args.concurrency.iter().enumerate() {
+        let level: Vec<&Level> = results.iter().map(|(round, _)| &round[i]).collect();
+        let timings: Vec<&Timing> = level.iter().flat_map(|l| &l.timings).collect();
+        let wall: f64 = level.iter().map(|l| l.wall.as_secs_f64()).sum();
+        let tokens: usize = timings.iter().map(|t| t.tokens).sum();
+        let mut first: Vec<f64> = timings.iter().map(|t| t.first_token.as_secs_f64()).collect();
+        let mut per_token: Vec<f64> =
+            timings.iter().map(|t| (t.total - t.first_token).as_secs_f64() / (t.tokens.max(2) - 1) as f64).collect();
+        first.sort_by(f64::total_cmp);
+        per_token.sort_by(f64::total_cmp);
+        let failed: Vec<&String> = level.iter().flat_map(|l| &l.errors).collect();
+        println!(
+            "| {concurrency} | {:.2} | {:.1} | {:.1} ms / {:.1} ms | {:.2} ms / {:.2} ms | {} |",
+            timings.len() as f64 / wall,
+            tokens as f64 / wall,
+            percentile(&first, 0.5) * 1e3,
+            percentile(&first, 0.99) * 1e3,
+            percentile(&per_token, 0.5) * 1e3,
+            percentile(&per_token, 0.99) * 1e3,
+            failed.len()
+        );
+        errors.extend(failed);
+    }
+    let rss: Vec<String> = results.iter().map(|(_, (rss, _))| format!("{rss:.0}")).collect();
+    let peak = results.last().map_or(f64::NAN, |(_, (_, peak))| *peak);
+    println!(
+        "memory: resident {:.0} MiB before, after each round {} MiB; peak {:.0} MiB before, {peak:.0} MiB at the end",
+        before.0,
+        rss.join(" / "),
+        before.1
+    );
+    if let Some(first) = errors.first() {
+        bail!("{} requests failed; the first: {first}", errors.len());
+    }
     Ok(())
 }

@@ -1,8 +1,16 @@
 //! The paged store: a pool of fixed pages of p tokens per layer and entry; logical position j of a sequence lives in
 //! page ⌊j/p⌋ of its page table at offset j mod p. Pages carry reference counts, so sequences forked from a shared
 //! prompt share its pages until one of them writes into a shared page (copy on write).
+//!
+//! Prefix caching: a pool made [`PagePool::with_prefix_cache`] keeps the full pages of every prompt in an index keyed
+//! by the page's tokens and the key of the page before it, so a key stands for the whole prefix up to that page. A
+//! later prompt that starts with indexed pages shares them and computes only the rest (vLLM's automatic prefix
+//! caching). The index holds a reference on each page it keeps, at most `capacity` logical pages, and lets the least
+//! recently used go first.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::rc::Rc;
 
 use burn::tensor::{Int, Tensor, TensorData};
@@ -44,11 +52,36 @@ impl PageAllocator {
     }
 }
 
-/// Every page's storage: per layer and entry a pool [pages, n, p, w] (once the layer has written), and the allocator.
+/// The key of the page holding `tokens` after the prefix keyed `parent` (0 before the first page).
+fn page_key(parent: u64, tokens: &[u32]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    (parent, tokens).hash(&mut hasher);
+    hasher.finish()
+}
+
+/// One indexed page: its prefix's key and tokens (checked on lookup, so that a hash collision is a miss), its
+/// physical page in each layer as the layers write it, and when it was last used.
+struct Indexed {
+    parent: u64,
+    tokens: Vec<u32>,
+    pages: Vec<Option<usize>>,
+    used: u64,
+}
+
+/// Full prompt pages kept for later prompts, at most `capacity`.
+struct PrefixIndex {
+    capacity: usize,
+    entries: HashMap<u64, Indexed>,
+    clock: u64,
+}
+
+/// Every page's storage: per layer and entry a pool [pages, n, p, w] (once the layer has written), the allocator, and
+/// the prefix index when the pool caches prefixes.
 pub struct PagePool {
     pub page_size: usize,
     pub allocator: PageAllocator,
     pools: Vec<Option<[Tensor<4>; 2]>>,
+    prefixes: Option<PrefixIndex>,
 }
 
 impl PagePool {
@@ -57,7 +90,72 @@ impl PagePool {
             page_size: page_size.max(1),
             allocator: PageAllocator::default(),
             pools: Vec::new(),
+            prefixes: None,
         }))
+    }
+
+    /// A pool whose sequences share the full pages of earlier prompts, keeping up to `capacity` of them.
+    pub fn with_prefix_cache(page_size: usize, capacity: usize) -> Rc<RefCell<Self>> {
+        let pool = Self::new(page_size);
+        pool.borrow_mut().prefixes = Some(PrefixIndex { capacity, entries: HashMap::new(), clock: 0 });
+        pool
+    }
+
+    /// Logical pages the prefix index holds.
+    pub fn cached_pages(&self) -> usize {
+        self.prefixes.as_ref().map_or(0, |index| index.entries.len())
+    }
+
+    /// The physical pages, one list per layer, of the longest run of indexed pages that `keys` (a prompt's chain of
+    /// page keys, with its pages' tokens) starts with.
+    fn lookup(&mut self, keys: &[(u64, u64, &[u32])]) -> Vec<Vec<usize>> {
+        let layers = self.pools.len();
+        let Some(index) = self.prefixes.as_mut() else { return Vec::new() };
+        let mut tables = vec![Vec::new(); layers];
+        for &(key, parent, tokens) in keys {
+            let Some(entry) = index.entries.get_mut(&key) else { break };
+            if entry.parent != parent || entry.tokens != tokens || entry.pages.len() < layers {
+                break;
+            }
+            let Some(pages) = entry.pages.iter().copied().collect::<Option<Vec<usize>>>() else { break };
+            index.clock += 1;
+            entry.used = index.clock;
+            for (table, page) in tables.iter_mut().zip(pages) {
+                table.push(page);
+                self.allocator.share(page);
+            }
+        }
+        tables
+    }
+
+    /// Indexes `page`, layer `layer`'s copy of the prompt page keyed `key`, unless that layer's copy is indexed
+    /// already; then evicts the least recently used pages beyond the capacity.
+    fn index(&mut self, key: u64, parent: u64, tokens: &[u32], layer: usize, page: usize) {
+        let Some(index) = self.prefixes.as_mut() else { return };
+        index.clock += 1;
+        let entry = index.entries.entry(key).or_insert_with(|| Indexed {
+            parent,
+            tokens: tokens.to_vec(),
+            pages: Vec::new(),
+            used: 0,
+        });
+        if entry.parent != parent || entry.tokens != tokens {
+            return;
+        }
+        entry.used = index.clock;
+        if entry.pages.len() <= layer {
+            entry.pages.resize(layer + 1, None);
+        }
+        if entry.pages[layer].is_none() {
+            entry.pages[layer] = Some(page);
+            self.allocator.share(page);
+        }
+        while index.entries.len() > index.capacity {
+            let Some((&oldest, _)) = index.entries.iter().min_by_key(|(_, e)| e.used) else { break };
+            for page in index.entries.remove(&oldest).into_iter().flat_map(|e| e.pages).flatten() {
+                self.allocator.release(page);
+            }
+        }
     }
 
     /// Layer `layer`'s pools shaped like `entries`, with room for page numbers below `pages` (doubling as needed).
@@ -98,11 +196,37 @@ pub struct PagedCache {
     pool: Rc<RefCell<PagePool>>,
     tables: Vec<Vec<usize>>,
     lens: Vec<usize>,
+    /// The key chain of the prompt's full pages and their tokens, which this sequence indexes as it writes them
+    /// (empty without prefix caching, and after a context shift).
+    prompt: Vec<(u64, u64, Vec<u32>)>,
 }
 
 impl PagedCache {
     pub fn new(pool: Rc<RefCell<PagePool>>) -> Self {
-        Self { pool, tables: Vec::new(), lens: Vec::new() }
+        Self { pool, tables: Vec::new(), lens: Vec::new(), prompt: Vec::new() }
+    }
+
+    /// A sequence for `prompt` that starts with the indexed pages it shares with earlier prompts (its
+    /// [`KvCache::len`] says how many tokens they hold; at least one token is left to compute), and indexes its own
+    /// full prompt pages as it writes them.
+    pub fn for_prompt(pool: Rc<RefCell<PagePool>>, prompt: &[u32]) -> Self {
+        let p = pool.borrow().page_size;
+        let mut parent = 0;
+        let chain: Vec<(u64, u64, Vec<u32>)> = prompt
+            .chunks_exact(p)
+            .map(|tokens| {
+                let key = page_key(parent, tokens);
+                let link = (key, parent, tokens.to_vec());
+                parent = key;
+                link
+            })
+            .collect();
+        // The last token must run, for its logits: a prompt of whole pages reuses all but its last page.
+        let reusable = (prompt.len().saturating_sub(1)) / p;
+        let keys: Vec<(u64, u64, &[u32])> = chain[..reusable].iter().map(|(k, q, t)| (*k, *q, t.as_slice())).collect();
+        let tables = pool.borrow_mut().lookup(&keys);
+        let lens = tables.iter().map(|t| t.len() * p).collect();
+        Self { pool, tables, lens, prompt: chain }
     }
 
     /// A second sequence that continues from this one's tokens, sharing its pages.
@@ -111,7 +235,7 @@ impl PagedCache {
         for &page in self.tables.iter().flatten() {
             pool.allocator.share(page);
         }
-        Self { pool: self.pool.clone(), tables: self.tables.clone(), lens: self.lens.clone() }
+        Self { pool: self.pool.clone(), tables: self.tables.clone(), lens: self.lens.clone(), prompt: Vec::new() }
     }
 
     /// The page table of `layer`: logical page i is physical page `table[i]`.
@@ -153,6 +277,8 @@ impl KvCache for PagedCache {
         }
         self.tables.clear();
         self.lens.clear();
+        // What follows a context shift is no prompt prefix.
+        self.prompt.clear();
     }
 
     fn append(&mut self, layer: usize, entries: [Tensor<4>; 2]) -> [Tensor<4>; 2] {
@@ -227,6 +353,13 @@ impl PagedCache {
             }
         }
         let pools = pools.clone();
+        // The prompt's pages this write completed join the prefix index.
+        let completed = start / p..end / p;
+        for ((key, parent, tokens), &page) in
+            self.prompt.iter().zip(table.iter()).skip(completed.start).take(completed.len())
+        {
+            pool.index(*key, *parent, tokens, layer, page);
+        }
         self.lens[layer] = end;
         (end, pools)
     }
