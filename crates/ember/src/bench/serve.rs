@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, anyhow, bail};
 use clap::Args;
 use ember_core_model::import;
-use ember_serve::KvKind;
+use ember_serve::{KvKind, KvSpec};
 use ember_serve::http::{self, Limits};
 use ember_serve::metrics::Metrics;
 use ember_serve::scheduler::{self, Batching};
@@ -42,6 +42,13 @@ pub struct BenchServeArgs {
     /// The prompt every request sends.
     #[arg(long, default_value = "\n")]
     prompt: String,
+    #[arg(long, default_value = "contiguous")]
+    kv_cache: KvKind,
+    #[arg(long, default_value_t = 16)]
+    page_size: usize,
+    /// With `--kv-cache paged`: full prompt pages kept for later requests (as `ember serve`'s).
+    #[arg(long, default_value_t = 256)]
+    prefix_cache_pages: usize,
 }
 
 /// One streamed request, as its client saw it.
@@ -144,6 +151,8 @@ pub fn bench_serve(args: BenchServeArgs, device: DeviceChoice) -> Result<()> {
     }
     let (device, description) = devices::select(device)?;
     let run = import::load(&args.model, &device)?;
+    let kv = KvSpec { page_size: args.page_size, ..args.kv_cache.into() };
+    kv.check(run.model.block_size()).map_err(anyhow::Error::msg)?;
     let batch = args.concurrency.iter().copied().max().unwrap_or(1);
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let address = listener.local_addr()?.to_string();
@@ -170,7 +179,7 @@ pub fn bench_serve(args: BenchServeArgs, device: DeviceChoice) -> Result<()> {
         let _ = stop.send(());
         results
     });
-    let batching = Batching { max_batch: batch, kv: KvKind::Contiguous.into(), prefix_pages: 0 };
+    let batching = Batching { max_batch: batch, kv, prefix_pages: args.prefix_cache_pages };
     scheduler::run(&run.model, &run.tokenizer, &device, batching, received, &metrics);
     listening.join().map_err(|_| anyhow!("the HTTP thread panicked"))??;
     let results = driver.join().map_err(|_| anyhow!("the load generator panicked"))?;
@@ -216,6 +225,9 @@ pub fn bench_serve(args: BenchServeArgs, device: DeviceChoice) -> Result<()> {
         rss.join(" / "),
         before.1
     );
+    let metrics = metrics.render();
+    let hit_rate = metrics.lines().find_map(|l| l.strip_prefix("ember_prefix_cache_hit_rate "));
+    println!("prefix cache hit rate: {}", hit_rate.unwrap_or("0"));
     if let Some(first) = errors.first() {
         bail!("{} requests failed; the first: {first}", errors.len());
     }

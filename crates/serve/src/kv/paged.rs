@@ -338,8 +338,11 @@ impl PagedCache {
             }
         }
         let pages = pool.allocator.counts().0;
-        let pools = pool.reserve(layer, entries, pages);
-        for (buf, x) in pools.iter_mut().zip(entries) {
+        pool.reserve(layer, entries, pages);
+        // The pools are taken out while written, so that each is the only handle on its buffer and the backend can
+        // write in place rather than copy the whole pool for every token.
+        let [k_pool, v_pool] = pool.pools[layer].take().expect("reserved above");
+        let write_into = |mut buf: Tensor<4>, x: &Tensor<4>| {
             let [_, n, _, w] = x.dims();
             // Write token j of this step into page table[⌊(start + j)/p⌋] at (start + j) mod p, a page-run at a time.
             let mut j = 0;
@@ -348,11 +351,13 @@ impl PagedCache {
                 let (page, off) = (table[pos / p], pos % p);
                 let run = (p - off).min(t - j);
                 let part = x.clone().slice([0..1, 0..n, j..j + run, 0..w]).reshape([1, n, run, w]);
-                *buf = buf.clone().slice_assign([page..page + 1, 0..n, off..off + run, 0..w], part);
+                buf = buf.slice_assign([page..page + 1, 0..n, off..off + run, 0..w], part);
                 j += run;
             }
-        }
-        let pools = pools.clone();
+            buf
+        };
+        let pools = [write_into(k_pool, &entries[0]), write_into(v_pool, &entries[1])];
+        pool.pools[layer] = Some(pools.clone());
         // The prompt's pages this write completed join the prefix index.
         let completed = start / p..end / p;
         for ((key, parent, tokens), &page) in
