@@ -247,8 +247,8 @@ fn sigint_and_sigterm_let_requests_in_flight_finish() {
 }
 
 /// With one place in the batch and none in the queue, a second request is turned away at once with 429 and
-/// Retry-After; when the first client leaves mid-stream its sequence is freed and the next request is served. A
-/// generation past `--request-timeout` ends with 504 (whole) or an error event (streamed), and frees its sequence.
+/// Retry-After; when the first client leaves mid-stream (or one waiting for a whole response leaves) its sequence is
+/// freed and the next request is served. A generation past `--request-timeout` ends with 504 (whole) or an error event (streamed), and frees its sequence.
 #[test]
 fn admission_turns_requests_away_and_the_deadline_ends_generations() {
     let dir = tempfile::tempdir().unwrap();
@@ -275,6 +275,15 @@ fn admission_turns_requests_away_and_the_deadline_ends_generations() {
         assert!(response.starts_with("HTTP/1.1 429"), "{response}");
         assert!(response.to_ascii_lowercase().contains("retry-after: 1\r\n"), "{response}");
         assert!(response.contains("rate_limit_error") && response.contains("rate_limit_exceeded"), "{response}");
+    }
+    wait_for_active(&server, 0);
+    server.complete(json!({"prompt": p0, "max_tokens": 4}));
+    // A client waiting for a whole response that leaves is cancelled too.
+    {
+        let mut waiting = TcpStream::connect(&server.address).unwrap();
+        let body = json!({"prompt": p0, "max_tokens": 100000}).to_string();
+        write!(waiting, "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        wait_for_active(&server, 1);
     }
     wait_for_active(&server, 0);
     server.complete(json!({"prompt": p0, "max_tokens": 4}));

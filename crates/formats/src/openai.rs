@@ -68,6 +68,27 @@ pub struct Chat {
     pub output: Output,
 }
 
+/// The fields of a completion request Ember implements; any other (`echo`, `best_of`, `suffix`, `logit_bias`, ...)
+/// is refused by name rather than ignored.
+const COMPLETION_FIELDS: [&str; 16] = [
+    "model",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "stop",
+    "stream",
+    "stream_options",
+    "seed",
+    "n",
+    "logprobs",
+    "user",
+];
+
 /// The fields of a chat completion request Ember implements; any other is refused by name rather than ignored.
 const CHAT_FIELDS: [&str; 18] = [
     "model",
@@ -93,11 +114,19 @@ const CHAT_FIELDS: [&str; 18] = [
 /// The roles a chat message may have.
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
-/// The body as a JSON object, for the served model `model_id`.
-fn object(body: &[u8], model_id: &str) -> Result<Map<String, Value>, ApiError> {
+/// The body as a JSON object of the `known` fields, for the served model `model_id`.
+fn object(body: &[u8], model_id: &str, known: &[&str]) -> Result<Map<String, Value>, ApiError> {
     let json: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::status(400, format!("invalid JSON body: {e}")))?;
     let Value::Object(obj) = json else { return Err(ApiError::status(400, "the body must be a JSON object")) };
+    if let Some(field) = obj.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(ApiError {
+            status: 400,
+            message: format!("`{field}` is not supported by this server (it implements {})", known.join(", ")),
+            param: None,
+            code: Some("unsupported_parameter"),
+        });
+    }
     if let Some(model) = obj.get("model").and_then(Value::as_str).filter(|&m| m != model_id) {
         return Err(ApiError {
             status: 404,
@@ -238,7 +267,7 @@ fn top_count(obj: &Map<String, Value>, key: &'static str) -> Result<Option<usize
 
 /// Parses and checks a `POST /v1/completions` body against the served model `model_id`.
 pub fn parse_completion(body: &[u8], model_id: &str) -> Result<Completion, ApiError> {
-    let obj = object(body, model_id)?;
+    let obj = object(body, model_id, &COMPLETION_FIELDS)?;
     let prompt = match obj.get("prompt") {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),
@@ -253,15 +282,7 @@ pub fn parse_completion(body: &[u8], model_id: &str) -> Result<Completion, ApiEr
 /// Ember implements, and every message has a known role and text content (a string, or a list of text parts, which
 /// are joined).
 pub fn parse_chat(body: &[u8], model_id: &str) -> Result<Chat, ApiError> {
-    let obj = object(body, model_id)?;
-    if let Some(field) = obj.keys().find(|k| !CHAT_FIELDS.contains(&k.as_str())) {
-        return Err(ApiError {
-            status: 400,
-            message: format!("`{field}` is not supported by this server (it implements {})", CHAT_FIELDS.join(", ")),
-            param: None,
-            code: Some("unsupported_parameter"),
-        });
-    }
+    let obj = object(body, model_id, &CHAT_FIELDS)?;
     let (settings, mut output) = settings(&obj, String::new(), &["max_completion_tokens", "max_tokens"])?;
     output.logprobs = match (obj.get("logprobs"), top_count(&obj, "top_logprobs")?) {
         (None | Some(Value::Null | Value::Bool(false)), None) => None,
@@ -348,6 +369,9 @@ mod tests {
         assert_eq!(err(br#"{"prompt":"x","max_tokens":0}"#).param, Some("max_tokens"));
         assert_eq!(err(br#"{"prompt":"x","top_k":0}"#).param, Some("top_k"));
         assert_eq!(err(br#"{"prompt":"x","n":17}"#).param, Some("n"));
+        let echo = err(br#"{"prompt":"x","echo":true}"#);
+        assert_eq!(echo.code, Some("unsupported_parameter"));
+        assert!(echo.message.starts_with("`echo` is not supported"), "{}", echo.message);
         assert_eq!(err(br#"{"prompt":"x","logprobs":21}"#).param, Some("logprobs"));
         assert_eq!(err(br#"{"prompt":"x","presence_penalty":2.5}"#).param, Some("presence_penalty"));
         assert_eq!(err(br#"{"prompt":"x","repetition_penalty":-1}"#).param, Some("repetition_penalty"));
