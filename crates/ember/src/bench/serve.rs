@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, anyhow, bail};
 use clap::Args;
 use ember_core_model::import;
-use ember_serve::{KvKind, KvSpec};
 use ember_serve::http::{self, Limits};
 use ember_serve::metrics::Metrics;
 use ember_serve::scheduler::{self, Batching};
 use ember_serve::server::{self, App, Options, Served};
+use ember_serve::{KvKind, KvSpec};
 use serde_json::{Value, json};
 
 use crate::devices::{self, DeviceChoice};
