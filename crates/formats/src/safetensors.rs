@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 pub use safetensors::Dtype;
 
-use crate::gguf::f16;
+use crate::ggml::f16;
 
 /// One tensor of a safetensors file, converted to f32.
 pub struct Tensor {

@@ -1,0 +1,222 @@
+//! ggml's tensor formats as GGUF files store them: per type, the block of values it packs, the block's bytes, and
+//! its dequantization to f32, computed in ggml's order of operations (so values equal llama.cpp's and gguf-py's
+//! bit for bit: crates/formats/tests/ggml_blocks.rs).
+
+/// A tensor type: `block` values in `bytes` bytes, dequantized by `decode` (a block's bytes into `block` values).
+#[derive(Clone, Copy)]
+pub struct Format {
+    pub name: &'static str,
+    pub block: usize,
+    pub bytes: usize,
+    pub decode: fn(&[u8], &mut [f32]),
+}
+
+/// Values per K-quant super-block.
+const QK_K: usize = 256;
+
+/// The format of ggml type id `ggml_type`, when Ember reads it.
+pub fn format(ggml_type: u32) -> Option<Format> {
+    let f = |name, block, bytes, decode| Some(Format { name, block, bytes, decode });
+    match ggml_type {
+        0 => f("F32", 1, 4, f32_le),
+        1 => f("F16", 1, 2, half),
+        30 => f("BF16", 1, 2, bf16),
+        2 => f("Q4_0", 32, 18, q4_0),
+        3 => f("Q4_1", 32, 20, q4_1),
+        6 => f("Q5_0", 32, 22, q5_0),
+        7 => f("Q5_1", 32, 24, q5_1),
+        8 => f("Q8_0", 32, 34, q8_0),
+        12 => f("Q4_K", QK_K, 144, q4_k),
+        13 => f("Q5_K", QK_K, 176, q5_k),
+        14 => f("Q6_K", QK_K, 210, q6_k),
+        _ => None,
+    }
+}
+
+/// The names of the formats Ember reads, for error messages.
+pub const NAMES: &str = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K";
+
+/// IEEE half precision to f32.
+pub fn f16(h: u16) -> f32 {
+    let sign = ((h >> 15) as u32) << 31;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    let bits = match (exp, man) {
+        (0, 0) => sign,
+        // Subnormal: man · 2⁻²⁴.
+        (0, _) => return if sign != 0 { -1.0 } else { 1.0 } * man as f32 * 2f32.powi(-24),
+        (31, 0) => sign | 0x7f80_0000,
+        (31, _) => sign | 0x7fc0_0000,
+        _ => sign | ((exp + 112) << 23) | (man << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// The f16 at byte `at` of `b`.
+fn scale(b: &[u8], at: usize) -> f32 {
+    f16(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+fn f32_le(b: &[u8], y: &mut [f32]) {
+    y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+}
+
+fn half(b: &[u8], y: &mut [f32]) {
+    y[0] = scale(b, 0);
+}
+
+/// bfloat16: the top half of an f32.
+fn bf16(b: &[u8], y: &mut [f32]) {
+    y[0] = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16);
+}
+
+/// Q8_0, 32 values: y = d · q with q an i8.
+fn q8_0(b: &[u8], y: &mut [f32]) {
+    let d = scale(b, 0);
+    for (y, &q) in y.iter_mut().zip(&b[2..34]) {
+        *y = d * q as i8 as f32;
+    }
+}
+
+/// The 4-bit value i of a 32-value block: i < 16 in the low nibble of byte i, 16 + i in its high nibble.
+fn nibble(qs: &[u8], i: usize) -> u8 {
+    if i < 16 { qs[i] & 0x0f } else { qs[i - 16] >> 4 }
+}
+
+/// Q4_0, 32 values: y = d · (q − 8).
+fn q4_0(b: &[u8], y: &mut [f32]) {
+    let d = scale(b, 0);
+    for (i, y) in y.iter_mut().enumerate() {
+        *y = (nibble(&b[2..], i) as i32 - 8) as f32 * d;
+    }
+}
+
+/// Q4_1, 32 values: y = d · q + m.
+fn q4_1(b: &[u8], y: &mut [f32]) {
+    let (d, m) = (scale(b, 0), scale(b, 2));
+    for (i, y) in y.iter_mut().enumerate() {
+        *y = nibble(&b[4..], i) as f32 * d + m;
+    }
+}
+
+/// The 5-bit value i of a 32-value block: its nibble, and bit i of the 32-bit `qh` as the fifth bit.
+fn five_bits(qh: u32, qs: &[u8], i: usize) -> u8 {
+    nibble(qs, i) | ((((qh >> i) & 1) as u8) << 4)
+}
+
+/// Q5_0, 32 values: y = d · (q − 16).
+fn q5_0(b: &[u8], y: &mut [f32]) {
+    let (d, qh) = (scale(b, 0), u32::from_le_bytes([b[2], b[3], b[4], b[5]]));
+    for (i, y) in y.iter_mut().enumerate() {
+        *y = (five_bits(qh, &b[6..], i) as i32 - 16) as f32 * d;
+    }
+}
+
+/// Q5_1, 32 values: y = d · q + m.
+fn q5_1(b: &[u8], y: &mut [f32]) {
+    let (d, m, qh) = (scale(b, 0), scale(b, 2), u32::from_le_bytes([b[4], b[5], b[6], b[7]]));
+    for (i, y) in y.iter_mut().enumerate() {
+        *y = five_bits(qh, &b[8..], i) as f32 * d + m;
+    }
+}
+
+/// The 6-bit scale and min of sub-block j (of 8) packed in the 12 bytes `q` of a Q4_K or Q5_K super-block.
+fn scale_min_k4(j: usize, q: &[u8]) -> (f32, f32) {
+    let (sc, m) = if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    };
+    (sc as f32, m as f32)
+}
+
+/// Q4_K, 256 values in 8 sub-blocks of 32: y = d · sc_j · q − dmin · m_j, with 6-bit sc_j and m_j.
+fn q4_k(b: &[u8], y: &mut [f32]) {
+    let (d, dmin, scales, qs) = (scale(b, 0), scale(b, 2), &b[4..16], &b[16..144]);
+    for (chunk, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
+        let (sc1, m1) = scale_min_k4(2 * chunk, scales);
+        let (sc2, m2) = scale_min_k4(2 * chunk + 1, scales);
+        let (d1, min1, d2, min2) = (d * sc1, dmin * m1, d * sc2, dmin * m2);
+        for l in 0..32 {
+            y[l] = d1 * (q[l] & 0x0f) as f32 - min1;
+            y[l + 32] = d2 * (q[l] >> 4) as f32 - min2;
+        }
+    }
+}
+
+/// Q5_K, 256 values: as Q4_K with a fifth bit per value from the 32 bytes `qh` (bit 2·chunk and 2·chunk + 1).
+fn q5_k(b: &[u8], y: &mut [f32]) {
+    let (d, dmin, scales, qh, qs) = (scale(b, 0), scale(b, 2), &b[4..16], &b[16..48], &b[48..176]);
+    for (chunk, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
+        let (sc1, m1) = scale_min_k4(2 * chunk, scales);
+        let (sc2, m2) = scale_min_k4(2 * chunk + 1, scales);
+        let (d1, min1, d2, min2) = (d * sc1, dmin * m1, d * sc2, dmin * m2);
+        let (u1, u2) = (1u8 << (2 * chunk), 2u8 << (2 * chunk));
+        for l in 0..32 {
+            let high = |u: u8| if qh[l] & u != 0 { 16 } else { 0 };
+            y[l] = d1 * ((q[l] & 0x0f) + high(u1)) as f32 - min1;
+            y[l + 32] = d2 * ((q[l] >> 4) + high(u2)) as f32 - min2;
+        }
+    }
+}
+
+/// Q6_K, 256 values in 16 sub-blocks of 16: y = d · sc_j · (q − 32), q 6 bits (4 from `ql`, 2 from `qh`), sc_j an i8.
+fn q6_k(b: &[u8], y: &mut [f32]) {
+    let (ql, qh, sc, d) = (&b[..128], &b[128..192], &b[192..208], scale(b, 208));
+    for half in 0..2 {
+        let (ql, qh, sc, y) = (&ql[64 * half..], &qh[32 * half..], &sc[8 * half..], &mut y[128 * half..]);
+        for l in 0..32 {
+            let is = l / 16;
+            let q1 = ((ql[l] & 0x0f) | (qh[l] & 3) << 4) as i32 - 32;
+            let q2 = ((ql[l + 32] & 0x0f) | ((qh[l] >> 2) & 3) << 4) as i32 - 32;
+            let q3 = ((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) as i32 - 32;
+            let q4 = ((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) as i32 - 32;
+            y[l] = d * sc[is] as i8 as f32 * q1 as f32;
+            y[l + 32] = d * sc[is + 2] as i8 as f32 * q2 as f32;
+            y[l + 64] = d * sc[is + 4] as i8 as f32 * q3 as f32;
+            y[l + 96] = d * sc[is + 6] as i8 as f32 * q4 as f32;
+        }
+    }
+}
+
+/// Dequantizes `raw`, whole blocks of `format`, into f32 values.
+pub fn dequantize(format: Format, raw: &[u8]) -> Vec<f32> {
+    let mut values = vec![0.0; raw.len() / format.bytes * format.block];
+    for (b, y) in raw.chunks_exact(format.bytes).zip(values.chunks_exact_mut(format.block)) {
+        (format.decode)(b, y);
+    }
+    values
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_precision_decodes() {
+        assert_eq!(f16(0x3c00), 1.0);
+        assert_eq!(f16(0xc000), -2.0);
+        assert_eq!(f16(0x3555), 0.333_251_95);
+        assert_eq!(f16(0x0001), 2f32.powi(-24));
+        assert_eq!(f16(0x7c00), f32::INFINITY);
+    }
+
+    #[test]
+    fn legacy_blocks_dequantize_as_ggml_defines_them() {
+        let decode = |ggml_type, bytes: &[u8]| dequantize(format(ggml_type).unwrap(), bytes);
+        // d = 0.5 (0x3800), m = −1 (0xbc00); nibbles: low = i % 16, high = 15 − i % 16.
+        let qs: Vec<u8> = (0..16u8).map(|i| i | ((15 - i) << 4)).collect();
+        let q41: Vec<u8> = [0x00, 0x38, 0x00, 0xbc].into_iter().chain(qs.iter().copied()).collect();
+        let x = decode(3, &q41);
+        assert_eq!((x[0], x[15], x[16], x[31]), (-1.0, 6.5, 6.5, -1.0));
+        let q40: Vec<u8> = [0x00, 0x38].into_iter().chain(qs.iter().copied()).collect();
+        let x = decode(2, &q40);
+        assert_eq!((x[0], x[3], x[16]), (-4.0, -2.5, 3.5));
+        let q80: Vec<u8> = [0x00, 0x38].into_iter().chain((0..32).map(|i| (i as i8 - 16) as u8)).collect();
+        assert_eq!((decode(8, &q80)[0], decode(8, &q80)[31]), (-8.0, 7.5));
+        // Q5_0: the fifth bit of value i is bit i of qh; all set → nibble + 16 − 16.
+        let q50: Vec<u8> = [0x00, 0x38, 0xff, 0xff, 0xff, 0xff].into_iter().chain(qs.iter().copied()).collect();
+        let x = decode(6, &q50);
+        assert_eq!((x[0], x[15], x[16]), (0.0, 7.5, 7.5));
+    }
+}
