@@ -13,6 +13,7 @@ use ember_serve::sampling::argmax;
 use ember_serve::{Decoder, KvKind};
 
 use super::median;
+use super::memory::Memory;
 use crate::devices::{self, DeviceChoice};
 use crate::inspect::model_config;
 
@@ -96,6 +97,7 @@ pub fn bench_decode(args: BenchDecodeArgs, device: DeviceChoice) -> Result<()> {
         let (c, u) = (median(&mut cached), median(&mut uncached));
         println!("| {n} | {c:.1} | {u:.1} | {:.1}x |", c / u);
     }
+    print_memory();
     Ok(())
 }
 
@@ -149,7 +151,14 @@ fn against_transformers(
         h_ttft / e_ttft,
         e_dec / h_dec
     );
+    print_memory();
     Ok(())
+}
+
+/// Ember's resident memory (the reference runs in its own process): the weights as loaded plus the runs' KV stores.
+fn print_memory() {
+    let memory = Memory::now();
+    println!("\nember resident memory: {:.0} MiB now, {:.0} MiB at the peak", memory.resident_mib, memory.peak_mib);
 }
 
 /// `n` greedy steps after the prompt: seconds to the first new token (the prompt's pass and one sample), and

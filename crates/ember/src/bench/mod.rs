@@ -4,6 +4,7 @@
 mod attention;
 mod decode;
 mod kv;
+mod memory;
 mod reference;
 mod serve;
 mod train;

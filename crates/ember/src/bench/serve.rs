@@ -20,6 +20,7 @@ use ember_serve::server::{self, App, Options, Served};
 use ember_serve::{KvKind, KvSpec};
 use serde_json::{Value, json};
 
+use super::memory::Memory;
 use crate::devices::{self, DeviceChoice};
 
 #[derive(Args)]
@@ -99,19 +100,6 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted.get(((sorted.len().max(1) - 1) as f64 * p).round() as usize).copied().unwrap_or(f64::NAN)
 }
 
-/// Resident and peak resident memory of this process, in MiB (VmRSS and VmHWM of /proc/self/status).
-fn memory_mib() -> (f64, f64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-            .map_or(f64::NAN, |kib| kib / 1024.0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
 /// The results of one concurrency level in one round.
 struct Level {
     wall: Duration,
@@ -169,12 +157,12 @@ pub fn bench_serve(args: BenchServeArgs, device: DeviceChoice) -> Result<()> {
                       "stream_options": {"include_usage": true}})
     .to_string();
     let (requests, levels, rounds) = (args.requests, args.concurrency.clone(), args.rounds);
-    let before = memory_mib();
+    let before = Memory::now();
     let driver = thread::spawn(move || {
         let mut results = Vec::new();
         for _ in 0..rounds {
             let round: Vec<Level> = levels.iter().map(|&c| run_level(&address, &body, requests, c)).collect();
-            results.push((round, memory_mib()));
+            results.push((round, Memory::now()));
         }
         let _ = stop.send(());
         results
@@ -217,13 +205,13 @@ pub fn bench_serve(args: BenchServeArgs, device: DeviceChoice) -> Result<()> {
         );
         errors.extend(failed);
     }
-    let rss: Vec<String> = results.iter().map(|(_, (rss, _))| format!("{rss:.0}")).collect();
-    let peak = results.last().map_or(f64::NAN, |(_, (_, peak))| *peak);
+    let rss: Vec<String> = results.iter().map(|(_, memory)| format!("{:.0}", memory.resident_mib)).collect();
+    let peak = results.last().map_or(f64::NAN, |(_, memory)| memory.peak_mib);
     println!(
         "memory: resident {:.0} MiB before, after each round {} MiB; peak {:.0} MiB before, {peak:.0} MiB at the end",
-        before.0,
+        before.resident_mib,
         rss.join(" / "),
-        before.1
+        before.peak_mib
     );
     let metrics = metrics.render();
     let hit_rate = metrics.lines().find_map(|l| l.strip_prefix("ember_prefix_cache_hit_rate "));

@@ -16,6 +16,7 @@ use crate::config::RunConfig;
 use crate::devices::{self, DeviceChoice};
 
 use super::median;
+use super::memory::Memory;
 
 #[derive(Args)]
 pub struct BenchTrainArgs {
@@ -131,7 +132,7 @@ pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice, collective: Rc<dy
         ember.push(tps);
     }
     let ember_median = median(&mut ember);
-    say(format!("ember median: {ember_median:.0} tokens/s, peak memory {:.1} MB (rank 0)", peak_rss_mb()));
+    say(format!("ember median: {ember_median:.0} tokens/s, peak memory {:.1} MiB (rank 0)", Memory::now().peak_mib));
     if let Some(memory) = device_memory(&device) {
         let mib = |bytes: u64| bytes as f64 / 1048576.0;
         println!(
@@ -209,14 +210,4 @@ fn stolen_seconds() -> Option<f64> {
     // SAFETY: sysconf has no preconditions.
     let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     (ticks_per_second > 0).then(|| ticks / ticks_per_second as f64)
-}
-
-/// The process's peak resident memory (VmHWM), in MB.
-fn peak_rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .map_or(f64::NAN, |kb| kb / 1024.0)
 }
