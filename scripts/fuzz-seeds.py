@@ -91,9 +91,20 @@ tensors = [
 ]
 seed("gguf", "tiny-llama.gguf", gguf_file(metadata, tensors))
 seed("gguf", "empty.gguf", gguf_file({}, []))
-smollm = root / "data" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-if smollm.exists():
-    seed("gguf", "smollm2-head.gguf", smollm.read_bytes()[:16384])
+# One tensor of each 5-bit and K-quant format (bytes per block: Q5_0 22, Q5_1 24, Q4_K 144, Q5_K 176, Q6_K 210).
+half = lambda x: struct.pack("<e", x)
+kquants = [
+    ("q5_0", [32], 6, half(0.5) + bytes(range(20))),
+    ("q5_1", [32], 7, half(0.5) + half(-1.0) + bytes(range(20))),
+    ("q4_k", [256], 12, half(0.5) + half(0.25) + bytes(range(140))),
+    ("q5_k", [256], 13, half(0.5) + half(0.25) + bytes(range(172))),
+    ("q6_k", [256], 14, bytes(range(208)) + half(0.5)),
+]
+seed("gguf", "kquants.gguf", gguf_file({"general.alignment": (4, 32)}, kquants))
+for name, path in [("smollm2-head.gguf", "smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+                   ("gemma3-head.gguf", "gemma3/gemma-3-270m-q4_k_m.gguf")]:
+    if (root / "data" / path).exists():
+        seed("gguf", name, (root / "data" / path).read_bytes()[:16384])
 
 
 # --- safetensors --------------------------------------------------------------------------------------------------

@@ -66,6 +66,12 @@ impl<'a> Init<'a> {
         built
     }
 
+    /// A seed for what a layer draws outside its parameters (FAVOR+'s projections): FNV-1a of the scope's path, so
+    /// the same layer of the same model draws the same values whether built afresh or loaded.
+    pub fn scope_seed(&self) -> u64 {
+        self.path.join(".").bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    }
+
     /// A parameter drawn from N(0, std²), or the stored tensor at `name`.
     pub fn normal<const D: usize>(&mut self, name: &str, shape: [usize; D], std: f64) -> Param<Tensor<D>> {
         match self.source {

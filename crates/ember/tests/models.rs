@@ -16,6 +16,8 @@ const VARIANTS: &[(&str, &[&str])] = &[
         "peri-LN, sliding window, no positions, GELU-tanh",
         &["norm_placement=peri", "window=8", "positions=none", "ffn=gelu_tanh"],
     ),
+    ("linear attention (elu + 1), RoPE, GQA", &["attention_kernel=linear", "positions=rope", "n_kv_heads=1"]),
+    ("FAVOR+ attention, 16 random features", &["attention_kernel=favor", "favor_features=16"]),
 ];
 
 #[test]

@@ -5,19 +5,22 @@
 mod common;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use ember_core_model::config::NormPlacement;
+use ember_core_model::config::{AttentionKernel, NormPlacement};
 use ember_core_model::{Gpt, ModelConfig, Rng};
 use ember_serve::{KvKind, KvSpec};
 use ember_test_support::{max_abs_diff, wgpu_test_device};
 
 /// The baby GPT and the other architectures: Llama-style (RMSNorm, SwiGLU, RoPE, GQA, untied), MLA with a sliding
-/// window and Peri-LN, and the 2017 layout (Post-LN, sinusoidal, ReLU).
+/// window and Peri-LN, the 2017 layout (Post-LN, sinusoidal, ReLU), and linear (elu + 1, with RoPE and GQA) and
+/// FAVOR+ attention.
 fn variants() -> Vec<ModelConfig> {
     let gpt = ModelConfig::gpt(71, 4, 4, 128, 64);
     let llama = ModelConfig { tie_embeddings: false, ..gpt.clone().llama_style(2) };
     let mla = ModelConfig { window: Some(16), norm_placement: NormPlacement::Peri, ..llama.clone().mla_style(32, 8) };
     let post = gpt.clone().paper_style();
-    vec![gpt, llama, mla, post]
+    let linear = ModelConfig { attention_kernel: AttentionKernel::Linear, ..llama.clone() };
+    let favor = ModelConfig { attention_kernel: AttentionKernel::Favor, favor_features: Some(64), ..gpt.clone() };
+    vec![gpt, llama, mla, post, linear, favor]
 }
 
 #[test]

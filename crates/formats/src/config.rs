@@ -77,6 +77,30 @@ pub enum AttentionKind {
     Mla,
 }
 
+/// The similarity κ(q, k) attention weighs values by: y_i = Σ_j κ(q_i, k_j) v_j / Σ_j κ(q_i, k_j).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttentionKernel {
+    /// exp(⟨q, k⟩/√d): softmax attention.
+    #[default]
+    Softmax,
+    /// φ(q)·φ(k) with the positive feature map `feature_map`: causal attention in O(T).
+    Linear,
+    /// FAVOR+: `favor_features` random positive features whose kernel estimates softmax's without bias.
+    Favor,
+}
+
+/// φ of linear attention.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FeatureMap {
+    /// elu(x) + 1.
+    #[default]
+    Elu,
+    /// max(x, 0).
+    Relu,
+}
+
 /// A decoder-only language model: GPT-2 and Llama styles are configs of one model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -136,6 +160,19 @@ pub struct ModelConfig {
     /// Output projection tied to the token embedding.
     #[serde(default = "yes")]
     pub tie_embeddings: bool,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub attention_kernel: AttentionKernel,
+    /// φ when `attention_kernel = "linear"`.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub feature_map: FeatureMap,
+    /// Random features r when `attention_kernel = "favor"`, drawn once per layer from the layer's index (256 by
+    /// default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub favor_features: Option<usize>,
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
 }
 
 fn yes() -> bool {
@@ -177,6 +214,9 @@ impl ModelConfig {
             mla_latent_dim: None,
             mla_rope_dim: None,
             tie_embeddings: true,
+            attention_kernel: AttentionKernel::Softmax,
+            feature_map: FeatureMap::Elu,
+            favor_features: None,
         }
     }
 
@@ -249,6 +289,24 @@ impl ModelConfig {
         }
         if let Some(w) = self.window {
             require(w >= 1, "model.window", w, "at least 1")?;
+        }
+        if self.attention_kernel != AttentionKernel::Softmax {
+            let kernel = format!("{:?}", self.attention_kernel).to_lowercase();
+            let needs = |ok: bool, what: &str| {
+                require(ok, "model.attention_kernel", format!("\"{kernel}\""), format!("{what} (softmax has it)"))
+            };
+            needs(self.window.is_none(), "has no sliding window")?;
+            needs(self.attention == AttentionKind::Mha, "needs attention = \"mha\"")?;
+            needs(self.attention_dropout == 0.0, "has no attention dropout")?;
+        }
+        if let Some(r) = self.favor_features {
+            require(r >= 1, "model.favor_features", r, "at least 1")?;
+            require(
+                self.attention_kernel == AttentionKernel::Favor,
+                "model.favor_features",
+                r,
+                "only for attention_kernel = \"favor\"",
+            )?;
         }
         match self.attention {
             AttentionKind::Mha => {
@@ -361,6 +419,24 @@ mod tests {
         let err = ModelConfig { n_kv_heads: Some(3), ..baby() }.validate().unwrap_err();
         assert_eq!(err.to_string(), "model.n_kv_heads = 3: must divide model.n_heads = 4");
         assert!(ModelConfig { n_kv_heads: Some(1), ..baby() }.validate().is_ok());
+    }
+
+    #[test]
+    fn feature_map_attention_names_what_it_cannot_do() {
+        let linear = ModelConfig { attention_kernel: AttentionKernel::Linear, ..baby() };
+        assert!(linear.validate().is_ok());
+        let windowed = ModelConfig { window: Some(8), ..linear.clone() };
+        assert_eq!(
+            windowed.validate().unwrap_err().to_string(),
+            "model.attention_kernel = \"linear\": has no sliding window (softmax has it)"
+        );
+        let stray = ModelConfig { favor_features: Some(16), ..linear };
+        assert_eq!(stray.validate().unwrap_err().key, "model.favor_features");
+        let parsed: ModelConfig = toml::from_str(
+            "n_layers = 1\nn_heads = 2\nd_model = 8\nblock_size = 4\nattention_kernel = \"favor\"\nfavor_features = 8",
+        )
+        .unwrap();
+        assert_eq!((parsed.attention_kernel, parsed.favor_features), (AttentionKernel::Favor, Some(8)));
     }
 
     #[test]

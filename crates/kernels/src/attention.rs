@@ -8,6 +8,7 @@ use burn::tensor::{Bool, Device, Distribution, Int, Tensor, TensorData};
 use crate::flash::{
     KernelTier, PackedHeads, flash_attention, on_flex, on_wgpu, packed_flash_attention, supports_head_dim,
 };
+use crate::similarity::{Similarity, similarity_attention};
 
 /// What one attention call computes.
 #[derive(Clone, Debug, PartialEq)]
@@ -25,8 +26,10 @@ pub struct AttentionSpec {
     /// Dropout on the probabilities p while training (on autodiff devices), as in Vaswani et al. (2017) and
     /// nanoGPT; it runs the reference path.
     pub dropout: f64,
-    /// Which implementation computes it.
+    /// Which implementation computes it (softmax attention; another similarity has one implementation).
     pub implementation: AttentionImpl,
+    /// κ(q, k): softmax's exp(scale·⟨q, k⟩), or a feature map's φ(q)·φ(k).
+    pub similarity: Similarity,
 }
 
 impl AttentionSpec {
@@ -40,6 +43,7 @@ impl AttentionSpec {
             key_lengths: None,
             dropout: 0.0,
             implementation: AttentionImpl::Auto,
+            similarity: Similarity::Softmax,
         }
     }
 
@@ -93,8 +97,12 @@ impl std::str::FromStr for AttentionImpl {
     }
 }
 
-/// o = softmax(q kᵀ · scale + mask) v, computed by `spec.implementation`.
+/// o = softmax(q kᵀ · scale + mask) v, computed by `spec.implementation`; with another similarity, o = Z⁻¹ A v
+/// ([`similarity_attention`]).
 pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> {
+    if spec.similarity != Similarity::Softmax {
+        return similarity_attention(q, k, v, spec);
+    }
     let [_, hq, _, d] = q.dims();
     let width = d.max(v.dims()[3]);
     let dropping = spec.dropout > 0.0 && q.device().is_autodiff();
@@ -131,7 +139,8 @@ pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec)
 /// elsewhere, with dropout, or with another implementation chosen, the heads are split, attended and merged.
 pub fn packed_attention(qkv: Tensor<3>, heads: PackedHeads, spec: &AttentionSpec) -> Tensor<3> {
     let dropping = spec.dropout > 0.0 && qkv.device().is_autodiff();
-    if spec.implementation.is_ember() && !dropping && crate::cpu::on_cpu(&qkv.device()) {
+    let softmax = spec.similarity == Similarity::Softmax;
+    if spec.implementation.is_ember() && !dropping && softmax && crate::cpu::on_cpu(&qkv.device()) {
         return packed_flash_attention(qkv, heads, spec);
     }
     let (q, k, v) = split_heads(qkv, heads);
@@ -189,7 +198,7 @@ fn probabilities(q: Tensor<4>, k: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> 
 }
 
 /// True where query i may not see key j, as [B, Tq, Tk]; None when nothing is masked.
-fn mask(b: usize, tq: usize, tk: usize, spec: &AttentionSpec, device: &Device) -> Option<Tensor<3, Bool>> {
+pub(crate) fn mask(b: usize, tq: usize, tk: usize, spec: &AttentionSpec, device: &Device) -> Option<Tensor<3, Bool>> {
     let o = spec.query_offset as i64;
     let mut masked: Option<Tensor<2, Bool>> = None;
     let mut or = |m: Tensor<2, Bool>| masked = Some(masked.take().map_or(m.clone(), |a| a.bool_or(m)));
@@ -219,7 +228,7 @@ fn zero_pad(x: Tensor<4>, width: usize) -> Tensor<4> {
 }
 
 /// K or V of [B, Hkv, T, D] seen as [B, Hq, T, D]: each KV head serves Hq/Hkv consecutive query heads.
-fn repeat_kv(x: Tensor<4>, hq: usize) -> Tensor<4> {
+pub(crate) fn repeat_kv(x: Tensor<4>, hq: usize) -> Tensor<4> {
     let [b, hkv, t, d] = x.dims();
     if hkv == hq {
         return x;

@@ -12,6 +12,7 @@ pub mod linear;
 mod math;
 pub mod memory;
 pub mod norm;
+pub mod similarity;
 
 pub use activation::{gelu, swiglu};
 pub use adamw::{AdamWStep, adamw};
@@ -23,3 +24,4 @@ pub use flash::{Int8Kv, KernelTier, PackedHeads, decodes_in_place, flash_attenti
 pub use linear::{linear, tied_linear};
 pub use memory::{DeviceMemory, device_memory};
 pub use norm::{NormParams, norm};
+pub use similarity::{Similarity, similarity_attention};

@@ -119,13 +119,11 @@ fn random_case(draws: &mut Draws, d: usize, group: usize) -> Case {
     let window = (causal && draws.below(3) == 0).then(|| 1 + draws.below(tk + 4));
     let key_lengths = (draws.below(3) == 0).then(|| (0..b).map(|_| draws.below(tk + 1)).collect());
     let spec = AttentionSpec {
-        scale: 1.0 / (d as f64).sqrt(),
         causal,
         query_offset: if causal { tk - tq } else { 0 },
         window,
         key_lengths,
-        dropout: 0.0,
-        implementation: AttentionImpl::Auto,
+        ..AttentionSpec::causal(d)
     };
     Case { b, hq: hkv * group, hkv, tq, tk, d, spec }
 }

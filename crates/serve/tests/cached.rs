@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_core_model::cache::KvCache;
-use ember_core_model::config::AttentionKind;
+use ember_core_model::config::{AttentionKernel, AttentionKind};
 use ember_core_model::params::{load_state_dict, state_dict};
 use ember_core_model::{Gpt, ModelConfig, Rng};
 use ember_serve::kv::{Bits, ContiguousCache, PagePool, PagedCache, QuantizedCache};
@@ -20,7 +20,16 @@ fn configs() -> Vec<(&'static str, ModelConfig)> {
     let llama = gpt.clone().llama_style(2);
     let mla = llama.clone().mla_style(16, 4);
     let window = ModelConfig { window: Some(12), ..llama.clone() };
-    vec![("gpt", gpt), ("llama", llama), ("mla", mla), ("sliding window", window)]
+    let linear = ModelConfig { attention_kernel: AttentionKernel::Linear, ..llama.clone() };
+    let favor = ModelConfig { attention_kernel: AttentionKernel::Favor, favor_features: Some(32), ..gpt.clone() };
+    vec![
+        ("gpt", gpt),
+        ("llama", llama),
+        ("mla", mla),
+        ("sliding window", window),
+        ("linear attention", linear),
+        ("favor+", favor),
+    ]
 }
 
 /// Weights of std 0.02 give near-uniform logits; std 0.16 (norm gains left at 1) makes the comparison sharp.

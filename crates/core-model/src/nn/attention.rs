@@ -5,12 +5,13 @@ use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::tensor::Tensor;
 use ember_kernels::{
-    AttentionImpl, AttentionSpec, PackedHeads, attention, linear, merge_heads, packed_attention, split_heads,
+    AttentionImpl, AttentionSpec, PackedHeads, Similarity, attention, linear, merge_heads, packed_attention,
+    split_heads,
 };
 
 use crate::ModelConfig;
 use crate::cache::{Context, append_rows};
-use crate::config::PositionKind;
+use crate::config::{AttentionKernel, FeatureMap, PositionKind};
 use crate::init::Init;
 use crate::nn::linear_layer;
 use crate::nn::position::{Positions, Rotary};
@@ -33,6 +34,9 @@ pub struct CausalSelfAttention {
     rope: Option<Rotary>,
     #[module(skip)]
     implementation: AttentionImpl,
+    /// κ(q, k): softmax's, or a feature map's.
+    #[module(skip)]
+    similarity: Similarity,
     /// Full self-attention without RoPE reads q, k, v where the fused projection put them (on the CPU one kernel
     /// call, no head split); its gradients differ from the split heads' in the last bits.
     #[module(skip)]
@@ -54,6 +58,7 @@ impl CausalSelfAttention {
             attention_dropout: config.attention_dropout,
             rope: (config.positions == PositionKind::Rope).then_some(Rotary { theta: config.rope_theta, dim: dh }),
             implementation: AttentionImpl::Auto,
+            similarity: similarity(config, init.scope_seed()),
             packed: true,
         }
     }
@@ -91,6 +96,7 @@ impl CausalSelfAttention {
         AttentionSpec {
             query_offset,
             dropout: self.attention_dropout,
+            similarity: self.similarity,
             ..AttentionSpec::causal(head_dim).with_window(self.window).with_implementation(self.implementation)
         }
     }
@@ -129,6 +135,16 @@ impl CausalSelfAttention {
                 self.attend(q, k, v, &spec)
             }
         }
+    }
+}
+
+/// The similarity `config` asks for; FAVOR+ draws its projections from `seed`.
+fn similarity(config: &ModelConfig, seed: u64) -> Similarity {
+    match (config.attention_kernel, config.feature_map) {
+        (AttentionKernel::Softmax, _) => Similarity::Softmax,
+        (AttentionKernel::Linear, FeatureMap::Elu) => Similarity::LinearElu,
+        (AttentionKernel::Linear, FeatureMap::Relu) => Similarity::LinearRelu,
+        (AttentionKernel::Favor, _) => Similarity::Favor { features: config.favor_features.unwrap_or(256), seed },
     }
 }
 

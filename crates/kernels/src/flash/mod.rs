@@ -192,9 +192,9 @@ pub const DECODE_ROWS: usize = 4;
 
 /// True when a KV store may hand q and its own layout to [`paged_attention`] or [`int8_attention`]: q is on wgpu,
 /// its head width is supported and it has at most [`DECODE_ROWS`] query rows.
-pub fn decodes_in_place(q: &Tensor<4>) -> bool {
+pub fn decodes_in_place(q: &Tensor<4>, spec: &crate::AttentionSpec) -> bool {
     let [_, _, t, d] = q.dims();
-    t <= DECODE_ROWS && supports_head_dim(d) && on_wgpu(q)
+    spec.similarity == crate::Similarity::Softmax && t <= DECODE_ROWS && supports_head_dim(d) && on_wgpu(q)
 }
 
 /// True when `tensor` lives on a wgpu device (with or without autodiff), where the WGSL kernels run.

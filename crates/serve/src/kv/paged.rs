@@ -299,7 +299,7 @@ impl KvCache for PagedCache {
 
     /// Decoding on wgpu reads keys and values through the page table with the paged kernel, gathering nothing.
     fn attend(&mut self, layer: usize, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> {
-        if !decodes_in_place(&q) {
+        if !decodes_in_place(&q, spec) {
             return attend_appended(self, layer, q, k, v, spec);
         }
         let (end, [k_pages, v_pages]) = self.write(layer, &[k, v]);

@@ -136,7 +136,7 @@ impl KvCache for QuantizedCache {
 
     /// int8 decoding on wgpu reads the codes with the int8 kernel, dequantizing in it instead of here.
     fn attend(&mut self, layer: usize, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> {
-        if self.bits != Bits::Int8 || !decodes_in_place(&q) {
+        if self.bits != Bits::Int8 || !decodes_in_place(&q, spec) {
             return attend_appended(self, layer, q, k, v, spec);
         }
         let device = q.device();

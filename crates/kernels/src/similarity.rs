@@ -1,0 +1,278 @@
+//! Attention as a similarity kernel: y_i = Σ_j κ(q_i, k_j) v_j / Σ_j κ(q_i, k_j) over the keys j query i may see
+//! (Y = Z⁻¹ A V, A_ij = κ(q_i, k_j), Z_ii = Σ_j A_ij). Softmax attention is κ(q, k) = exp(s·⟨q, k⟩); linear attention
+//! is κ(q, k) = φ(q)·φ(k) with a positive feature map φ, which lets causal attention run in O(T) from prefix sums of
+//! φ(k_j) v_jᵀ and φ(k_j) (Katharopoulos et al., 2020); FAVOR+ (Choromanski et al., 2021) draws φ from random
+//! orthogonal projections so that E[φ(q)·φ(k)] = exp(⟨q, k⟩/√d): an unbiased estimate of softmax's kernel.
+
+use burn::tensor::{Device, Tensor, TensorData};
+use ember_formats::Rng;
+
+use crate::attention::{AttentionSpec, mask, repeat_kv};
+
+/// κ, the similarity attention weighs values by.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Similarity {
+    /// exp(s·⟨q, k⟩): softmax attention.
+    #[default]
+    Softmax,
+    /// φ(q)·φ(k) with φ(x) = elu(x) + 1.
+    LinearElu,
+    /// φ(q)·φ(k) with φ(x) = relu(x).
+    LinearRelu,
+    /// φ(q)·φ(k) with `features` random positive features, ω drawn from `seed`.
+    Favor { features: usize, seed: u64 },
+}
+
+/// Chunk length of the O(T) causal form: attention inside a chunk is a masked product, across chunks a prefix sum.
+const CHUNK: usize = 64;
+
+/// The least denominator: a query whose features are all zero (as relu can give) gets 0 rather than 0/0.
+const TINY: f64 = 1e-30;
+
+/// y = Z⁻¹ A v with A_ij = κ(q_i, k_j) as `spec` masks it (causal, window, query offset, key lengths), for q
+/// [B, Hq, Tq, D] and k, v [B, Hkv, Tk, D]. Causal self-attention over a whole sequence with a feature map runs in
+/// O(T) by chunks; everything else (decoding against cached keys, padding) as the masked T×T product.
+pub fn similarity_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> {
+    let hq = q.dims()[1];
+    let (k, v) = (repeat_kv(k, hq), repeat_kv(v, hq));
+    let whole_causal = spec.causal && spec.query_offset == 0 && spec.window.is_none() && spec.key_lengths.is_none();
+    match spec.similarity {
+        Similarity::Softmax => masked(softmax_weights(q, k, spec), v),
+        kernel => {
+            let (fq, fk) = (features(kernel, q, spec, true), features(kernel, k, spec, false));
+            if whole_causal && fq.dims()[2] == fk.dims()[2] {
+                chunked_causal(fq, fk, v)
+            } else {
+                masked(feature_weights(fq, fk, spec), v)
+            }
+        }
+    }
+}
+
+/// A = exp(s·q kᵀ − m) with m each row's largest score (which cancels in Z⁻¹ A), zero where masked.
+fn softmax_weights(q: Tensor<4>, k: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> {
+    let s = q.clone().matmul(k.clone().swap_dims(2, 3)) * spec.scale;
+    let masked = mask_of(&q, &k, spec);
+    let s = match &masked {
+        Some(m) => s.mask_fill(m.clone(), f32::NEG_INFINITY),
+        None => s,
+    };
+    // A row with every key masked has m = −∞; its weights are zero rather than NaN.
+    let m = s.clone().max_dim(3).clamp_min(f32::MIN);
+    let a = (s - m).exp();
+    match masked {
+        Some(m) => a.mask_fill(m, 0.0),
+        None => a,
+    }
+}
+
+/// A = φ(q) φ(k)ᵀ, zero where masked.
+fn feature_weights(fq: Tensor<4>, fk: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> {
+    let masked = mask_of(&fq, &fk, spec);
+    let a = fq.matmul(fk.swap_dims(2, 3));
+    match masked {
+        Some(m) => a.mask_fill(m, 0.0),
+        None => a,
+    }
+}
+
+/// `spec`'s mask for q [B, H, Tq, ·] against k [B, H, Tk, ·], over every head.
+fn mask_of(q: &Tensor<4>, k: &Tensor<4>, spec: &AttentionSpec) -> Option<Tensor<4, burn::tensor::Bool>> {
+    let [b, h, tq, _] = q.dims();
+    let tk = k.dims()[2];
+    mask(b, tq, tk, spec, &q.device()).map(|m| m.unsqueeze_dim::<4>(1).expand([b, h, tq, tk]))
+}
+
+/// y = (A v) / (A 1).
+fn masked(a: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
+    let z = a.clone().sum_dim(3);
+    a.matmul(v) / z.clamp_min(TINY)
+}
+
+/// Causal linear attention in O(T): within each chunk of C positions the masked product, and from the chunks before
+/// it the prefix sums S = Σ φ(k_j) v_jᵀ and z = Σ φ(k_j): y_i = (φ(q_i) S + intra) / (φ(q_i)·z + intra's row sum).
+fn chunked_causal(fq: Tensor<4>, fk: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
+    let [b, h, t, r] = fq.dims();
+    let dv = v.dims()[3];
+    let n = t.div_ceil(CHUNK);
+    let padded = n * CHUNK;
+    // Padded keys have zero features, so they add nothing; padded queries are cut off at the end.
+    let pad = |x: Tensor<4>| {
+        let [b, h, t, w] = x.dims();
+        if t == padded { x } else { Tensor::cat(vec![x.clone(), Tensor::zeros([b, h, padded - t, w], &x.device())], 2) }
+    };
+    let chunks = |x: Tensor<4>, w: usize| pad(x).reshape([b * h, n, CHUNK, w]);
+    let (fq, fk, v) = (chunks(fq, r), chunks(fk, r), chunks(v, dv));
+    let device = fq.device();
+    // Within a chunk, key j is masked for query i when j > i.
+    let later = Tensor::<2, burn::tensor::Bool>::tril_mask([CHUNK, CHUNK], 0, &device).unsqueeze::<4>().expand([
+        b * h,
+        n,
+        CHUNK,
+        CHUNK,
+    ]);
+    let a = fq.clone().matmul(fk.clone().swap_dims(2, 3)).mask_fill(later, 0.0);
+    let (intra, intra_z) = (a.clone().matmul(v.clone()), a.sum_dim(3));
+    // Exclusive prefix sums over chunks: the states of the chunks before each one.
+    let states = fk.clone().swap_dims(2, 3).matmul(v);
+    let states = states.clone().cumsum(1) - states;
+    let zs = fk.sum_dim(2);
+    let zs = zs.clone().cumsum(1) - zs;
+    let y = (fq.clone().matmul(states) + intra) / (fq.matmul(zs.swap_dims(2, 3)) + intra_z).clamp_min(TINY);
+    y.reshape([b, h, padded, dv]).narrow(2, 0, t)
+}
+
+/// φ(x) of queries (`queries`) or keys x [B, H, T, D].
+fn features(kernel: Similarity, x: Tensor<4>, spec: &AttentionSpec, queries: bool) -> Tensor<4> {
+    match kernel {
+        // elu(x) + 1: x + 1 above zero, eˣ below.
+        Similarity::LinearElu => x.clone().clamp_min(0.0) + x.clamp_max(0.0).exp(),
+        Similarity::LinearRelu => x.clamp_min(0.0),
+        Similarity::Favor { features, seed } => favor(x, spec.scale.sqrt(), features, seed, queries),
+        Similarity::Softmax => unreachable!("softmax attention has no feature map"),
+    }
+}
+
+/// FAVOR+ positive random features: φ(x) = exp(ωᵀx' − ‖x'‖²/2 − c)/√r with x' = x·√s, so that E[φ(q)·φ(k)] =
+/// exp(s·⟨q, k⟩)·e^(−c_q − c_k). The stabiliser c keeps eˣ finite and cancels in Z⁻¹ A: for a query its own row's
+/// largest exponent, for keys the largest over all of them (one constant for every key a query sees).
+fn favor(x: Tensor<4>, root_scale: f64, features: usize, seed: u64, queries: bool) -> Tensor<4> {
+    let exponent = favor_exponent(x, root_scale, features, seed);
+    let stable = exponent.clone().detach();
+    let c = if queries { stable.max_dim(3) } else { stable.max().unsqueeze::<4>() };
+    (exponent - c).exp() / (features as f64).sqrt()
+}
+
+/// ωᵀx' − ‖x'‖²/2 for x' = x·√s, per feature [B, H, T, r].
+fn favor_exponent(x: Tensor<4>, root_scale: f64, features: usize, seed: u64) -> Tensor<4> {
+    let [b, h, _, d] = x.dims();
+    let omega = orthogonal_gaussian(features, d, seed, &x.device());
+    let x = x * root_scale;
+    let half_norm = (x.clone() * x.clone()).sum_dim(3) / 2.0;
+    x.matmul(omega.transpose().unsqueeze::<4>().expand([b, h, d, features])) - half_norm
+}
+
+/// ω [r, d]: blocks of d orthonormal rows (Gram–Schmidt on Gaussian rows), each row then scaled by the norm of a
+/// d-dimensional Gaussian, so that every row is marginally N(0, I) while rows within a block are orthogonal.
+pub fn orthogonal_gaussian(rows: usize, d: usize, seed: u64, device: &Device) -> Tensor<2> {
+    let mut rng = Rng::new(seed);
+    let mut out: Vec<f32> = Vec::with_capacity(rows * d);
+    let mut block: Vec<Vec<f64>> = Vec::new();
+    for _ in 0..rows {
+        if block.len() == d {
+            block.clear();
+        }
+        let mut row: Vec<f64> = (0..d).map(|_| rng.normal()).collect();
+        for earlier in &block {
+            let dot: f64 = row.iter().zip(earlier).map(|(a, b)| a * b).sum();
+            row.iter_mut().zip(earlier).for_each(|(a, b)| *a -= dot * b);
+        }
+        let norm = row.iter().map(|a| a * a).sum::<f64>().sqrt();
+        row.iter_mut().for_each(|a| *a /= norm);
+        block.push(row.clone());
+        let length = (0..d).map(|_| rng.normal().powi(2)).sum::<f64>().sqrt();
+        out.extend(row.iter().map(|a| (a * length) as f32));
+    }
+    Tensor::from_data(TensorData::new(out, [rows, d]), device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AttentionImpl, attention};
+    use burn::tensor::Distribution;
+    use ember_test_support::max_abs_diff_tensors as max_diff;
+
+    fn random(shape: [usize; 4], device: &Device) -> Tensor<4> {
+        Tensor::random(shape, Distribution::Normal(0.0, 1.0), device)
+    }
+
+    #[test]
+    fn the_generic_path_with_exp_equals_softmax_attention() {
+        let device = Device::flex();
+        let (q, k, v) =
+            (random([2, 4, 13, 8], &device), random([2, 2, 13, 8], &device), random([2, 2, 13, 8], &device));
+        let causal = AttentionSpec::causal(8).with_implementation(AttentionImpl::Naive);
+        let specs = [
+            causal.clone(),
+            causal.clone().with_window(Some(4)),
+            AttentionSpec { causal: false, key_lengths: Some(vec![13, 5]), ..causal.clone() },
+        ];
+        for spec in specs {
+            let softmax = attention(q.clone(), k.clone(), v.clone(), &spec);
+            let generic = similarity_attention(q.clone(), k.clone(), v.clone(), &spec);
+            let d = max_diff(softmax, generic);
+            assert!(d <= 1e-5, "{spec:?}: {d}");
+        }
+    }
+
+    /// The chunked O(T) form against the masked T×T product, output and gradients, across chunk boundaries.
+    #[test]
+    fn linear_attention_in_o_t_equals_its_masked_form_with_gradients() {
+        let device = Device::flex().autodiff();
+        let spec = AttentionSpec::causal(16);
+        for kernel in [Similarity::LinearElu, Similarity::LinearRelu, Similarity::Favor { features: 32, seed: 5 }] {
+            let spec = AttentionSpec { similarity: kernel, ..spec.clone() };
+            let inputs =
+                [random([1, 2, 150, 16], &device), random([1, 1, 150, 16], &device), random([1, 1, 150, 16], &device)];
+            let w = random([1, 2, 150, 16], &device);
+            let run = |chunked: bool| {
+                let [q, k, v] = inputs.clone().map(|x| x.require_grad());
+                let (k2, v2) = (repeat_kv(k.clone(), 2), repeat_kv(v.clone(), 2));
+                let (fq, fk) = (features(kernel, q.clone(), &spec, true), features(kernel, k2, &spec, false));
+                let o = if chunked { chunked_causal(fq, fk, v2) } else { masked(feature_weights(fq, fk, &spec), v2) };
+                let grads = (o.clone() * w.clone()).sum().backward();
+                let grad = |t: &Tensor<4>| t.grad(&grads).expect("a gradient");
+                [o.inner(), grad(&q), grad(&k), grad(&v)]
+            };
+            for (name, (a, b)) in ["o", "dq", "dk", "dv"].iter().zip(run(true).into_iter().zip(run(false))) {
+                let d = max_diff(a, b);
+                assert!(d <= 1e-5, "{kernel:?} {name}: {d}");
+            }
+        }
+    }
+
+    /// Decoding: the last rows against every key (a query offset, as from a KV store) equal those rows of the whole.
+    #[test]
+    fn query_offset_rows_equal_the_last_rows_of_the_whole() {
+        let device = Device::flex();
+        let spec = AttentionSpec { similarity: Similarity::LinearElu, ..AttentionSpec::causal(8) };
+        let (q, k, v) =
+            (random([1, 2, 70, 8], &device), random([1, 2, 70, 8], &device), random([1, 2, 70, 8], &device));
+        let whole = similarity_attention(q.clone(), k.clone(), v.clone(), &spec);
+        let last = similarity_attention(q.narrow(2, 67, 3), k, v, &AttentionSpec { query_offset: 67, ..spec });
+        assert!(max_diff(last, whole.narrow(2, 67, 3)) <= 1e-5);
+    }
+
+    /// FAVOR+ is unbiased: over many draws of ω the mean of φ(q)·φ(k) is exp(s·⟨q, k⟩) within 3 standard errors.
+    #[test]
+    fn favor_features_estimate_the_softmax_kernel_without_bias() {
+        let device = Device::flex();
+        let (q, k) = (random([1, 1, 1, 8], &device) * 0.5, random([1, 1, 1, 8], &device) * 0.5);
+        let scale = 1.0 / 8f64.sqrt();
+        let exact = ((q.clone() * k.clone()).sum().into_scalar::<f32>() as f64 * scale).exp();
+        let (draws, r) = (2000, 4);
+        let estimates: Vec<f64> = (0..draws)
+            .map(|seed| {
+                let eq = favor_exponent(q.clone(), scale.sqrt(), r, seed);
+                let ek = favor_exponent(k.clone(), scale.sqrt(), r, seed);
+                (eq + ek).exp().sum().into_scalar::<f32>() as f64 / r as f64
+            })
+            .collect();
+        let mean = estimates.iter().sum::<f64>() / draws as f64;
+        let sd = (estimates.iter().map(|e| (e - mean).powi(2)).sum::<f64>() / (draws - 1) as f64).sqrt();
+        let se = sd / (draws as f64).sqrt();
+        assert!((mean - exact).abs() <= 3.0 * se, "mean {mean} vs exp {exact} (standard error {se})");
+    }
+
+    #[test]
+    fn orthogonal_projections_have_orthogonal_rows_within_a_block() {
+        let omega = orthogonal_gaussian(8, 4, 3, &Device::flex()).into_data().try_to_vec::<f32>().unwrap();
+        let row = |i: usize| &omega[i * 4..(i + 1) * 4];
+        let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+        assert!(
+            dot(row(0), row(1)).abs() < 1e-4 && dot(row(2), row(3)).abs() < 1e-4 && dot(row(4), row(7)).abs() < 1e-4
+        );
+        assert!(dot(row(0), row(4)).abs() > 1e-4, "a new block draws afresh");
+    }
+}
