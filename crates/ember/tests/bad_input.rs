@@ -219,3 +219,18 @@ fn paths_to_devices_are_refused_not_read() {
     std::os::unix::fs::symlink("/dev/zero", run.join("tokenizer.json")).unwrap();
     assert_clean_error(&generate_on_cpu(&run, &["--prompt", "A"]), "not a regular file");
 }
+
+/// `ember serve` names a bad limit, origin or model in one line and exits non-zero (it listens before loading, so a
+/// model that does not load still ends the process).
+#[test]
+fn serve_names_bad_limits_origins_and_models() {
+    let serve = |extra: &[&str]| {
+        let mut args = vec!["serve", "--device", "cpu", "--port", "0", "--model", "/nonexistent/model.gguf"];
+        args.extend_from_slice(extra);
+        ember(&args)
+    };
+    assert_clean_error(&serve(&["--request-timeout", "0"]), "--request-timeout must be a positive number of seconds");
+    assert_clean_error(&serve(&["--header-timeout", "nan"]), "--header-timeout must be a positive number of seconds");
+    assert_clean_error(&serve(&["--cors-origin", "http://a.example\u{1}"]), "is not a valid origin");
+    assert_clean_error(&serve(&[]), "/nonexistent/model.gguf");
+}
