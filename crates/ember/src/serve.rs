@@ -145,7 +145,7 @@ pub fn serve(args: ServeArgs, choice: DeviceChoice) -> Result<()> {
     app.ready(Served { chat, tokenizer: run.tokenizer.clone(), context: run.model.block_size() });
     // The scheduler ends when the server, which holds the last job sender, has shut down.
     drop(app);
-    println!("serving {id} ({description}), {chat_note}; Ctrl-C drains and stops");
+    println!("serving {id} ({description}), {chat_note}; Ctrl-C or SIGTERM drains and stops");
     std::io::Write::flush(&mut std::io::stdout())?;
     let batching = Batching { max_batch: args.max_batch, kv, prefix_pages: args.prefix_cache_pages };
     scheduler::run(&run.model, &run.tokenizer, &device, batching, received, &metrics);
