@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Embedding, Linear};
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use ember_kernels::{AttentionImpl, linear};
+use ember_kernels::{AttentionImpl, Similarity, linear};
 
 use crate::cache::{Context, KvCache};
 use crate::config::{AttentionKind, NormPlacement, PositionKind};
@@ -152,6 +152,18 @@ impl Gpt {
             block.attn.set_implementation(implementation);
         }
         self
+    }
+
+    /// The same weights with layer i's attention weighing values by `similarity(i)`; None when the model has MLA
+    /// layers, whose attention is softmax only.
+    pub fn with_similarity(mut self, similarity: impl Fn(usize) -> Similarity) -> Option<Self> {
+        for (i, block) in self.blocks.iter_mut().enumerate() {
+            match &mut block.attn {
+                Attention::Mha(attn) => attn.set_similarity(similarity(i)),
+                Attention::Mla(_) => return None,
+            }
+        }
+        Some(self)
     }
 
     pub fn config(&self) -> &ModelConfig {

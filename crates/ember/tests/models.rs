@@ -106,3 +106,27 @@ fn a_model_path_that_is_nothing_is_a_clear_error() {
         "not a GGUF file",
     );
 }
+
+/// `ember bench kernel` runs a trained softmax model with FAVOR+ in place of softmax: a row per r, each loss near the
+/// exact model's loss in the header.
+#[test]
+fn bench_kernel_runs_a_softmax_model_with_favor_features() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = common::tiny_run(dir.path(), 10);
+    let text = dir.path().join("corpus.txt");
+    let args =
+        ["--device", "cpu", "bench", "kernel", "--model", run.to_str().unwrap(), "--text", text.to_str().unwrap()];
+    let out = ember(&[&args[..], &["--tokens", "200", "--features", "4,32", "--draws", "2"]].concat());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let exact: f64 =
+        stdout.lines().find_map(|l| l.strip_prefix("exact softmax: ")?.split(' ').next()?.parse().ok()).unwrap();
+    let rows: Vec<f64> = stdout
+        .lines()
+        .filter(|l| l.starts_with("| 4 |") || l.starts_with("| 32 |"))
+        .map(|l| l.split('|').nth(2).unwrap().split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    // Ten steps leave attention nearly uniform, so FAVOR+ lands close to the exact loss.
+    assert!(rows.iter().all(|l| (l - exact).abs() < 0.5), "{stdout}");
+}

@@ -73,6 +73,11 @@ impl CausalSelfAttention {
         self.implementation = implementation;
     }
 
+    /// Weighs values by `similarity` from now on (the weights stay: a trained softmax layer run with FAVOR+).
+    pub fn set_similarity(&mut self, similarity: Similarity) {
+        self.similarity = similarity;
+    }
+
     /// q [B, h, T, d_h] and k, v [B, g, T, d_h] of x [B, T, d]; q and k rotated at `positions` when RoPE is on.
     pub fn qkv(&self, x: Tensor<3>, positions: &Positions) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
         let (q, k, v) = split_heads(linear(&self.c_attn, x), self.heads());

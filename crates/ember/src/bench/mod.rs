@@ -3,6 +3,7 @@
 
 mod attention;
 mod decode;
+mod kernel;
 mod kv;
 mod memory;
 mod reference;
@@ -27,6 +28,8 @@ pub enum BenchCommand {
     Serve(serve::BenchServeArgs),
     /// KV stores: bytes, and the loss of a text teacher-forced through each.
     Kv(kv::BenchKvArgs),
+    /// A trained softmax model run with FAVOR+ random features: the loss change against r.
+    Kernel(kernel::BenchKernelArgs),
     /// Attention kernels: Ember's, the naive path and Burn's built-in, forward and backward.
     Attention(attention::BenchAttentionArgs),
 }
@@ -37,6 +40,7 @@ pub fn bench(command: BenchCommand, device: DeviceChoice, collective: Rc<dyn Col
         BenchCommand::Decode(args) => decode::bench_decode(args, device),
         BenchCommand::Serve(args) => serve::bench_serve(args, device),
         BenchCommand::Kv(args) => kv::bench_kv(args, device),
+        BenchCommand::Kernel(args) => kernel::bench_kernel(args, device),
         BenchCommand::Attention(args) => attention::bench_attention(args, device),
     }
 }
