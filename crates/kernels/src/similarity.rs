@@ -180,11 +180,21 @@ pub fn orthogonal_gaussian(rows: usize, d: usize, seed: u64, device: &Device) ->
 mod tests {
     use super::*;
     use crate::{AttentionImpl, attention};
-    use burn::tensor::Distribution;
     use ember_test_support::max_abs_diff_tensors as max_diff;
 
+    /// N(0, 1) values drawn from a fixed sequence, so that every run checks the same inputs.
     fn random(shape: [usize; 4], device: &Device) -> Tensor<4> {
-        Tensor::random(shape, Distribution::Normal(0.0, 1.0), device)
+        thread_local!(static RNG: std::cell::RefCell<Rng> = std::cell::RefCell::new(Rng::new(17)));
+        let values: Vec<f32> =
+            RNG.with(|rng| (0..shape.iter().product()).map(|_| rng.borrow_mut().normal() as f32).collect());
+        Tensor::from_data(TensorData::new(values, shape), device)
+    }
+
+    /// The largest |a − b| relative to the largest |b| (at least 1): gradients through FAVOR+'s exponentials reach
+    /// tens, where f32's rounding alone is 1e-6.
+    fn relative_diff(a: Tensor<4>, b: Tensor<4>) -> f32 {
+        let scale = b.clone().abs().max().into_scalar::<f32>().max(1.0);
+        max_diff(a, b) / scale
     }
 
     #[test]
@@ -206,7 +216,8 @@ mod tests {
         }
     }
 
-    /// The chunked O(T) form against the masked T×T product, output and gradients, across chunk boundaries.
+    /// The chunked O(T) form against the masked T×T product, output and gradients, across chunk boundaries, within
+    /// 1e-5 of the largest value.
     #[test]
     fn linear_attention_in_o_t_equals_its_masked_form_with_gradients() {
         let device = Device::flex().autodiff();
@@ -226,8 +237,8 @@ mod tests {
                 [o.inner(), grad(&q), grad(&k), grad(&v)]
             };
             for (name, (a, b)) in ["o", "dq", "dk", "dv"].iter().zip(run(true).into_iter().zip(run(false))) {
-                let d = max_diff(a, b);
-                assert!(d <= 1e-5, "{kernel:?} {name}: {d}");
+                let d = relative_diff(a, b);
+                assert!(d <= 1e-5, "{kernel:?} {name}: relative error {d}");
             }
         }
     }
