@@ -68,11 +68,9 @@ pub struct Chat {
     pub output: Output,
 }
 
-/// The fields of a completion request Ember implements; any other (`echo`, `best_of`, `suffix`, `logit_bias`, ...)
-/// is refused by name rather than ignored.
-const COMPLETION_FIELDS: [&str; 16] = [
+/// The fields both endpoints implement: the model, the sampling settings and the shape of the response.
+const SHARED_FIELDS: [&str; 14] = [
     "model",
-    "prompt",
     "max_tokens",
     "temperature",
     "top_p",
@@ -85,44 +83,29 @@ const COMPLETION_FIELDS: [&str; 16] = [
     "stream_options",
     "seed",
     "n",
-    "logprobs",
     "user",
 ];
 
-/// The fields of a chat completion request Ember implements; any other is refused by name rather than ignored.
-const CHAT_FIELDS: [&str; 18] = [
-    "model",
-    "messages",
-    "max_tokens",
-    "max_completion_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "repetition_penalty",
-    "frequency_penalty",
-    "presence_penalty",
-    "stop",
-    "stream",
-    "stream_options",
-    "seed",
-    "n",
-    "logprobs",
-    "top_logprobs",
-    "user",
-];
+/// A completion request's own fields; any field neither here nor shared (`echo`, `best_of`, `suffix`, `logit_bias`,
+/// ...) is refused by name rather than ignored.
+const COMPLETION_FIELDS: [&str; 2] = ["prompt", "logprobs"];
+
+/// A chat completion request's own fields; any other (`tools`, `response_format`, ...) is refused by name.
+const CHAT_FIELDS: [&str; 4] = ["messages", "max_completion_tokens", "logprobs", "top_logprobs"];
 
 /// The roles a chat message may have.
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
-/// The body as a JSON object of the `known` fields, for the served model `model_id`.
-fn object(body: &[u8], model_id: &str, known: &[&str]) -> Result<Map<String, Value>, ApiError> {
+/// The body as a JSON object of the endpoint's `own` and the shared fields, for the served model `model_id`.
+fn object(body: &[u8], model_id: &str, own: &[&str]) -> Result<Map<String, Value>, ApiError> {
     let json: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::status(400, format!("invalid JSON body: {e}")))?;
     let Value::Object(obj) = json else { return Err(ApiError::status(400, "the body must be a JSON object")) };
-    if let Some(field) = obj.keys().find(|k| !known.contains(&k.as_str())) {
+    if let Some(field) = obj.keys().find(|k| !own.contains(&k.as_str()) && !SHARED_FIELDS.contains(&k.as_str())) {
+        let known = [own, &SHARED_FIELDS[..]].concat().join(", ");
         return Err(ApiError {
             status: 400,
-            message: format!("`{field}` is not supported by this server (it implements {})", known.join(", ")),
+            message: format!("`{field}` is not supported by this server (it implements {known})"),
             param: None,
             code: Some("unsupported_parameter"),
         });
