@@ -13,6 +13,7 @@ use crate::config::RunConfigError;
 use crate::params::{self, Mismatch};
 use crate::{Gpt, Invalid, ModelConfig, tokenizer};
 use ember_formats::chat::ChatFormat;
+use ember_formats::checkpoint::{STATE_KEY, STEPS_KEY};
 
 pub const CONFIG: &str = "config.toml";
 pub const MODEL: &str = "model.safetensors";
@@ -126,18 +127,25 @@ pub struct Bundle {
 pub fn load(run_dir: &Path, device: &Device) -> Result<Bundle, BundleError> {
     let config = load_model_config(run_dir)?;
     let (model, checkpoint) = (run_dir.join(MODEL), run_dir.join(CHECKPOINT));
-    let (weights, tensors) = match model.exists() || !checkpoint.exists() {
+    let (weights, tensors, steps) = match model.exists() || !checkpoint.exists() {
         true => {
-            let (tensors, _) = load_tensors(&model)?;
-            (model, tensors)
+            let (tensors, metadata) = load_tensors(&model)?;
+            (model, tensors, metadata.get(STEPS_KEY).and_then(|s| s.parse::<u64>().ok()))
         }
         false => {
-            let (all, _) = load_tensors(&checkpoint)?;
+            let (all, metadata) = load_tensors(&checkpoint)?;
+            let state = metadata.get(STATE_KEY).and_then(|json| serde_json::from_str::<serde_json::Value>(json).ok());
+            let steps = state.and_then(|state| state["step"].as_u64());
             let weights = all.into_iter().filter_map(|(k, v)| Some((k.strip_prefix("model.")?.to_string(), v)));
-            (checkpoint, weights.collect())
+            (checkpoint, weights.collect(), steps)
         }
     };
-    let model = Gpt::load(&config, &tensors, device).map_err(|cause| BundleError::Mismatch { path: weights, cause })?;
+    let mut model =
+        Gpt::load(&config, &tensors, device).map_err(|cause| BundleError::Mismatch { path: weights, cause })?;
+    // FAVOR+ keeps the features its weights were last trained with.
+    if let Some(steps) = steps {
+        model.set_feature_draw(model.feature_draw(steps.saturating_sub(1)));
+    }
     let tok_path = run_dir.join(TOKENIZER);
     let tokenizer = tokenizer::load(&tok_path).map_err(|cause| BundleError::Tokenizer { path: tok_path, cause })?;
     Ok(Bundle { config, model, tokenizer, chat: ChatFormat::default() })

@@ -166,6 +166,21 @@ impl Gpt {
         Some(self)
     }
 
+    /// Draw `draw` of FAVOR+'s random features in every layer from now on (a no-op for other attention).
+    pub fn set_feature_draw(&mut self, draw: u64) {
+        for block in &mut self.blocks {
+            if let Attention::Mha(attn) = &mut block.attn {
+                attn.redraw_features(draw);
+            }
+        }
+    }
+
+    /// The draw of FAVOR+'s features in force for optimizer step `step` (from 0): a fresh one every
+    /// `favor_redraw` steps, else always the first.
+    pub fn feature_draw(&self, step: u64) -> u64 {
+        self.config.favor_redraw.map_or(0, |n| step / n)
+    }
+
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }

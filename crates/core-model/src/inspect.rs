@@ -1,8 +1,10 @@
 //! What a config costs before a model is built: parameters per part, and KV-cache bytes (2·L·T·g·d_h elements per
-//! sequence, L·T·(d_c + d_R) for MLA).
+//! sequence, L·T·(d_c + d_R) for MLA, L·g·(r·d_h + r) at any length for linear attention's recurrent state).
 
 use crate::ModelConfig;
-use crate::config::{AttentionKind, FfnKind, NormKind, NormPlacement, PositionKind};
+use crate::config::{
+    AttentionKernel, AttentionKind, DEFAULT_FAVOR_FEATURES, FfnKind, NormKind, NormPlacement, PositionKind,
+};
 
 /// Parameter counts by part: embeddings, attention, feed-forward, norms, output projection. Computed in 128 bits,
 /// saturating, so a config of any size has an answer (and can be refused for it) before anything is allocated.
@@ -65,6 +67,21 @@ pub fn kv_elements_per_token_layer(c: &ModelConfig) -> usize {
     }
 }
 
+/// Elements of linear attention's recurrent state per sequence and layer, whatever its length: g·(r·d_v + r) for
+/// S = Σ φ(k) vᵀ and z = Σ φ(k) per KV head, with r features (d_h for elu + 1 and relu; FAVOR+'s random features).
+pub fn state_elements_per_layer(c: &ModelConfig, features: usize) -> usize {
+    c.kv_heads() * (features * c.head_dim() + features)
+}
+
+/// The features φ maps a head to: d_h for elu + 1 and relu, r for FAVOR+; None for softmax, which keeps its keys.
+pub fn state_features(c: &ModelConfig) -> Option<usize> {
+    match c.attention_kernel {
+        AttentionKernel::Softmax => None,
+        AttentionKernel::Linear => Some(c.head_dim()),
+        AttentionKernel::Favor => Some(c.favor_features.unwrap_or(DEFAULT_FAVOR_FEATURES)),
+    }
+}
+
 /// KV-cache bytes for `batch` sequences of `length` tokens at `bytes_per_element`, over every layer; None past
 /// 2^128 bytes (sizes given on the command line can be anything).
 pub fn kv_cache_bytes(c: &ModelConfig, batch: usize, length: usize, bytes_per_element: usize) -> Option<u128> {
@@ -89,6 +106,17 @@ mod tests {
         assert_eq!(kv_cache_bytes(&ModelConfig { n_kv_heads: Some(8), ..mha.clone() }, 1, 8192, 2), Some(gib));
         assert_eq!(kv_cache_bytes(&ModelConfig { n_kv_heads: Some(1), ..mha.clone() }, 1, 8192, 2), Some(128 << 20));
         assert_eq!(kv_cache_bytes(&mha, usize::MAX, usize::MAX, 2), None);
+    }
+
+    #[test]
+    fn a_linear_attention_state_is_r_by_d_plus_r_per_kv_head() {
+        // 12 heads of 64: elu + 1 keeps 12·(64·64 + 64) elements per layer, at any length.
+        let gpt2 =
+            ModelConfig { attention_kernel: AttentionKernel::Linear, ..ModelConfig::gpt(50_257, 12, 12, 768, 1024) };
+        assert_eq!(state_features(&gpt2), Some(64));
+        assert_eq!(state_elements_per_layer(&gpt2, 64), 12 * (64 * 64 + 64));
+        let favor = ModelConfig { attention_kernel: AttentionKernel::Favor, favor_features: Some(128), ..gpt2 };
+        assert_eq!(state_features(&favor), Some(128));
     }
 
     #[test]

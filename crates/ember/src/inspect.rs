@@ -6,7 +6,9 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use ember_core_model::config::AttentionKind;
 use ember_core_model::import::{self, Source};
-use ember_core_model::inspect::{kv_cache_bytes, kv_elements_per_token_layer, param_counts, total_params};
+use ember_core_model::inspect::{
+    kv_cache_bytes, kv_elements_per_token_layer, param_counts, state_elements_per_layer, state_features, total_params,
+};
 use ember_core_model::{ModelConfig, bundle};
 
 #[derive(Args)]
@@ -106,6 +108,18 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
         println!("  {part:<20} {:>18}", thousands(*n));
     }
     println!("  {:<20} {:>18}", "total", thousands(total_params(&c)));
+    if let Some(r) = state_features(&c) {
+        let per_layer = state_elements_per_layer(&c, r);
+        let layer_bytes = (per_layer as u128).checked_mul(e as u128);
+        let total = |sequences: usize| layer_bytes.and_then(|n| n.checked_mul(c.n_layers as u128 * sequences as u128));
+        println!("recurrent state (linear attention, no keys kept) at {e} bytes per element");
+        println!("  per layer            g·(r·d_h + r) = {per_layer} elements = {}", bytes(layer_bytes));
+        println!("  per sequence         {} at any length", bytes(total(1)));
+        println!("  {b} sequences{:>w$}{}", "", bytes(total(b)), w = 9usize.saturating_sub(b.to_string().len()).max(1));
+        let softmax = ModelConfig { attention_kernel: Default::default(), ..c.clone() };
+        println!("  softmax keys instead {} for {b} × {t} tokens", bytes(kv_cache_bytes(&softmax, b, t, e)));
+        return Ok(());
+    }
     let per_layer = kv_elements_per_token_layer(&c);
     let formula = match c.attention {
         AttentionKind::Mla => "d_c + d_R",
@@ -125,6 +139,15 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
         let with = |g: usize| bytes(kv_cache_bytes(&ModelConfig { n_kv_heads: Some(g), ..c.clone() }, b, t, e));
         let gqa = if c.n_heads % 8 == 0 { 8 } else { c.kv_heads() };
         println!("  the same model as MHA {}, GQA g = {gqa} {}, MQA {}", with(c.n_heads), with(gqa), with(1));
+        let state = |r: usize| {
+            let elements = state_elements_per_layer(&c, r) as u128;
+            bytes(elements.checked_mul(e as u128 * c.n_layers as u128 * b as u128))
+        };
+        println!(
+            "  with linear attention (recurrent state, any length): elu + 1 {}, FAVOR+ r = 256 {}",
+            state(c.head_dim()),
+            state(256)
+        );
     }
     Ok(())
 }

@@ -95,9 +95,10 @@ struct GenerateArgs {
     stop: Vec<String>,
     #[arg(long)]
     seed: Option<u64>,
-    /// Where keys and values live between steps: contiguous (default), paged, int8, int4, or none (recompute).
-    #[arg(long, default_value = "contiguous")]
-    kv_cache: ember_serve::KvKind,
+    /// Where keys and values live between steps: contiguous, paged, int8, int4, state (linear attention's fixed
+    /// recurrent state) or none (recompute); by default state for linear-attention models, else contiguous.
+    #[arg(long)]
+    kv_cache: Option<ember_serve::KvKind>,
     /// Tokens per page of the paged store.
     #[arg(long, default_value_t = 16)]
     page_size: usize,
@@ -207,8 +208,9 @@ fn generate(args: GenerateArgs, choice: DeviceChoice) -> Result<()> {
         seed: args.seed.unwrap_or(defaults.seed),
     };
     settings.validate()?;
-    let kv = ember_serve::KvSpec { kind: args.kv_cache, page_size: args.page_size, group: args.kv_group };
-    kv.check(run.model.block_size()).map_err(anyhow::Error::msg)?;
+    let kind = args.kv_cache.unwrap_or(ember_serve::KvKind::for_model(run.model.config()));
+    let kv = ember_serve::KvSpec { kind, page_size: args.page_size, group: args.kv_group };
+    kv.check(run.model.config()).map_err(anyhow::Error::msg)?;
     let g = train::print_sample(&run.model, &run.tokenizer, &settings, kv, &device)?;
     if args.stats {
         eprintln!(

@@ -49,8 +49,10 @@ pub struct ServeArgs {
     /// connection that idles or trickles longer is closed.
     #[arg(long, default_value_t = 10.0)]
     header_timeout: f64,
-    #[arg(long, default_value = "contiguous")]
-    kv_cache: KvKind,
+    /// Where keys and values live between steps: contiguous, paged, int8, int4, state (linear attention's fixed
+    /// recurrent state) or none (recompute); by default state for linear-attention models, else contiguous.
+    #[arg(long)]
+    kv_cache: Option<KvKind>,
     #[arg(long, default_value_t = 16)]
     page_size: usize,
     #[arg(long, default_value_t = 32)]
@@ -138,8 +140,9 @@ pub fn serve(args: ServeArgs, choice: DeviceChoice) -> Result<()> {
     if devices::on_host(choice) {
         crate::admission::admit_kv_stores(&run.config, args.max_batch)?;
     }
-    let kv = KvSpec { kind: args.kv_cache, page_size: args.page_size, group: args.kv_group };
-    kv.check(run.model.block_size()).map_err(anyhow::Error::msg)?;
+    let kind = args.kv_cache.unwrap_or(KvKind::for_model(run.model.config()));
+    let kv = KvSpec { kind, page_size: args.page_size, group: args.kv_group };
+    kv.check(run.model.config()).map_err(anyhow::Error::msg)?;
     let chat = chat_prompt(args.chat_template.as_deref(), &run.chat)?;
     let chat_note = if chat.is_some() { "completions and chat completions" } else { "completions (no chat template)" };
     app.ready(Served { chat, tokenizer: run.tokenizer.clone(), context: run.model.block_size() });

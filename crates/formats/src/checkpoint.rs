@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 /// The metadata key of the training state's JSON.
 pub const STATE_KEY: &str = "ember.train_state";
 
+/// The metadata key of the optimizer steps a run directory's `model.safetensors` was trained for (decimal).
+pub const STEPS_KEY: &str = "ember.steps";
+
 /// Everything besides tensors that resuming needs: the loop's counters and the task's own state `S` (its fields sit
 /// beside `step` and `tokens` in the JSON, so a language model's state reads `{"step", "tokens", "sampler"}`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

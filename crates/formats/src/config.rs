@@ -165,11 +165,18 @@ pub struct ModelConfig {
     /// φ when `attention_kernel = "linear"`.
     #[serde(default, skip_serializing_if = "is_default")]
     pub feature_map: FeatureMap,
-    /// Random features r when `attention_kernel = "favor"`, drawn once per layer from the layer's index (256 by
-    /// default).
+    /// Random features r when `attention_kernel = "favor"`, drawn once per layer from the layer's index
+    /// ([`DEFAULT_FAVOR_FEATURES`] by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub favor_features: Option<usize>,
+    /// Optimizer steps between fresh draws of FAVOR+'s features while training (none: one draw for the whole run);
+    /// inference keeps the draw the saved weights were last trained with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub favor_redraw: Option<u64>,
 }
+
+/// FAVOR+'s random features when a config names none.
+pub const DEFAULT_FAVOR_FEATURES: usize = 256;
 
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {
     *value == T::default()
@@ -217,6 +224,7 @@ impl ModelConfig {
             attention_kernel: AttentionKernel::Softmax,
             feature_map: FeatureMap::Elu,
             favor_features: None,
+            favor_redraw: None,
         }
     }
 
@@ -307,6 +315,11 @@ impl ModelConfig {
                 r,
                 "only for attention_kernel = \"favor\"",
             )?;
+        }
+        if let Some(n) = self.favor_redraw {
+            require(n >= 1, "model.favor_redraw", n, "at least 1 step")?;
+            let favor = self.attention_kernel == AttentionKernel::Favor;
+            require(favor, "model.favor_redraw", n, "only for attention_kernel = \"favor\"")?;
         }
         match self.attention {
             AttentionKind::Mha => {
@@ -430,8 +443,10 @@ mod tests {
             windowed.validate().unwrap_err().to_string(),
             "model.attention_kernel = \"linear\": has no sliding window (softmax has it)"
         );
-        let stray = ModelConfig { favor_features: Some(16), ..linear };
+        let stray = ModelConfig { favor_features: Some(16), ..linear.clone() };
         assert_eq!(stray.validate().unwrap_err().key, "model.favor_features");
+        let stray = ModelConfig { favor_redraw: Some(100), ..linear.clone() };
+        assert_eq!(stray.validate().unwrap_err().key, "model.favor_redraw");
         let parsed: ModelConfig = toml::from_str(
             "n_layers = 1\nn_heads = 2\nd_model = 8\nblock_size = 4\nattention_kernel = \"favor\"\nfavor_features = 8",
         )

@@ -24,4 +24,4 @@ pub use flash::{Int8Kv, KernelTier, PackedHeads, decodes_in_place, flash_attenti
 pub use linear::{linear, tied_linear};
 pub use memory::{DeviceMemory, device_memory};
 pub use norm::{NormParams, norm};
-pub use similarity::{Similarity, similarity_attention};
+pub use similarity::{LinearState, Similarity, recurrent_attention, similarity_attention};

@@ -41,7 +41,7 @@ pub fn similarity_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &Att
         kernel => {
             let (fq, fk) = (features(kernel, q, spec, true), features(kernel, k, spec, false));
             if whole_causal && fq.dims()[2] == fk.dims()[2] {
-                chunked_causal(fq, fk, v)
+                chunked_causal(fq, fk, v, None)
             } else {
                 masked(feature_weights(fq, fk, spec), v)
             }
@@ -89,27 +89,86 @@ fn masked(a: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
     a.matmul(v) / z.clamp_min(TINY)
 }
 
+/// The recurrent state of causal linear attention over every key so far, per KV head: S = Σ_j φ(k_j) v_jᵀ
+/// [B, Hkv, r, d_v] and z = Σ_j φ(k_j) [B, Hkv, 1, r]. FAVOR+'s key features are taken as exp(· − c) with c the
+/// largest key exponent so far ([1, 1, 1, 1]); a larger one later rescales S and z by e^(c − c').
+#[derive(Clone, Debug)]
+pub struct LinearState {
+    s: Tensor<4>,
+    z: Tensor<4>,
+    shift: Option<Tensor<4>>,
+}
+
+impl LinearState {
+    /// Bytes held (f32): the same for every sequence length.
+    pub fn bytes(&self) -> usize {
+        let elements = |t: &Tensor<4>| t.dims().iter().product::<usize>();
+        (elements(&self.s) + elements(&self.z) + self.shift.as_ref().map_or(0, elements)) * 4
+    }
+}
+
+/// Causal linear attention of new tokens q [B, Hq, T, D], k, v [B, Hkv, T, D] that follow the keys `state`
+/// summarises (None: the sequence starts here): y [B, Hq, T, d_v] and the state over every key, in O(T) and
+/// O(1) per decoded token (y_i = φ(q_i)(S + Σ_{j≤i} φ(k_j) v_jᵀ) / φ(q_i)·(z + Σ_{j≤i} φ(k_j))).
+pub fn recurrent_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    state: Option<LinearState>,
+    spec: &AttentionSpec,
+) -> (Tensor<4>, LinearState) {
+    let hq = q.dims()[1];
+    let fq = features(spec.similarity, q, spec, true);
+    let (fk, shift, prior) = match spec.similarity {
+        Similarity::Favor { features, seed } => {
+            let exponent = favor_exponent(k, spec.scale.sqrt(), features, seed);
+            let newest = exponent.clone().max().reshape([1, 1, 1, 1]);
+            let (c, prior) = match state {
+                Some(LinearState { s, z, shift: Some(before) }) => {
+                    let c = before.clone().max_pair(newest);
+                    let rescale = (before - c.clone()).exp();
+                    (c, Some((s * rescale.clone(), z * rescale)))
+                }
+                _ => (newest, None),
+            };
+            ((exponent - c.clone()).exp() / (features as f64).sqrt(), Some(c), prior)
+        }
+        kernel => (features(kernel, k, spec, false), None, state.map(|s| (s.s, s.z))),
+    };
+    let repeated = prior.clone().map(|(s, z)| (repeat_kv(s, hq), repeat_kv(z, hq)));
+    let y = chunked_causal(fq, repeat_kv(fk.clone(), hq), repeat_kv(v.clone(), hq), repeated);
+    let (s, z) = (fk.clone().swap_dims(2, 3).matmul(v), fk.sum_dim(2));
+    let (s, z) = match prior {
+        Some((s0, z0)) => (s0 + s, z0 + z),
+        None => (s, z),
+    };
+    (y, LinearState { s, z, shift })
+}
+
 /// Causal linear attention in O(T): within each chunk of C positions the masked product, and from the chunks before
-/// it the prefix sums S = Σ φ(k_j) v_jᵀ and z = Σ φ(k_j): y_i = (φ(q_i) S + intra) / (φ(q_i)·z + intra's row sum).
-fn chunked_causal(fq: Tensor<4>, fk: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
+/// it (and the keys `prior` = (S₀ [B, H, r, d_v], z₀ [B, H, 1, r]) summarises) the prefix sums S = Σ φ(k_j) v_jᵀ and
+/// z = Σ φ(k_j): y_i = (φ(q_i) S + intra) / (φ(q_i)·z + intra's row sum).
+fn chunked_causal(fq: Tensor<4>, fk: Tensor<4>, v: Tensor<4>, prior: Option<(Tensor<4>, Tensor<4>)>) -> Tensor<4> {
     let [b, h, t, r] = fq.dims();
     let dv = v.dims()[3];
-    let n = t.div_ceil(CHUNK);
-    let padded = n * CHUNK;
+    // A short input (a decoded token) is one chunk of its own length.
+    let chunk = CHUNK.min(t);
+    let n = t.div_ceil(chunk);
+    let padded = n * chunk;
     // Padded keys have zero features, so they add nothing; padded queries are cut off at the end.
     let pad = |x: Tensor<4>| {
         let [b, h, t, w] = x.dims();
         if t == padded { x } else { Tensor::cat(vec![x.clone(), Tensor::zeros([b, h, padded - t, w], &x.device())], 2) }
     };
-    let chunks = |x: Tensor<4>, w: usize| pad(x).reshape([b * h, n, CHUNK, w]);
+    let chunks = |x: Tensor<4>, w: usize| pad(x).reshape([b * h, n, chunk, w]);
     let (fq, fk, v) = (chunks(fq, r), chunks(fk, r), chunks(v, dv));
     let device = fq.device();
     // Within a chunk, key j is masked for query i when j > i.
-    let later = Tensor::<2, burn::tensor::Bool>::tril_mask([CHUNK, CHUNK], 0, &device).unsqueeze::<4>().expand([
+    let later = Tensor::<2, burn::tensor::Bool>::tril_mask([chunk, chunk], 0, &device).unsqueeze::<4>().expand([
         b * h,
         n,
-        CHUNK,
-        CHUNK,
+        chunk,
+        chunk,
     ]);
     let a = fq.clone().matmul(fk.clone().swap_dims(2, 3)).mask_fill(later, 0.0);
     let (intra, intra_z) = (a.clone().matmul(v.clone()), a.sum_dim(3));
@@ -118,6 +177,10 @@ fn chunked_causal(fq: Tensor<4>, fk: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
     let states = states.clone().cumsum(1) - states;
     let zs = fk.sum_dim(2);
     let zs = zs.clone().cumsum(1) - zs;
+    let (states, zs) = match prior {
+        Some((s0, z0)) => (states + s0.reshape([b * h, 1, r, dv]), zs + z0.reshape([b * h, 1, 1, r])),
+        None => (states, zs),
+    };
     let y = (fq.clone().matmul(states) + intra) / (fq.matmul(zs.swap_dims(2, 3)) + intra_z).clamp_min(TINY);
     y.reshape([b, h, padded, dv]).narrow(2, 0, t)
 }
@@ -231,7 +294,8 @@ mod tests {
                 let [q, k, v] = inputs.clone().map(|x| x.require_grad());
                 let (k2, v2) = (repeat_kv(k.clone(), 2), repeat_kv(v.clone(), 2));
                 let (fq, fk) = (features(kernel, q.clone(), &spec, true), features(kernel, k2, &spec, false));
-                let o = if chunked { chunked_causal(fq, fk, v2) } else { masked(feature_weights(fq, fk, &spec), v2) };
+                let o =
+                    if chunked { chunked_causal(fq, fk, v2, None) } else { masked(feature_weights(fq, fk, &spec), v2) };
                 let grads = (o.clone() * w.clone()).sum().backward();
                 let grad = |t: &Tensor<4>| t.grad(&grads).expect("a gradient");
                 [o.inner(), grad(&q), grad(&k), grad(&v)]
@@ -253,6 +317,39 @@ mod tests {
         let whole = similarity_attention(q.clone(), k.clone(), v.clone(), &spec);
         let last = similarity_attention(q.narrow(2, 67, 3), k, v, &AttentionSpec { query_offset: 67, ..spec });
         assert!(max_diff(last, whole.narrow(2, 67, 3)) <= 1e-5);
+    }
+
+    /// Prefill then token-by-token decoding from the recurrent state equals attention over the whole sequence, for
+    /// every feature map, with GQA (FAVOR+'s key stabiliser rises as larger keys arrive and rescales the state).
+    #[test]
+    fn recurrent_decoding_equals_the_whole_sequence() {
+        let device = Device::flex();
+        for kernel in [Similarity::LinearElu, Similarity::LinearRelu, Similarity::Favor { features: 16, seed: 2 }] {
+            let spec = AttentionSpec { similarity: kernel, ..AttentionSpec::causal(8) };
+            let (q, k, v) =
+                (random([2, 4, 75, 8], &device), random([2, 2, 75, 8], &device), random([2, 2, 75, 8], &device));
+            // Later keys larger than any in the prompt, so that FAVOR+'s stabiliser moves.
+            let k = Tensor::cat(vec![k.clone().narrow(2, 0, 70), k.narrow(2, 70, 5) * 2.0], 2);
+            let whole = similarity_attention(q.clone(), k.clone(), v.clone(), &spec);
+            let part = |x: &Tensor<4>, from: usize, n: usize| x.clone().narrow(2, from, n);
+            let (prefill, mut state) =
+                recurrent_attention(part(&q, 0, 70), part(&k, 0, 70), part(&v, 0, 70), None, &spec);
+            let mut rows = vec![prefill];
+            for t in 70..75 {
+                let (y, next) = recurrent_attention(part(&q, t, 1), part(&k, t, 1), part(&v, t, 1), Some(state), &spec);
+                rows.push(y);
+                state = next;
+            }
+            let d = relative_diff(Tensor::cat(rows, 2), whole);
+            assert!(d <= 1e-5, "{kernel:?}: {d}");
+            let r = if let Similarity::Favor { features, .. } = kernel { features } else { 8 };
+            let shift = usize::from(matches!(kernel, Similarity::Favor { .. }));
+            assert_eq!(
+                state.bytes(),
+                (2 * 2 * (r * 8 + r) + shift) * 4,
+                "a fixed r×d_v state and r-vector per KV head"
+            );
+        }
     }
 
     /// FAVOR+ is unbiased: over many draws of ω the mean of φ(q)·φ(k) is exp(s·⟨q, k⟩) within 3 standard errors.

@@ -4,12 +4,13 @@
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_core_model::cache::KvCache;
+use ember_core_model::config::AttentionKernel;
 use ember_core_model::tokenizer::{self, TokenizerError};
-use ember_core_model::{Gpt, Rng};
+use ember_core_model::{Gpt, ModelConfig, Rng};
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
-use crate::kv::{Bits, ContiguousCache, PagePool, PagedCache, QuantizedCache};
+use crate::kv::{Bits, ContiguousCache, PagePool, PagedCache, QuantizedCache, StateCache};
 use crate::sampling::{SampleConfig, TokenLogprob, logprobs, sample};
 
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +45,16 @@ pub enum KvKind {
     Int8,
     /// int4 with a scale per group.
     Int4,
+    /// No keys: the fixed recurrent state of linear attention (`attention_kernel = "linear"` or `"favor"`).
+    State,
+}
+
+impl KvKind {
+    /// The store a model decodes from unless told otherwise: its recurrent state when its attention is a feature
+    /// map's, one growing buffer of keys and values when it is softmax.
+    pub fn for_model(config: &ModelConfig) -> Self {
+        if config.attention_kernel == AttentionKernel::Softmax { KvKind::Contiguous } else { KvKind::State }
+    }
 }
 
 /// A KV store and its parameters.
@@ -57,9 +68,15 @@ pub struct KvSpec {
 }
 
 impl KvSpec {
-    /// Checks the parameters against a model's `context`: a page holds 1 to `context` tokens (a larger one would
-    /// be allocated whole for nothing), a scale covers at least one value.
-    pub fn check(&self, context: usize) -> Result<(), String> {
+    /// Checks the parameters against a model: a page holds 1 to `block_size` tokens (a larger one would be
+    /// allocated whole for nothing), a scale covers at least one value, a recurrent state needs linear attention.
+    pub fn check(&self, config: &ModelConfig) -> Result<(), String> {
+        let context = config.block_size;
+        if self.kind == KvKind::State && config.attention_kernel == AttentionKernel::Softmax {
+            return Err("--kv-cache state holds linear attention's recurrent state; this model's attention is \
+                        softmax, which needs its keys (contiguous, paged, int8, int4)"
+                .into());
+        }
         if self.page_size == 0 || self.group == 0 {
             return Err("--page-size and --kv-group must be at least 1".into());
         }
@@ -91,7 +108,8 @@ impl std::str::FromStr for KvKind {
             "paged" => Ok(KvKind::Paged),
             "int8" => Ok(KvKind::Int8),
             "int4" => Ok(KvKind::Int4),
-            other => Err(format!("{other:?} is not a KV store (none, contiguous, paged, int8, int4)")),
+            "state" => Ok(KvKind::State),
+            other => Err(format!("{other:?} is not a KV store (none, contiguous, paged, int8, int4, state)")),
         }
     }
 }
@@ -104,6 +122,7 @@ impl KvSpec {
             KvKind::Paged => Some(Box::new(PagedCache::new(PagePool::new(self.page_size)))),
             KvKind::Int8 => Some(Box::new(QuantizedCache::new(Bits::Int8, self.group))),
             KvKind::Int4 => Some(Box::new(QuantizedCache::new(Bits::Int4, self.group))),
+            KvKind::State => Some(Box::<StateCache>::default()),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Cached decoding equals full recomputation: for 64 steps the next-token logits agree within 1e-5 on the CPU for
 //! GPT, Llama (GQA, RoPE), MLA (absorbed, against cached latents) and sliding-window models, with the contiguous and
-//! the paged store; quantized stores stay close; forked sequences share pages, and later prompts the cached pages of
+//! the paged store, and linear-attention models with their recurrent state; quantized stores stay close; forked sequences share pages, and later prompts the cached pages of
 //! their shared prefix.
 
 use std::collections::HashMap;
@@ -10,7 +10,7 @@ use ember_core_model::cache::KvCache;
 use ember_core_model::config::{AttentionKernel, AttentionKind};
 use ember_core_model::params::{load_state_dict, state_dict};
 use ember_core_model::{Gpt, ModelConfig, Rng};
-use ember_serve::kv::{Bits, ContiguousCache, PagePool, PagedCache, QuantizedCache};
+use ember_serve::kv::{Bits, ContiguousCache, PagePool, PagedCache, QuantizedCache, StateCache};
 use ember_serve::sampling::argmax;
 use ember_serve::{Decoder, KvKind, KvSpec};
 use ember_test_support::max_abs_diff as max_diff;
@@ -74,7 +74,11 @@ fn cached_decoding_equals_full_recomputation_for_64_steps() {
     let device = Device::flex();
     for (name, config) in configs() {
         let model = sharpened(Gpt::new(&config, &mut Rng::new(3), &device));
-        for kv in [KvSpec::from(KvKind::Contiguous), KvSpec { page_size: 5, ..KvKind::Paged.into() }] {
+        let mut stores = vec![KvSpec::from(KvKind::Contiguous), KvSpec { page_size: 5, ..KvKind::Paged.into() }];
+        if KvKind::for_model(&config) == KvKind::State {
+            stores.push(KvKind::State.into());
+        }
+        for kv in stores {
             let (worst, _) = cached_vs_recomputed(&model, kv, &prompt(), 64, &device);
             assert!(worst <= 1e-5, "{name}, {:?}: max |cached − recomputed| = {worst}", kv.kind);
         }
@@ -113,6 +117,37 @@ fn contiguous_bytes_are_two_b_l_t_g_dh_floats() {
         assert_eq!(cache.bytes(), b * l * t * per_token_layer * 4, "{name}");
         assert_eq!(cache.usage(), (cache.bytes(), cache.bytes()));
     }
+}
+
+/// A linear-attention model's recurrent state holds L·g·(r·d_h + r) floats (and FAVOR+'s stabiliser per layer)
+/// however many tokens it has seen.
+#[test]
+fn a_recurrent_state_keeps_the_same_bytes_at_every_length() {
+    let device = Device::flex();
+    for (name, config) in configs().into_iter().filter(|(_, c)| KvKind::for_model(c) == KvKind::State) {
+        let model = Gpt::new(&config, &mut Rng::new(3), &device);
+        let mut cache = StateCache::default();
+        let ids =
+            |n: i64| Tensor::<2, Int>::from_data(TensorData::new((0..n).collect::<Vec<_>>(), [1, n as usize]), &device);
+        model.forward_step(ids(12), &mut cache);
+        let after_prompt = cache.bytes();
+        for _ in 0..20 {
+            model.forward_step(ids(1), &mut cache);
+        }
+        assert_eq!(cache.len(), 32);
+        let r = config.favor_features.unwrap_or(config.head_dim());
+        let favor = usize::from(config.attention_kernel == AttentionKernel::Favor);
+        let expected = config.n_layers * (config.kv_heads() * (r * config.head_dim() + r) + favor) * 4;
+        assert_eq!((after_prompt, cache.bytes()), (expected, expected), "{name}");
+    }
+}
+
+#[test]
+fn a_softmax_model_is_refused_a_recurrent_state() {
+    let (_, gpt) = configs().swap_remove(0);
+    let error = KvSpec::from(KvKind::State).check(&gpt).unwrap_err();
+    assert!(error.contains("softmax"), "{error}");
+    assert!(KvSpec::from(KvKind::State).check(&configs().swap_remove(4).1).is_ok());
 }
 
 #[test]
@@ -259,15 +294,20 @@ fn batched_decoding_of_ragged_sequences_equals_one_at_a_time() {
         let prompts: Vec<Vec<u32>> =
             [3usize, 9, 17].iter().map(|&n| (0..n as u32).map(|i| (i * 7 + n as u32) % 50).collect()).collect();
         let mut alone: Vec<ContiguousCache> = prompts.iter().map(|_| ContiguousCache::new(8)).collect();
-        let mut batched: Vec<ContiguousCache> = prompts.iter().map(|_| ContiguousCache::new(8)).collect();
+        // Batched from the model's own store: a linear-attention model's recurrent state.
+        let store = KvSpec::from(KvKind::for_model(&config));
+        let mut batched: Vec<Box<dyn KvCache>> = prompts.iter().map(|_| store.build().expect("a store")).collect();
         let mut next: Vec<u32> = Vec::new();
         for ((p, a), b) in prompts.iter().zip(&mut alone).zip(&mut batched) {
             let logits = model.forward_step(row(p), a);
-            model.forward_step(row(p), b);
+            model.forward_step(row(p), b.as_mut());
             next.push(logits.argmax(1).into_scalar::<i64>() as u32);
         }
         for step in 0..10 {
-            let mut caches: Vec<&mut dyn KvCache> = batched.iter_mut().map(|c| c as &mut dyn KvCache).collect();
+            let mut caches: Vec<&mut dyn KvCache> = Vec::new();
+            for cache in &mut batched {
+                caches.push(cache.as_mut());
+            }
             let together = model.forward_batch(&next, &mut caches).into_data().try_to_vec::<f32>().unwrap();
             let v = together.len() / next.len();
             for (i, cache) in alone.iter_mut().enumerate() {

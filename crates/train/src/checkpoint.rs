@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use burn::tensor::TensorData;
 use ember_core_model::bundle::{self, BundleError};
 pub use ember_formats::checkpoint::TrainState;
-use ember_formats::checkpoint::{self as state, STATE_KEY};
+use ember_formats::checkpoint::{self as state, STATE_KEY, STEPS_KEY};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -45,7 +45,11 @@ pub fn save<S: Serialize>(
         &all,
         HashMap::from([(STATE_KEY.to_string(), state_json)]),
     )?;
-    bundle::save_tensors(&run_dir.join(bundle::MODEL), model, HashMap::new())
+    bundle::save_tensors(
+        &run_dir.join(bundle::MODEL),
+        model,
+        HashMap::from([(STEPS_KEY.to_string(), state.step.to_string())]),
+    )
 }
 
 pub fn load<S: DeserializeOwned>(run_dir: &Path) -> Result<Checkpoint<S>, CheckpointError> {

@@ -45,6 +45,10 @@ impl Task for LanguageModel {
     type Model = Gpt;
     type State = LmState;
 
+    fn before_step(&self, model: &mut Gpt, step: u64) {
+        model.set_feature_draw(model.feature_draw(step));
+    }
+
     fn learning_rate(&self, step: u64) -> f64 {
         learning_rate(&self.config, self.model_config.d_model, step)
     }
@@ -235,6 +239,40 @@ mod tests {
             })
             .collect();
         assert_eq!(logged, [1, 2, 3, 4]);
+    }
+
+    /// FAVOR+ with `favor_redraw = 3` trains steps 0–2 on the first draw of its features and step 3 on the second;
+    /// the run directory loads with the second, the one its weights last trained with.
+    #[test]
+    fn favor_features_are_redrawn_on_schedule_and_kept_for_inference() {
+        use ember_core_model::config::AttentionKernel;
+        use ember_core_model::{Gpt, bundle};
+        let dir = tempfile::tempdir().unwrap();
+        let mut run = trainer(2, 1, dir.path());
+        let favor = ModelConfig {
+            attention_kernel: AttentionKernel::Favor,
+            favor_features: Some(8),
+            favor_redraw: Some(3),
+            ..run.task.model_config.clone()
+        };
+        run.model = Gpt::new(&favor, &mut ember_core_model::Rng::new(1), &Device::flex().autodiff());
+        run.task.model_config = favor.clone();
+        run.run(&mut ()).unwrap();
+        let table = toml::Table::from_iter([("model".to_string(), toml::Value::try_from(&favor).unwrap())]);
+        std::fs::write(dir.path().join(bundle::CONFIG), table.to_string()).unwrap();
+        ember_core_model::tokenizer::save(
+            &ember_core_model::tokenizer::train_char("abcdefghijklm").unwrap(),
+            &dir.path().join(bundle::TOKENIZER),
+        )
+        .unwrap();
+        let loaded = bundle::load(dir.path(), &Device::flex()).unwrap().model;
+        let ids = burn::tensor::Tensor::<2, burn::tensor::Int>::from_data([[1, 5, 2, 7, 3]], &Device::flex());
+        let logits = |model: &Gpt| model.forward(ids.clone()).into_data().try_to_vec::<f32>().unwrap();
+        let mut trained = run.model.valid();
+        let last = logits(&trained);
+        assert_eq!(logits(&loaded), last, "inference keeps the last draw");
+        trained.set_feature_draw(0);
+        assert!(ember_test_support::max_abs_diff(&logits(&trained), &last) > 1e-4, "draw 0 differs from draw 1");
     }
 
     #[derive(Default)]

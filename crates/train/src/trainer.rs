@@ -98,6 +98,9 @@ pub trait Task {
     /// exactly the batches an uninterrupted one would. Serialised as a JSON object beside the step count.
     type State: Serialize + DeserializeOwned;
 
+    /// Prepares `model` for optimizer step `step` (counted from 0): the language model draws FAVOR+'s random
+    /// features afresh on its schedule.
+    fn before_step(&self, _model: &mut Self::Model, _step: u64) {}
     /// The learning rate of optimizer step `step` (counted from 0).
     fn learning_rate(&self, step: u64) -> f64;
     /// Whether AdamW applies decoupled weight decay to `param`.
@@ -253,6 +256,7 @@ impl<T: Task> TrainLoop<T> {
     /// One optimizer step; `wants_stop` is this rank's wish to stop after it, which every rank learns.
     fn train_step(&mut self, wants_stop: bool) -> Stepped {
         let accum = self.config.grad_accum;
+        self.task.before_step(&mut self.model, self.step);
         let lr = self.task.learning_rate(self.step);
         let mut accumulator = GradientsAccumulator::<T::Model>::new();
         let (mut loss_sum, mut tokens) = (0.0, 0);

@@ -9,12 +9,12 @@ use ember_kernels::{
     split_heads,
 };
 
-use crate::ModelConfig;
 use crate::cache::{Context, append_rows};
-use crate::config::{AttentionKernel, FeatureMap, PositionKind};
+use crate::config::{AttentionKernel, DEFAULT_FAVOR_FEATURES, FeatureMap, PositionKind};
 use crate::init::Init;
 use crate::nn::linear_layer;
 use crate::nn::position::{Positions, Rotary};
+use crate::{ModelConfig, Rng};
 
 #[derive(Module, Debug)]
 pub struct CausalSelfAttention {
@@ -37,6 +37,9 @@ pub struct CausalSelfAttention {
     /// κ(q, k): softmax's, or a feature map's.
     #[module(skip)]
     similarity: Similarity,
+    /// What FAVOR+'s draws of random features derive from: the layer's path.
+    #[module(skip)]
+    scope_seed: u64,
     /// Full self-attention without RoPE reads q, k, v where the fused projection put them (on the CPU one kernel
     /// call, no head split); its gradients differ from the split heads' in the last bits.
     #[module(skip)]
@@ -59,6 +62,7 @@ impl CausalSelfAttention {
             rope: (config.positions == PositionKind::Rope).then_some(Rotary { theta: config.rope_theta, dim: dh }),
             implementation: AttentionImpl::Auto,
             similarity: similarity(config, init.scope_seed()),
+            scope_seed: init.scope_seed(),
             packed: true,
         }
     }
@@ -76,6 +80,15 @@ impl CausalSelfAttention {
     /// Weighs values by `similarity` from now on (the weights stay: a trained softmax layer run with FAVOR+).
     pub fn set_similarity(&mut self, similarity: Similarity) {
         self.similarity = similarity;
+    }
+
+    /// FAVOR+ with draw `draw` of this layer's random features (draw 0: the one it was built with); other
+    /// similarities stay as they are.
+    pub fn redraw_features(&mut self, draw: u64) {
+        if let Similarity::Favor { features, .. } = self.similarity {
+            let seed = if draw == 0 { self.scope_seed } else { Rng::new(self.scope_seed ^ draw).next_u64() };
+            self.similarity = Similarity::Favor { features, seed };
+        }
     }
 
     /// q [B, h, T, d_h] and k, v [B, g, T, d_h] of x [B, T, d]; q and k rotated at `positions` when RoPE is on.
@@ -133,6 +146,15 @@ impl CausalSelfAttention {
         match context {
             Context::Full => self.attend(q, k, v, &spec),
             Context::Cached(cache) => self.project(cache.attend(layer, q, k, v, &spec)),
+            Context::Batched(caches) if self.similarity != Similarity::Softmax => {
+                // Each row from its own store (a recurrent state holds no keys to pad and batch).
+                let rows = caches.iter_mut().enumerate().map(|(b, cache)| {
+                    let row = |x: &Tensor<4>| x.clone().narrow(0, b, 1);
+                    let spec = AttentionSpec { query_offset: cache.len(), ..spec.clone() };
+                    cache.attend(layer, row(&q), row(&k), row(&v), &spec)
+                });
+                self.project(Tensor::cat(rows.collect(), 0))
+            }
             Context::Batched(caches) => {
                 // Each row against its own keys, padded to the longest row and masked by length.
                 let ([k, v], lengths) = append_rows(caches, layer, [k, v], self.window);
@@ -149,14 +171,15 @@ fn similarity(config: &ModelConfig, seed: u64) -> Similarity {
         (AttentionKernel::Softmax, _) => Similarity::Softmax,
         (AttentionKernel::Linear, FeatureMap::Elu) => Similarity::LinearElu,
         (AttentionKernel::Linear, FeatureMap::Relu) => Similarity::LinearRelu,
-        (AttentionKernel::Favor, _) => Similarity::Favor { features: config.favor_features.unwrap_or(256), seed },
+        (AttentionKernel::Favor, _) => {
+            Similarity::Favor { features: config.favor_features.unwrap_or(DEFAULT_FAVOR_FEATURES), seed }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Rng;
     use crate::params::{load_state_dict, state_dict};
     use burn::tensor::{Device, Distribution, TensorData};
     use std::collections::HashMap;

@@ -91,7 +91,7 @@ pub fn bench_decode(args: BenchDecodeArgs, device: DeviceChoice) -> Result<()> {
         let (mut cached, mut uncached) = (Vec::new(), Vec::new());
         for _ in 0..args.rounds.max(1) {
             // The prompt's own pass is not counted: n timed steps after it.
-            cached.push(greedy_timed(&model, KvKind::Contiguous, &prompt, n + 1, &device).1);
+            cached.push(greedy_timed(&model, KvKind::for_model(model.config()), &prompt, n + 1, &device).1);
             uncached.push(greedy_timed(&model, KvKind::None, &prompt, n + 1, &device).1);
         }
         let (c, u) = (median(&mut cached), median(&mut uncached));
@@ -116,10 +116,10 @@ fn against_transformers(
     let prompt: Vec<u32> = (0..prompt_tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
     println!("bench decode: {source} on {description}, {prompt_tokens}-token prompt + {n} new tokens, greedy");
     // One untimed run first, as the reference warms up too (on wgpu: shader compilation and autotuning).
-    greedy_timed(model, KvKind::Contiguous, &prompt, n.clamp(2, 4), device);
+    greedy_timed(model, KvKind::for_model(model.config()), &prompt, n.clamp(2, 4), device);
     let (mut ember, mut hf) = (Vec::new(), Vec::new());
     for _ in 0..rounds.max(1) {
-        let (ttft, decode) = greedy_timed(model, KvKind::Contiguous, &prompt, n, device);
+        let (ttft, decode) = greedy_timed(model, KvKind::for_model(model.config()), &prompt, n, device);
         println!("ember:        time to first token {ttft:.3} s, decode {decode:.2} tokens/s");
         ember.push((ttft, decode));
         let out = std::process::Command::new(python)
@@ -163,7 +163,13 @@ fn print_memory() {
 
 /// `n` greedy steps after the prompt: seconds to the first new token (the prompt's pass and one sample), and
 /// tokens/s of the other n − 1.
-fn greedy_timed(model: &Gpt, kv: KvKind, prompt: &[u32], n: usize, device: &burn::tensor::Device) -> (f64, f64) {
+pub(super) fn greedy_timed(
+    model: &Gpt,
+    kv: KvKind,
+    prompt: &[u32],
+    n: usize,
+    device: &burn::tensor::Device,
+) -> (f64, f64) {
     let mut decoder = Decoder::new(model, kv, device);
     let mut ids = prompt.to_vec();
     let mut seen = 0;

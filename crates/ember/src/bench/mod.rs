@@ -2,6 +2,7 @@
 //! reference measured side by side in the same run (PyTorch, transformers, naive attention, recomputation).
 
 mod attention;
+mod context;
 mod decode;
 mod kernel;
 mod kv;
@@ -32,6 +33,8 @@ pub enum BenchCommand {
     Kernel(kernel::BenchKernelArgs),
     /// Attention kernels: Ember's, the naive path and Burn's built-in, forward and backward.
     Attention(attention::BenchAttentionArgs),
+    /// Softmax against linear attention as the context grows: seconds per training step and per decoded token.
+    Context(context::BenchContextArgs),
 }
 
 pub fn bench(command: BenchCommand, device: DeviceChoice, collective: Rc<dyn Collective>) -> Result<()> {
@@ -42,6 +45,7 @@ pub fn bench(command: BenchCommand, device: DeviceChoice, collective: Rc<dyn Col
         BenchCommand::Kv(args) => kv::bench_kv(args, device),
         BenchCommand::Kernel(args) => kernel::bench_kernel(args, device),
         BenchCommand::Attention(args) => attention::bench_attention(args, device),
+        BenchCommand::Context(args) => context::bench_context(args, device),
     }
 }
 

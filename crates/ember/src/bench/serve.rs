@@ -43,8 +43,10 @@ pub struct BenchServeArgs {
     /// The prompt every request sends.
     #[arg(long, default_value = "\n")]
     prompt: String,
-    #[arg(long, default_value = "contiguous")]
-    kv_cache: KvKind,
+    /// Where keys and values live between steps: contiguous, paged, int8, int4, state (linear attention's fixed
+    /// recurrent state) or none (recompute); by default state for linear-attention models, else contiguous.
+    #[arg(long)]
+    kv_cache: Option<KvKind>,
     #[arg(long, default_value_t = 16)]
     page_size: usize,
     /// With `--kv-cache paged`: full prompt pages kept for later requests (as `ember serve`'s).
@@ -139,8 +141,9 @@ pub fn bench_serve(args: BenchServeArgs, device: DeviceChoice) -> Result<()> {
     }
     let (device, description) = devices::select(device)?;
     let run = import::load(&args.model, &device)?;
-    let kv = KvSpec { page_size: args.page_size, ..args.kv_cache.into() };
-    kv.check(run.model.block_size()).map_err(anyhow::Error::msg)?;
+    let kind = args.kv_cache.unwrap_or(KvKind::for_model(run.model.config()));
+    let kv = KvSpec { page_size: args.page_size, ..kind.into() };
+    kv.check(run.model.config()).map_err(anyhow::Error::msg)?;
     let batch = args.concurrency.iter().copied().max().unwrap_or(1);
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let address = listener.local_addr()?.to_string();
