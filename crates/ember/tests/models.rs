@@ -107,26 +107,32 @@ fn a_model_path_that_is_nothing_is_a_clear_error() {
     );
 }
 
-/// `ember bench kernel` runs a trained softmax model with FAVOR+ in place of softmax: a row per r, each loss near the
-/// exact model's loss in the header.
+/// `ember bench kernel` runs a trained softmax model with FAVOR+ and with sampled keys in place of softmax: a row per
+/// r and per s, each with an output error between 0 and 1 and a loss near the exact model's, and the SVG of both.
 #[test]
-fn bench_kernel_runs_a_softmax_model_with_favor_features() {
+fn bench_kernel_runs_a_softmax_model_with_favor_features_and_sampled_keys() {
     let dir = tempfile::tempdir().unwrap();
     let run = common::tiny_run(dir.path(), 10);
-    let text = dir.path().join("corpus.txt");
+    let (text, svg) = (dir.path().join("corpus.txt"), dir.path().join("kernel.svg"));
     let args =
         ["--device", "cpu", "bench", "kernel", "--model", run.to_str().unwrap(), "--text", text.to_str().unwrap()];
-    let out = ember(&[&args[..], &["--tokens", "200", "--features", "4,32", "--draws", "2"]].concat());
+    let options = ["--tokens", "200", "--features", "4,32", "--keys", "2,8", "--draws", "2", "--svg"];
+    let out = ember(&[&args[..], &options, &[svg.to_str().unwrap()]].concat());
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let exact: f64 =
         stdout.lines().find_map(|l| l.strip_prefix("exact softmax: ")?.split(' ').next()?.parse().ok()).unwrap();
-    let rows: Vec<f64> = stdout
+    let column = |line: &str, n: usize| -> f64 {
+        line.split('|').nth(n).unwrap().split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let rows: Vec<(f64, f64)> = stdout
         .lines()
-        .filter(|l| l.starts_with("| 4 |") || l.starts_with("| 32 |"))
-        .map(|l| l.split('|').nth(2).unwrap().split_whitespace().next().unwrap().parse().unwrap())
+        .filter(|l| ["| 4 |", "| 32 |", "| 2 |", "| 8 |"].iter().any(|p| l.starts_with(p)))
+        .map(|l| (column(l, 2), column(l, 4)))
         .collect();
-    assert_eq!(rows.len(), 2, "{stdout}");
-    // Ten steps leave attention nearly uniform, so FAVOR+ lands close to the exact loss.
-    assert!(rows.iter().all(|l| (l - exact).abs() < 0.5), "{stdout}");
+    assert_eq!(rows.len(), 4, "{stdout}");
+    // Ten steps leave attention nearly uniform, so both approximations land close to the exact loss.
+    assert!(rows.iter().all(|&(error, loss)| (0.0..1.0).contains(&error) && (loss - exact).abs() < 0.5), "{stdout}");
+    let svg = std::fs::read_to_string(svg).unwrap();
+    assert_eq!(svg.matches("<polyline").count(), 4);
 }

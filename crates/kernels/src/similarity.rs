@@ -21,6 +21,10 @@ pub enum Similarity {
     LinearRelu,
     /// φ(q)·φ(k) with `features` random positive features, ω drawn from `seed`.
     Favor { features: usize, seed: u64 },
+    /// exp(s·⟨q, k⟩) over `keys` keys per query row, drawn with replacement in proportion to ‖k_j‖ among the keys
+    /// the row may see and reweighted by 1/(keys·p_j), so that numerator and denominator are unbiased (a row that
+    /// sees at most `keys` keys attends to all of them exactly); the draws come from `seed`.
+    SampledKeys { keys: usize, seed: u64 },
 }
 
 /// Chunk length of the O(T) causal form: attention inside a chunk is a masked product, across chunks a prefix sum.
@@ -38,6 +42,10 @@ pub fn similarity_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &Att
     let whole_causal = spec.causal && spec.query_offset == 0 && spec.window.is_none() && spec.key_lengths.is_none();
     match spec.similarity {
         Similarity::Softmax => masked(softmax_weights(q, k, spec), v),
+        Similarity::SampledKeys { keys, seed } => {
+            let weights = sample_weights(&k, &mask_of(&q, &k, spec), keys, seed, q.dims()[2]);
+            masked(softmax_weights(q, k, spec) * weights, v)
+        }
         kernel => {
             let (fq, fk) = (features(kernel, q, spec, true), features(kernel, k, spec, false));
             if whole_causal && fq.dims()[2] == fk.dims()[2] {
@@ -64,6 +72,53 @@ fn softmax_weights(q: Tensor<4>, k: Tensor<4>, spec: &AttentionSpec) -> Tensor<4
         Some(m) => a.mask_fill(m, 0.0),
         None => a,
     }
+}
+
+/// W [B, H, Tq, Tk]: for each query row, `keys` draws j with probability p_j ∝ ‖k_j‖ among the keys the row may
+/// see (`masked` false), each adding 1/(keys·p_j) to W_ij, so that E[W_ij] = 1 there; rows that see at most `keys`
+/// keys get W = 1 on all of them.
+fn sample_weights(
+    k: &Tensor<4>,
+    masked: &Option<Tensor<4, burn::tensor::Bool>>,
+    keys: usize,
+    seed: u64,
+    tq: usize,
+) -> Tensor<4> {
+    let [b, h, tk, _] = k.dims();
+    let norms =
+        (k.clone() * k.clone()).sum_dim(3).sqrt().into_data().convert::<f32>().try_to_vec::<f32>().expect("f32");
+    let hidden: Vec<bool> = match masked {
+        Some(m) => m.clone().into_data().try_to_vec::<bool>().expect("bool"),
+        None => vec![false; b * h * tq * tk],
+    };
+    let mut rng = Rng::new(seed);
+    let mut weights = vec![0f32; b * h * tq * tk];
+    let mut cumulative: Vec<f64> = Vec::with_capacity(tk);
+    let mut seen: Vec<usize> = Vec::with_capacity(tk);
+    for (row, out) in weights.chunks_mut(tk).enumerate() {
+        let head = row / tq;
+        let visible = &hidden[row * tk..(row + 1) * tk];
+        seen.clear();
+        seen.extend((0..tk).filter(|&j| !visible[j]));
+        if seen.len() <= keys {
+            seen.iter().for_each(|&j| out[j] = 1.0);
+            continue;
+        }
+        cumulative.clear();
+        let mut total = 0.0;
+        for &j in &seen {
+            // A zero key would never be drawn; a floor keeps every visible key possible, as unbiasedness needs.
+            total += (norms[head * tk + j] as f64).max(1e-6);
+            cumulative.push(total);
+        }
+        for _ in 0..keys {
+            let at = cumulative.partition_point(|&c| c < rng.uniform() * total).min(seen.len() - 1);
+            let j = seen[at];
+            let p = (norms[head * tk + j] as f64).max(1e-6) / total;
+            out[j] += (1.0 / (keys as f64 * p)) as f32;
+        }
+    }
+    Tensor::from_data(TensorData::new(weights, [b, h, tq, tk]), &k.device())
 }
 
 /// A = φ(q) φ(k)ᵀ, zero where masked.
@@ -192,7 +247,7 @@ fn features(kernel: Similarity, x: Tensor<4>, spec: &AttentionSpec, queries: boo
         Similarity::LinearElu => x.clone().clamp_min(0.0) + x.clamp_max(0.0).exp(),
         Similarity::LinearRelu => x.clamp_min(0.0),
         Similarity::Favor { features, seed } => favor(x, spec.scale.sqrt(), features, seed, queries),
-        Similarity::Softmax => unreachable!("softmax attention has no feature map"),
+        Similarity::Softmax | Similarity::SampledKeys { .. } => unreachable!("softmax attention has no feature map"),
     }
 }
 
@@ -371,6 +426,37 @@ mod tests {
         let sd = (estimates.iter().map(|e| (e - mean).powi(2)).sum::<f64>() / (draws - 1) as f64).sqrt();
         let se = sd / (draws as f64).sqrt();
         assert!((mean - exact).abs() <= 3.0 * se, "mean {mean} vs exp {exact} (standard error {se})");
+    }
+
+    /// Sampled keys are unbiased: over many draws the mean of the reweighted numerator and denominator of a row are
+    /// softmax's within 4 standard errors, and a row that sees few keys is exact.
+    #[test]
+    fn sampled_keys_estimate_the_exact_sums_without_bias() {
+        let device = Device::flex();
+        let (q, k, v) =
+            (random([1, 1, 24, 4], &device), random([1, 1, 24, 4], &device), random([1, 1, 24, 4], &device));
+        let spec = AttentionSpec::causal(4);
+        let exact = softmax_weights(q.clone(), k.clone(), &spec);
+        let row = |a: Tensor<4>| {
+            let a = a.narrow(2, 23, 1);
+            let numerator = a.clone().matmul(v.clone().narrow(3, 0, 1)).into_scalar::<f32>() as f64;
+            (numerator, a.sum().into_scalar::<f32>() as f64)
+        };
+        let (exact_num, exact_den) = row(exact.clone());
+        let draws: Vec<(f64, f64)> = (0..1000)
+            .map(|seed| row(exact.clone() * sample_weights(&k, &mask_of(&q, &k, &spec), 4, seed, 24)))
+            .collect();
+        for (name, pick, truth) in [("numerator", 0, exact_num), ("denominator", 1, exact_den)] {
+            let xs: Vec<f64> = draws.iter().map(|d| if pick == 0 { d.0 } else { d.1 }).collect();
+            let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+            let sd = (xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (xs.len() - 1) as f64).sqrt();
+            let se = sd / (xs.len() as f64).sqrt();
+            assert!((mean - truth).abs() <= 4.0 * se, "{name}: mean {mean} vs {truth} (standard error {se})");
+        }
+        let spec = AttentionSpec { similarity: Similarity::SampledKeys { keys: 8, seed: 1 }, ..spec };
+        let sampled = similarity_attention(q.clone(), k.clone(), v.clone(), &spec);
+        let softmax = attention(q, k, v, &AttentionSpec::causal(4).with_implementation(AttentionImpl::Naive));
+        assert!(max_diff(sampled.narrow(2, 0, 8), softmax.narrow(2, 0, 8)) <= 1e-5, "rows that see ≤ 8 keys are exact");
     }
 
     #[test]
