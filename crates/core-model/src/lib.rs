@@ -3,6 +3,7 @@
 
 pub mod bundle;
 pub mod cache;
+pub mod convert;
 pub mod decoder;
 pub mod import;
 pub mod init;

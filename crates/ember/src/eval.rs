@@ -1,5 +1,6 @@
 //! `ember eval bleu`: corpus BLEU of a hypothesis file against a reference file, as sacreBLEU scores it by default;
-//! `ember eval --model RUN_DIR --data test.tsv`: the BLEU of a translation model on a test set.
+//! `ember eval --model RUN_DIR --data test.tsv`: the BLEU of a translation model on a test set;
+//! `ember eval perplexity`: a language model's loss and perplexity on a text.
 
 use std::path::{Path, PathBuf};
 
@@ -30,6 +31,21 @@ pub struct EvalArgs {
 pub enum EvalCommand {
     /// Corpus BLEU (13a tokenisation, exponential smoothing, brevity penalty) of line-aligned files.
     Bleu(BleuArgs),
+    /// A language model's mean loss and perplexity on the last tokens of a text, in windows of its context.
+    Perplexity(PerplexityArgs),
+}
+
+#[derive(Args)]
+pub struct PerplexityArgs {
+    /// A run directory, Hugging Face directory or GGUF file.
+    #[arg(long)]
+    model: PathBuf,
+    /// A UTF-8 text.
+    #[arg(long)]
+    text: PathBuf,
+    /// Tokens scored, from the end of the text.
+    #[arg(long, default_value_t = 4096)]
+    tokens: usize,
 }
 
 #[derive(Args)]
@@ -50,6 +66,7 @@ pub fn eval(args: EvalArgs, device: DeviceChoice) -> Result<()> {
         (None, _, _) => {
             bail!("give `ember eval bleu --hyp FILE --ref FILE` or `ember eval --model RUN_DIR --data FILE`")
         }
+        (Some(EvalCommand::Perplexity(args)), _, _) => perplexity(args, device),
         (Some(EvalCommand::Bleu(args)), _, _) => {
             let (hyps, refs) = (lines(&args.hyp)?, lines(&args.reference)?);
             if hyps.len() != refs.len() {
@@ -65,6 +82,26 @@ pub fn eval(args: EvalArgs, device: DeviceChoice) -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn perplexity(args: PerplexityArgs, device: DeviceChoice) -> Result<()> {
+    let (device, description) = crate::devices::select(device)?;
+    let run = ember_core_model::import::load(&args.model, &device)?;
+    let text = ember_core_model::files::read_to_string(&args.text).with_context(|| args.text.display().to_string())?;
+    let mut ids = ember_core_model::tokenizer::encode(&run.tokenizer, &text)?;
+    ids.drain(..ids.len().saturating_sub(args.tokens));
+    if ids.len() < 2 {
+        bail!("{}: fewer than 2 tokens to score", args.text.display());
+    }
+    let loss = ember_train::loss::text_loss(&run.model, &ids);
+    println!(
+        "{} on {description}: loss {loss:.4} nats/token, perplexity {:.3}, on the last {} tokens of {}",
+        args.model.display(),
+        loss.exp(),
+        ids.len(),
+        args.text.display()
+    );
+    Ok(())
 }
 
 fn lines(path: &Path) -> Result<Vec<String>> {

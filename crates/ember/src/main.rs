@@ -4,6 +4,7 @@ mod admission;
 mod allocator;
 mod bench;
 mod config;
+mod convert;
 mod devices;
 mod eval;
 mod inspect;
@@ -47,6 +48,8 @@ enum Command {
     Generate(GenerateArgs),
     /// Convert a Hugging Face directory or a GGUF file into an Ember run directory.
     Import(ImportArgs),
+    /// Convert a trained model's attention: MHA / GQA → multi-head latent attention, by truncated SVD.
+    Convert(convert::ConvertArgs),
     /// Print a model's parameters per part and its KV-cache size.
     Inspect(inspect::InspectArgs),
     /// Serve a model over HTTP with the OpenAI completions API.
@@ -170,6 +173,7 @@ fn run(cli: Cli, collective: Rc<dyn Collective>) -> Result<()> {
         Command::Train(args) => train::train(args, cli.device, collective),
         Command::Generate(args) => generate(args, cli.device),
         Command::Import(args) => import(args),
+        Command::Convert(args) => convert::convert(args),
         Command::Inspect(args) => inspect::inspect(args),
         Command::Serve(args) => serve::serve(args, cli.device),
         Command::Bench(command) => {

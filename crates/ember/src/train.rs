@@ -27,7 +27,8 @@ pub struct TrainArgs {
     /// The run config (TOML).
     #[arg(long, required_unless_present = "resume", conflicts_with = "resume")]
     config: Option<PathBuf>,
-    /// Continue the run in this directory from its checkpoint (its config.toml is the config).
+    /// Continue the run in this directory from its checkpoint (its config.toml is the config); a run directory with
+    /// weights but no checkpoint (`ember convert` wrote it) starts from those weights at step 0.
     #[arg(long)]
     resume: Option<PathBuf>,
     /// Override a config value, e.g. --set train.max_steps=100 (repeatable).
@@ -51,8 +52,13 @@ pub fn train(args: TrainArgs, device: DeviceChoice, collective: Rc<dyn Collectiv
 fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn Collective>) -> Result<()> {
     let (config_path, run_dir) = match (&args.config, &args.resume) {
         (_, Some(run_dir)) => {
-            if !run_dir.join(bundle::CHECKPOINT).exists() {
-                bail!("{} has no checkpoint to resume from (expected {})", run_dir.display(), bundle::CHECKPOINT);
+            if !run_dir.join(bundle::CHECKPOINT).exists() && !run_dir.join(bundle::MODEL).exists() {
+                bail!(
+                    "{} has no checkpoint or weights to resume from (expected {} or {})",
+                    run_dir.display(),
+                    bundle::CHECKPOINT,
+                    bundle::MODEL
+                );
             }
             if crate::config::is_translation(&run_dir.join(bundle::CONFIG)) {
                 return crate::translate::resume(run_dir, &args.overrides, device_choice, collective);
@@ -117,7 +123,13 @@ fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn C
     // Each rank its own dropout masks; the weights are initialised from train.seed alone, so they agree.
     device.seed(config.train.seed.wrapping_add(rank as u64));
     let trainer = match &args.resume {
-        Some(dir) => Trainer::resume(config.model.clone(), config.train.clone(), corpus, dir, &device)?,
+        Some(dir) if dir.join(bundle::CHECKPOINT).exists() => {
+            Trainer::resume(config.model.clone(), config.train.clone(), corpus, dir, &device)?
+        }
+        Some(dir) => {
+            let (weights, _) = bundle::load_tensors(&dir.join(bundle::MODEL))?;
+            Trainer::new(config.model.clone(), config.train.clone(), corpus, dir, &device).with_weights(&weights)?
+        }
         None => Trainer::new(config.model.clone(), config.train.clone(), corpus, &run_dir, &device),
     };
     let mut trainer = trainer.with_collective(collective.clone());

@@ -136,3 +136,61 @@ fn bench_kernel_runs_a_softmax_model_with_favor_features_and_sampled_keys() {
     let svg = std::fs::read_to_string(svg).unwrap();
     assert_eq!(svg.matches("<polyline").count(), 4);
 }
+
+/// `ember convert --to mla` at full rank keeps a trained GPT's loss (no RoPE: the factorisation is exact), at a lower
+/// rank caches fewer bytes per token, refuses a latent past the rank, and `ember train --resume` fine-tunes the
+/// converted run from step 0 with its run config and token splits.
+#[test]
+fn convert_to_mla_keeps_the_loss_at_full_rank_and_fine_tunes_with_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = common::tiny_run(dir.path(), 30);
+    let text = dir.path().join("corpus.txt");
+    let loss = |model: &std::path::Path| -> f64 {
+        let out = ember(&[
+            "--device",
+            "cpu",
+            "eval",
+            "perplexity",
+            "--model",
+            model.to_str().unwrap(),
+            "--text",
+            text.to_str().unwrap(),
+            "--tokens",
+            "500",
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        stdout
+            .split("loss ")
+            .nth(1)
+            .and_then(|s| s.split(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{stdout}"))
+    };
+    let convert = |latent: &str, out: &std::path::Path| {
+        ember(&[
+            "convert",
+            "--to",
+            "mla",
+            "--latent-dim",
+            latent,
+            run.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+    };
+    let (full, low) = (dir.path().join("mla-full"), dir.path().join("mla-8"));
+    // d = 32 with biases: [W_K | W_V; b_K | b_V] has rank 33.
+    let out = convert("33", &full);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // 2 layers × (d_L 33 + d_R 2) floats against 2 layers × 2·32.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("KV cache 512 → 280 bytes per token"), "{stdout}");
+    let original = loss(&run);
+    assert!((loss(&full) - original).abs() < 1e-4, "full rank: {} vs {original}", loss(&full));
+    assert_clean_error(&convert("34", &dir.path().join("too-wide")), "at most 33");
+    assert!(convert("8", &low).status.success());
+    train_ok(&["--device", "cpu", "--resume", low.to_str().unwrap(), "--set", "train.max_steps=5"]);
+    assert!(loss(&low).is_finite());
+    let metrics = std::fs::read_to_string(low.join("metrics.jsonl")).unwrap();
+    assert!(metrics.lines().count() >= 5, "five fine-tuning steps logged");
+}

@@ -341,12 +341,6 @@ impl ModelConfig {
                     dr,
                     "an even number ≥ 2 (required for MLA)",
                 )?;
-                require(
-                    self.positions == PositionKind::Rope,
-                    "model.positions",
-                    format!("{:?}", self.positions).to_lowercase(),
-                    "MLA carries positions in its decoupled RoPE key: use positions = \"rope\"",
-                )?;
                 require(self.n_kv_heads.is_none(), "model.n_kv_heads", self.kv_heads(), "not used by MLA")
             }
         }

@@ -8,6 +8,7 @@ pub mod attention;
 mod cpu;
 pub mod cross_entropy;
 pub mod flash;
+pub mod linalg;
 pub mod linear;
 mod math;
 pub mod memory;

@@ -1,7 +1,28 @@
 //! The causal language-modelling loss, and label-smoothed cross-entropy for translation.
 
-use burn::tensor::{Int, Tensor};
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Int, Tensor, TensorData};
+use ember_core_model::Gpt;
 use ember_kernels::cross_entropy;
+
+/// Mean cross-entropy (nats/token) of `model` on `ids`, in windows of its context, each predicting its own tokens
+/// (perplexity is its exponential).
+pub fn text_loss(model: &Gpt, ids: &[u32]) -> f64 {
+    let device = model.wte.weight.device();
+    let (mut nll, mut count) = (0.0f64, 0usize);
+    for window in ids.chunks(model.block_size() + 1).filter(|w| w.len() >= 2) {
+        let t = window.len() - 1;
+        let input: Vec<i64> = window[..t].iter().map(|&i| i as i64).collect();
+        let x = Tensor::<2, Int>::from_data(TensorData::new(input, [1, t]), &device);
+        let logp = log_softmax(model.forward(x), 2).into_data().convert::<f32>().try_to_vec::<f32>().expect("f32");
+        let v = logp.len() / t;
+        for (i, &target) in window[1..].iter().enumerate() {
+            nll -= logp[i * v + target as usize] as f64;
+            count += 1;
+        }
+    }
+    nll / count as f64
+}
 
 /// L = −(1/|M|) Σ_{(b,t) ∈ M} log softmax(z_{b,t})[y_{b,t}], for logits z [B, T, V] and targets y [B, T]
 /// (the inputs shifted by one); M is every position, or those where `mask` is 1 (e.g. to exclude a prompt).

@@ -4,7 +4,7 @@
 //! [`Task`] (the language model in [`crate::lm`], the translator in [`crate::translation`]) supplies the model, the
 //! loss of each next batch, its evaluation and its data position.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -215,6 +215,13 @@ impl<T: Task> TrainLoop<T> {
         self.task.set_shard(Shard::from(&*collective));
         self.collective = collective;
         self
+    }
+
+    /// The same loop at step 0 with the model's parameters taken from `weights` (by path), the optimizer fresh.
+    pub fn with_weights(mut self, weights: &HashMap<String, TensorData>) -> Result<Self, TrainError> {
+        self.model = params::load_state_dict(self.model, weights)?;
+        self.params = params::param_infos(&self.model);
+        Ok(self)
     }
 
     /// This process's rank and the number of ranks.

@@ -8,13 +8,13 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow, bail};
-use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 use clap::Args;
 use ember_core_model::cache::{KvCache, attend_appended};
-use ember_core_model::{Gpt, import, tokenizer};
+use ember_core_model::{import, tokenizer};
 use ember_kernels::{AttentionSpec, Similarity, attention};
 use ember_serve::kv::ContiguousCache;
+use ember_train::loss::text_loss;
 use ember_train::plot::{Axes, Series, line_svg};
 
 use crate::devices::{self, DeviceChoice};
@@ -41,25 +41,6 @@ pub struct BenchKernelArgs {
     /// Writes the error against r and s, with the O(1/√r) lines, to this SVG file.
     #[arg(long)]
     svg: Option<PathBuf>,
-}
-
-/// Mean cross-entropy (nats/token) of `model` on `ids`, in windows of its context, each predicting its own tokens.
-fn loss(model: &Gpt, ids: &[u32], device: &burn::tensor::Device) -> f64 {
-    let (mut nll, mut count) = (0.0f64, 0usize);
-    for window in ids.chunks(model.block_size() + 1).filter(|w| w.len() >= 2) {
-        let t = window.len() - 1;
-        let logp = log_softmax(model.forward(row(&window[..t], device)), 2)
-            .into_data()
-            .convert::<f32>()
-            .try_to_vec::<f32>()
-            .expect("f32");
-        let v = logp.len() / t;
-        for (i, &target) in window[1..].iter().enumerate() {
-            nll -= logp[i * v + target as usize] as f64;
-            count += 1;
-        }
-    }
-    nll / count as f64
 }
 
 fn row(ids: &[u32], device: &burn::tensor::Device) -> Tensor<2, Int> {
@@ -128,7 +109,7 @@ pub fn bench_kernel(args: BenchKernelArgs, device: DeviceChoice) -> Result<()> {
         .clone()
         .with_similarity(|_| Similarity::Softmax)
         .ok_or_else(|| anyhow!("{}: MLA layers have softmax attention only", args.model.display()))?;
-    let exact = loss(&run.model, &ids, &device);
+    let exact = text_loss(&run.model, &ids);
     // Every layer's q, k, v on the first window, from the exact model.
     let window = &ids[..ids.len().min(run.model.block_size())];
     let mut probe = Probe { store: ContiguousCache::new(window.len()), layers: Vec::new() };
@@ -154,7 +135,7 @@ pub fn bench_kernel(args: BenchKernelArgs, device: DeviceChoice) -> Result<()> {
                     let draws = |layer: usize| similarity(size, seed(layer));
                     error += output_error(&probe.layers, draws) / args.draws as f64;
                     let model = run.model.clone().with_similarity(draws).expect("checked above");
-                    losses.push(loss(&model, &ids, &device));
+                    losses.push(text_loss(&model, &ids));
                 }
                 Row { size, error, losses }
             })
