@@ -449,13 +449,14 @@ mod tests {
     }
 
     #[test]
-    fn mla_needs_its_widths_and_rope() {
+    fn mla_needs_its_widths_and_any_positions_do() {
         let mla = ModelConfig { attention: AttentionKind::Mla, positions: PositionKind::Rope, ..baby() };
         assert_eq!(mla.validate().unwrap_err().key, "model.mla_latent_dim");
         let mla = ModelConfig { mla_latent_dim: Some(32), mla_rope_dim: Some(8), ..mla };
         assert!(mla.validate().is_ok());
-        let learned = ModelConfig { positions: PositionKind::Learned, ..mla };
-        assert_eq!(learned.validate().unwrap_err().key, "model.positions");
+        // A GPT converted to MLA keeps its learned positions beside the decoupled RoPE key.
+        assert!(ModelConfig { positions: PositionKind::Learned, ..mla.clone() }.validate().is_ok());
+        assert_eq!(ModelConfig { mla_rope_dim: Some(3), ..mla }.validate().unwrap_err().key, "model.mla_rope_dim");
     }
 
     #[test]
