@@ -1,6 +1,7 @@
 //! Dense linear algebra on the host in f64, for what converts weights rather than runs them: the eigenvectors of a
 //! symmetric matrix by cyclic Jacobi rotations (Golub & Van Loan, §8.5), and from them the best rank-L factorisation
-//! of a matrix (Eckart–Young: the top right singular vectors are the top eigenvectors of MᵀM).
+//! of a matrix (Eckart–Young: the top right singular vectors are the top eigenvectors of MᵀM). Burn's own SVD
+//! (burn-linalg) runs its host fallback only on backends its `flex` feature enables, which Burn builds without.
 
 /// Eigenvalues (descending) and unit eigenvectors (`vectors[i]` belongs to `values[i]`) of the symmetric n×n matrix
 /// `a` (row-major): rotations zero each off-diagonal entry in turn until their sum of squares is 1e-24 of the whole.
