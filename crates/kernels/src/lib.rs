@@ -13,6 +13,7 @@ pub mod linear;
 mod math;
 pub mod memory;
 pub mod norm;
+pub mod scan;
 pub mod similarity;
 
 pub use activation::{gelu, swiglu};

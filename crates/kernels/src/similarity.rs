@@ -8,6 +8,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use ember_formats::Rng;
 
 use crate::attention::{AttentionSpec, mask, repeat_kv};
+use crate::scan::exclusive_scan;
 
 /// κ, the similarity attention weighs values by.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -228,10 +229,8 @@ fn chunked_causal(fq: Tensor<4>, fk: Tensor<4>, v: Tensor<4>, prior: Option<(Ten
     let a = fq.clone().matmul(fk.clone().swap_dims(2, 3)).mask_fill(later, 0.0);
     let (intra, intra_z) = (a.clone().matmul(v.clone()), a.sum_dim(3));
     // Exclusive prefix sums over chunks: the states of the chunks before each one.
-    let states = fk.clone().swap_dims(2, 3).matmul(v);
-    let states = states.clone().cumsum(1) - states;
-    let zs = fk.sum_dim(2);
-    let zs = zs.clone().cumsum(1) - zs;
+    let states = exclusive_scan(fk.clone().swap_dims(2, 3).matmul(v));
+    let zs = exclusive_scan(fk.sum_dim(2));
     let (states, zs) = match prior {
         Some((s0, z0)) => (states + s0.reshape([b * h, 1, r, dv]), zs + z0.reshape([b * h, 1, 1, r])),
         None => (states, zs),

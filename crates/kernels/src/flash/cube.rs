@@ -49,10 +49,10 @@ fn fold_dq(like: &CubeTensor, params: &FlashParams) -> bool {
 
 /// A WGSL file with its `{{ name }}` placeholders filled.
 #[derive(Debug)]
-struct Wgsl {
-    name: &'static str,
-    text: &'static str,
-    values: Vec<(&'static str, String)>,
+pub(crate) struct Wgsl {
+    pub name: &'static str,
+    pub text: &'static str,
+    pub values: Vec<(&'static str, String)>,
 }
 
 impl KernelSource for Wgsl {
@@ -133,7 +133,14 @@ impl DecodeGeometry {
 }
 
 /// Launches `kernel` with the tensors bound in order and the info words bound last.
-fn launch(like: &CubeTensor, kernel: Wgsl, threads: u32, count: (u32, u32), tensors: &[&CubeTensor], info: &[u32]) {
+pub(crate) fn launch(
+    like: &CubeTensor,
+    kernel: Wgsl,
+    threads: u32,
+    count: (u32, u32),
+    tensors: &[&CubeTensor],
+    info: &[u32],
+) {
     launch_with_info_at(like, kernel, threads, [count.0, count.1, 1], tensors, tensors.len(), info);
 }
 
@@ -159,13 +166,13 @@ fn launch_with_info_at(
     );
 }
 
-fn empty(like: &CubeTensor, dims: &[usize]) -> CubeTensor {
+pub(crate) fn empty(like: &CubeTensor, dims: &[usize]) -> CubeTensor {
     let shape = Shape::from(dims.to_vec());
     let handle = like.client.empty(shape.num_elements().max(1) * DType::F32.size());
     CubeTensor::new_contiguous(like.client.clone(), like.device.clone(), shape, handle, DType::F32)
 }
 
-fn f32_contiguous(t: CubeTensor) -> CubeTensor {
+pub(crate) fn f32_contiguous(t: CubeTensor) -> CubeTensor {
     assert_eq!(t.dtype, DType::F32, "the WGSL attention kernels take f32 tensors");
     into_contiguous(t)
 }

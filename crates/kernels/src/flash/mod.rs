@@ -4,7 +4,7 @@
 //! the same operations on the CPU are Rust (`flex.rs`). [`crate::attention`] routes here.
 
 mod autodiff;
-mod cube;
+pub(crate) mod cube;
 mod flex;
 mod tiers;
 
