@@ -31,6 +31,12 @@ pub enum ConvertError {
     Mismatch(#[from] Mismatch),
 }
 
+/// The decoupled RoPE width a conversion uses unless told: d_h/2 for RoPE models (every other frequency pair keeps
+/// its rotation), 2 (rotating nothing the original had) otherwise.
+pub fn default_rope_dim(config: &ModelConfig) -> usize {
+    if config.positions == PositionKind::Rope { config.head_dim() / 2 } else { 2 }
+}
+
 /// The largest latent width a conversion of `config` can use: the rank bound of one layer's factored matrix.
 pub fn max_latent(config: &ModelConfig, rope: usize) -> usize {
     let (g, dh) = (config.kv_heads(), config.head_dim());

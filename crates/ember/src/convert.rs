@@ -1,17 +1,16 @@
 //! `ember convert --to mla`: a trained MHA / GQA model's attention factored into multi-head latent attention
 //! (ember_core_model::convert), written as a run directory, with what it costs and saves: KV-cache bytes per token
-//! and, given a text, the loss before and after. A run directory trained by Ember keeps its run config and token
-//! splits, so `ember train --resume` fine-tunes the converted model from step 0.
+//! and, given a text, the loss before and after. The converted run directory takes a run config's [data], [train]
+//! and [sample] (the source run directory's, or `--config`'s), so `ember train --resume` fine-tunes it from step 0.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use ember_core_model::config::PositionKind;
-use ember_core_model::convert::{max_latent, to_mla};
+use ember_core_model::convert::{default_rope_dim, max_latent, to_mla};
 use ember_core_model::import::{self, Source};
 use ember_core_model::inspect::{kv_cache_bytes, total_params};
-use ember_core_model::{bundle, files, tokenizer};
+use ember_core_model::{bundle, files};
 use ember_train::corpus::{TRAIN_BIN, VAL_BIN};
 use ember_train::loss::text_loss;
 
@@ -41,6 +40,10 @@ pub struct ConvertArgs {
     text: Option<PathBuf>,
     #[arg(long, default_value_t = 4096)]
     tokens: usize,
+    /// A run config whose [data], [train] and [sample] the converted run directory takes, for fine-tuning with
+    /// `ember train --resume` (default: the source run directory's own, when it has one).
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// A run directory, Hugging Face directory or GGUF file.
     model: PathBuf,
     /// The run directory to write.
@@ -56,12 +59,22 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
     let started = std::time::Instant::now();
     let source = import::load(&args.model, &burn::tensor::Device::flex())?;
     let config = &source.config;
-    let rope = args.rope_dim.unwrap_or(if config.positions == PositionKind::Rope { config.head_dim() / 2 } else { 2 });
+    let rope = args.rope_dim.unwrap_or(default_rope_dim(config));
     let mla = to_mla(&source.model, args.latent_dim, rope)?;
     let converted = mla.config().clone();
     bundle::save(&args.out, &converted, &mla, &source.tokenizer)?;
-    if Source::of(&args.model)? == Source::Run {
-        keep_training_setup(&args.model, &args.out, &converted)?;
+    let from_run = Source::of(&args.model)? == Source::Run;
+    if let Some(config) = args.config.clone().or_else(|| from_run.then(|| args.model.join(bundle::CONFIG))) {
+        training_setup(&config, &args.out, &converted)?;
+    }
+    if from_run {
+        // The source's token splits, in the token ids the converted model shares.
+        for split in [TRAIN_BIN, VAL_BIN] {
+            let from = args.model.join(split);
+            if from.exists() {
+                std::fs::copy(&from, args.out.join(split)).with_context(|| from.display().to_string())?;
+            }
+        }
     }
     let per_token = |c| kv_cache_bytes(c, 1, 1, 4).map_or("?".into(), thousands);
     println!(
@@ -78,12 +91,7 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         args.out.display()
     );
     if let Some(path) = &args.text {
-        let text = files::read_to_string(path).with_context(|| path.display().to_string())?;
-        let mut ids = tokenizer::encode(&source.tokenizer, &text)?;
-        ids.drain(..ids.len().saturating_sub(args.tokens));
-        if ids.len() < 2 {
-            bail!("{}: fewer than 2 tokens to score", path.display());
-        }
+        let ids = crate::eval::text_tail(&source.tokenizer, path, args.tokens)?;
         let (before, after) = (text_loss(&source.model, &ids), text_loss(&mla, &ids));
         println!(
             "loss on the last {} tokens of {}: {before:.4} → {after:.4} nats/token (perplexity {:.2} → {:.2})",
@@ -96,25 +104,14 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
     Ok(())
 }
 
-/// A run directory Ember trained keeps its run config (with the converted [model]) and its token splits, so that
-/// `ember train --resume` fine-tunes the converted weights.
-fn keep_training_setup(
-    from: &std::path::Path,
-    to: &std::path::Path,
-    model: &ember_core_model::ModelConfig,
-) -> Result<()> {
-    let path = from.join(bundle::CONFIG);
-    let mut table: toml::Table =
-        toml::from_str(&files::read_to_string(&path)?).with_context(|| path.display().to_string())?;
+/// The run config `config` with the converted [model] becomes the run directory's, so that `ember train --resume`
+/// fine-tunes the converted weights; a config without [train] (an imported model's) is left out.
+fn training_setup(config: &Path, to: &Path, model: &ember_core_model::ModelConfig) -> Result<()> {
+    let text = files::read_to_string(config).with_context(|| config.display().to_string())?;
+    let mut table: toml::Table = toml::from_str(&text).with_context(|| config.display().to_string())?;
     if !table.contains_key("train") {
         return Ok(());
     }
     table.insert("model".into(), toml::Value::try_from(model)?);
-    bundle::write_atomic(&to.join(bundle::CONFIG), table.to_string().as_bytes())?;
-    for split in [TRAIN_BIN, VAL_BIN] {
-        if from.join(split).exists() {
-            std::fs::copy(from.join(split), to.join(split)).with_context(|| from.join(split).display().to_string())?;
-        }
-    }
-    Ok(())
+    Ok(bundle::write_atomic(&to.join(bundle::CONFIG), table.to_string().as_bytes())?)
 }

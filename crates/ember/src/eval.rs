@@ -84,15 +84,21 @@ pub fn eval(args: EvalArgs, device: DeviceChoice) -> Result<()> {
     }
 }
 
+/// The last `tokens` token ids of the text at `path` (at least 2), for scoring a language model on it.
+pub fn text_tail(tokenizer: &tokenizers::Tokenizer, path: &Path, tokens: usize) -> Result<Vec<u32>> {
+    let text = ember_core_model::files::read_to_string(path).with_context(|| path.display().to_string())?;
+    let mut ids = ember_core_model::tokenizer::encode(tokenizer, &text)?;
+    ids.drain(..ids.len().saturating_sub(tokens));
+    if ids.len() < 2 {
+        bail!("{}: fewer than 2 tokens to score", path.display());
+    }
+    Ok(ids)
+}
+
 fn perplexity(args: PerplexityArgs, device: DeviceChoice) -> Result<()> {
     let (device, description) = crate::devices::select(device)?;
     let run = ember_core_model::import::load(&args.model, &device)?;
-    let text = ember_core_model::files::read_to_string(&args.text).with_context(|| args.text.display().to_string())?;
-    let mut ids = ember_core_model::tokenizer::encode(&run.tokenizer, &text)?;
-    ids.drain(..ids.len().saturating_sub(args.tokens));
-    if ids.len() < 2 {
-        bail!("{}: fewer than 2 tokens to score", args.text.display());
-    }
+    let ids = text_tail(&run.tokenizer, &args.text, args.tokens)?;
     let loss = ember_train::loss::text_loss(&run.model, &ids);
     println!(
         "{} on {description}: loss {loss:.4} nats/token, perplexity {:.3}, on the last {} tokens of {}",

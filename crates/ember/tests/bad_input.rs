@@ -60,7 +60,7 @@ fn non_utf8_corpus() {
 fn resume_without_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let out = ember(&["train", "--device", "cpu", "--resume", dir.path().to_str().unwrap()]);
-    assert_clean_error(&out, "has no checkpoint to resume from");
+    assert_clean_error(&out, "has no checkpoint or weights to resume from");
 }
 
 #[test]

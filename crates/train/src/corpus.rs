@@ -72,6 +72,8 @@ pub fn prepare(data: &DataConfig, run_dir: &Path, reuse: bool) -> Result<(Tokeni
     }
     let text = read_text(&data.corpus)?;
     let tok = match data.tokenizer {
+        // A run directory that already has a tokenizer (a converted or imported model) keeps it.
+        _ if reuse && tok_path.exists() => tokenizer::load(&tok_path)?,
         TokenizerKind::Char => tokenizer::train_char(&text)?,
         TokenizerKind::Bpe => tokenizer::train_bpe(&text, data.vocab_size.unwrap_or(256))?,
     };

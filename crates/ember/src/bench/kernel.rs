@@ -11,7 +11,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use burn::tensor::{Int, Tensor, TensorData};
 use clap::Args;
 use ember_core_model::cache::{KvCache, attend_appended};
-use ember_core_model::{import, tokenizer};
+use ember_core_model::import;
 use ember_kernels::{AttentionSpec, Similarity, attention};
 use ember_serve::kv::ContiguousCache;
 use ember_train::loss::text_loss;
@@ -99,12 +99,7 @@ pub fn bench_kernel(args: BenchKernelArgs, device: DeviceChoice) -> Result<()> {
     }
     let (device, description) = devices::select(device)?;
     let run = import::load(&args.model, &device)?;
-    let text = ember_core_model::files::read_to_string(&args.text).with_context(|| args.text.display().to_string())?;
-    let mut ids = tokenizer::encode(&run.tokenizer, &text)?;
-    ids.drain(..ids.len().saturating_sub(args.tokens));
-    if ids.len() < 2 {
-        bail!("{}: fewer than 2 tokens to score", args.text.display());
-    }
+    let ids = crate::eval::text_tail(&run.tokenizer, &args.text, args.tokens)?;
     run.model
         .clone()
         .with_similarity(|_| Similarity::Softmax)

@@ -3,6 +3,7 @@
 
 mod attention;
 mod context;
+mod convert;
 mod decode;
 mod kernel;
 mod kv;
@@ -35,6 +36,8 @@ pub enum BenchCommand {
     Attention(attention::BenchAttentionArgs),
     /// Softmax against linear attention as the context grows: seconds per training step and per decoded token.
     Context(context::BenchContextArgs),
+    /// A trained model converted to MLA at several latent widths: KV bytes against loss.
+    Convert(convert::BenchConvertArgs),
 }
 
 pub fn bench(command: BenchCommand, device: DeviceChoice, collective: Rc<dyn Collective>) -> Result<()> {
@@ -46,6 +49,7 @@ pub fn bench(command: BenchCommand, device: DeviceChoice, collective: Rc<dyn Col
         BenchCommand::Kernel(args) => kernel::bench_kernel(args, device),
         BenchCommand::Attention(args) => attention::bench_attention(args, device),
         BenchCommand::Context(args) => context::bench_context(args, device),
+        BenchCommand::Convert(args) => convert::bench_convert(args, device),
     }
 }
 
