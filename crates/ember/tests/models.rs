@@ -194,3 +194,58 @@ fn convert_to_mla_keeps_the_loss_at_full_rank_and_fine_tunes_with_resume() {
     let metrics = std::fs::read_to_string(low.join("metrics.jsonl")).unwrap();
     assert!(metrics.lines().count() >= 5, "five fine-tuning steps logged");
 }
+
+/// `ember bench context` times softmax and linear attention at each T (a row each, every time positive) and plots
+/// both; `ember bench convert` reports the full-rank conversion of a GPT without a loss change.
+#[test]
+fn bench_context_and_bench_convert_report_a_row_per_length_and_width() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = common::tiny_run(dir.path(), 10);
+    let svg = dir.path().join("context.svg");
+    let config = dir.path().join("tiny.toml");
+    std::fs::write(&config, ember_test_support::model_table(2, 2, 32, 32)).unwrap();
+    let out = ember(&[
+        "--device",
+        "cpu",
+        "bench",
+        "context",
+        "--config",
+        config.to_str().unwrap(),
+        "--lengths",
+        "16,80",
+        "--rounds",
+        "1",
+        "--decode-tokens",
+        "3",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("| 16 |") || l.starts_with("| 80 |")).collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    assert!(rows.iter().all(|r| r.matches(" ms |").count() + r.matches(" s |").count() == 4), "{stdout}");
+    assert_eq!(std::fs::read_to_string(&svg).unwrap().matches("<polyline").count(), 4);
+
+    let text = dir.path().join("corpus.txt");
+    let out = ember(&[
+        "--device",
+        "cpu",
+        "bench",
+        "convert",
+        "--model",
+        run.to_str().unwrap(),
+        "--text",
+        text.to_str().unwrap(),
+        "--tokens",
+        "300",
+        "--latent-dims",
+        "0,8",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let full = stdout.lines().find(|l| l.starts_with("| MLA d_L = 33 | 280 |")).unwrap_or_else(|| panic!("{stdout}"));
+    let change: f64 = full.split('|').nth(4).unwrap().trim().parse().unwrap();
+    assert!(change.abs() < 1e-3, "{stdout}");
+    assert!(stdout.contains("| MLA d_L = 8 | 80 |"), "{stdout}");
+}

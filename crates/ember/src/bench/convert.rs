@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use ember_core_model::convert::{default_rope_dim, max_latent, to_mla};
-use ember_core_model::{ModelConfig, import};
 use ember_core_model::inspect::kv_cache_bytes;
+use ember_core_model::{ModelConfig, import};
 use ember_train::loss::text_loss;
 use ember_train::plot::{Axes, Series, line_svg};
 
