@@ -91,7 +91,8 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         args.out.display()
     );
     if let Some(path) = &args.text {
-        let ids = crate::eval::text_tail(&source.tokenizer, path, args.tokens)?;
+        let scored = crate::eval::ScoredText { model: args.model.clone(), text: path.clone(), tokens: args.tokens };
+        let ids = scored.ids(&source.tokenizer)?;
         let (before, after) = (text_loss(&source.model, &ids), text_loss(&mla, &ids));
         println!(
             "loss on the last {} tokens of {}: {before:.4} → {after:.4} nats/token (perplexity {:.2} → {:.2})",

@@ -35,17 +35,37 @@ pub enum EvalCommand {
     Perplexity(PerplexityArgs),
 }
 
+/// A language model and the text it is scored on.
 #[derive(Args)]
-pub struct PerplexityArgs {
+pub struct ScoredText {
     /// A run directory, Hugging Face directory or GGUF file.
     #[arg(long)]
-    model: PathBuf,
-    /// A UTF-8 text.
+    pub model: PathBuf,
+    /// A UTF-8 text whose last --tokens tokens are scored (in windows of the model's context).
     #[arg(long)]
-    text: PathBuf,
-    /// Tokens scored, from the end of the text.
+    pub text: PathBuf,
     #[arg(long, default_value_t = 4096)]
-    tokens: usize,
+    pub tokens: usize,
+}
+
+impl ScoredText {
+    /// The text's last `tokens` token ids (at least 2) under `tokenizer`.
+    pub fn ids(&self, tokenizer: &tokenizers::Tokenizer) -> Result<Vec<u32>> {
+        let path = &self.text;
+        let text = ember_core_model::files::read_to_string(path).with_context(|| path.display().to_string())?;
+        let mut ids = ember_core_model::tokenizer::encode(tokenizer, &text)?;
+        ids.drain(..ids.len().saturating_sub(self.tokens));
+        if ids.len() < 2 {
+            bail!("{}: fewer than 2 tokens to score", path.display());
+        }
+        Ok(ids)
+    }
+}
+
+#[derive(Args)]
+pub struct PerplexityArgs {
+    #[command(flatten)]
+    scored: ScoredText,
 }
 
 #[derive(Args)]
@@ -84,21 +104,11 @@ pub fn eval(args: EvalArgs, device: DeviceChoice) -> Result<()> {
     }
 }
 
-/// The last `tokens` token ids of the text at `path` (at least 2), for scoring a language model on it.
-pub fn text_tail(tokenizer: &tokenizers::Tokenizer, path: &Path, tokens: usize) -> Result<Vec<u32>> {
-    let text = ember_core_model::files::read_to_string(path).with_context(|| path.display().to_string())?;
-    let mut ids = ember_core_model::tokenizer::encode(tokenizer, &text)?;
-    ids.drain(..ids.len().saturating_sub(tokens));
-    if ids.len() < 2 {
-        bail!("{}: fewer than 2 tokens to score", path.display());
-    }
-    Ok(ids)
-}
-
 fn perplexity(args: PerplexityArgs, device: DeviceChoice) -> Result<()> {
+    let args = args.scored;
     let (device, description) = crate::devices::select(device)?;
     let run = ember_core_model::import::load(&args.model, &device)?;
-    let ids = text_tail(&run.tokenizer, &args.text, args.tokens)?;
+    let ids = args.ids(&run.tokenizer)?;
     let loss = ember_train::loss::text_loss(&run.model, &ids);
     println!(
         "{} on {description}: loss {loss:.4} nats/token, perplexity {:.3}, on the last {} tokens of {}",

@@ -12,19 +12,14 @@ use ember_train::loss::text_loss;
 use ember_train::plot::{Axes, Series, line_svg};
 
 use crate::devices::{self, DeviceChoice};
-use crate::eval::text_tail;
+use crate::eval::ScoredText;
 use crate::inspect::thousands;
 
 #[derive(Args)]
 pub struct BenchConvertArgs {
-    /// A run directory, Hugging Face directory or GGUF file of an MHA / GQA model.
-    #[arg(long)]
-    model: PathBuf,
-    /// A UTF-8 text whose last --tokens tokens are scored.
-    #[arg(long)]
-    text: PathBuf,
-    #[arg(long, default_value_t = 4096)]
-    tokens: usize,
+    /// The MHA / GQA model and the text it is scored on.
+    #[command(flatten)]
+    scored: ScoredText,
     /// Latent widths d_L, one row each (0: the full rank).
     #[arg(long, value_delimiter = ',', default_value = "0,64,32,16")]
     latent_dims: Vec<usize>,
@@ -38,19 +33,19 @@ pub struct BenchConvertArgs {
 
 pub fn bench_convert(args: BenchConvertArgs, device: DeviceChoice) -> Result<()> {
     let (device, description) = devices::select(device)?;
-    let run = import::load(&args.model, &device)?;
+    let run = import::load(&args.scored.model, &device)?;
     let config = &run.config;
     let rope = args.rope_dim.unwrap_or(default_rope_dim(config));
-    let ids = text_tail(&run.tokenizer, &args.text, args.tokens)?;
+    let ids = args.scored.ids(&run.tokenizer)?;
     let bytes = |c: &ModelConfig| kv_cache_bytes(c, 1, 1, 4).unwrap_or(u128::MAX) as f64;
     let original = text_loss(&run.model, &ids);
     println!(
         "bench convert: {} on {description}, MLA with d_R {rope} (full rank {}); loss on the last {} tokens of {}, KV \
          bytes per token in f32\n",
-        args.model.display(),
+        args.scored.model.display(),
         max_latent(config, rope),
         ids.len(),
-        args.text.display()
+        args.scored.text.display()
     );
     println!("| model | KV bytes/token | loss (nats/token) | Δ vs original |");
     println!("|---|---:|---:|---:|");

@@ -18,17 +18,13 @@ use ember_train::loss::text_loss;
 use ember_train::plot::{Axes, Series, line_svg};
 
 use crate::devices::{self, DeviceChoice};
+use crate::eval::ScoredText;
 
 #[derive(Args)]
 pub struct BenchKernelArgs {
-    /// A run directory, Hugging Face directory or GGUF file of a softmax model.
-    #[arg(long)]
-    model: PathBuf,
-    /// A UTF-8 text whose last --tokens tokens (up to the context per window) are scored.
-    #[arg(long)]
-    text: PathBuf,
-    #[arg(long, default_value_t = 2048)]
-    tokens: usize,
+    /// The softmax model and the text it is scored on.
+    #[command(flatten)]
+    scored: ScoredText,
     /// Random features per head, one row of the FAVOR+ table each.
     #[arg(long, value_delimiter = ',', default_value = "16,64,256,1024")]
     features: Vec<usize>,
@@ -98,12 +94,12 @@ pub fn bench_kernel(args: BenchKernelArgs, device: DeviceChoice) -> Result<()> {
         bail!("--features, --keys and --draws must be at least 1");
     }
     let (device, description) = devices::select(device)?;
-    let run = import::load(&args.model, &device)?;
-    let ids = crate::eval::text_tail(&run.tokenizer, &args.text, args.tokens)?;
+    let run = import::load(&args.scored.model, &device)?;
+    let ids = args.scored.ids(&run.tokenizer)?;
     run.model
         .clone()
         .with_similarity(|_| Similarity::Softmax)
-        .ok_or_else(|| anyhow!("{}: MLA layers have softmax attention only", args.model.display()))?;
+        .ok_or_else(|| anyhow!("{}: MLA layers have softmax attention only", args.scored.model.display()))?;
     let exact = text_loss(&run.model, &ids);
     // Every layer's q, k, v on the first window, from the exact model.
     let window = &ids[..ids.len().min(run.model.block_size())];
@@ -113,9 +109,9 @@ pub fn bench_kernel(args: BenchKernelArgs, device: DeviceChoice) -> Result<()> {
         "bench kernel: {} on {description}: the last {} tokens of {}, softmax replaced without retraining; output \
          error = ‖Ŷ − Y‖/‖Y‖ of each layer's attention on the exact model's q, k, v over the first {} tokens, \
          averaged over layers and {} draws",
-        args.model.display(),
+        args.scored.model.display(),
         ids.len(),
-        args.text.display(),
+        args.scored.text.display(),
         window.len(),
         args.draws
     );
