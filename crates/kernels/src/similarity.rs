@@ -22,10 +22,11 @@ pub enum Similarity {
     LinearRelu,
     /// φ(q)·φ(k) with `features` random positive features, ω drawn from `seed`.
     Favor { features: usize, seed: u64 },
-    /// exp(s·⟨q, k⟩) over `keys` keys per query row, drawn with replacement in proportion to ‖k_j‖ among the keys
-    /// the row may see and reweighted by 1/(keys·p_j), so that numerator and denominator are unbiased (a row that
-    /// sees at most `keys` keys attends to all of them exactly); the draws come from `seed`.
-    SampledKeys { keys: usize, seed: u64 },
+    /// exp(s·⟨q, k⟩) over `keys` keys per query row, drawn with replacement among the keys the row may see, with
+    /// probability p_j ∝ ‖k_j‖ (`sketch` None) or ∝ the row's own softmax weights on an m-dimensional Gaussian sketch
+    /// of q and k (`sketch` Some(m)), and reweighted by 1/(keys·p_j), so that numerator and denominator are unbiased
+    /// (a row that sees at most `keys` keys attends to all of them exactly); the draws come from `seed`.
+    SampledKeys { keys: usize, seed: u64, sketch: Option<usize> },
 }
 
 /// Chunk length of the O(T) causal form: attention inside a chunk is a masked product, across chunks a prefix sum.
@@ -43,8 +44,21 @@ pub fn similarity_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &Att
     let whole_causal = spec.causal && spec.query_offset == 0 && spec.window.is_none() && spec.key_lengths.is_none();
     match spec.similarity {
         Similarity::Softmax => masked(softmax_weights(q, k, spec), v),
-        Similarity::SampledKeys { keys, seed } => {
-            let weights = sample_weights(&k, &mask_of(&q, &k, spec), keys, seed, q.dims()[2]);
+        Similarity::SampledKeys { keys, seed, sketch } => {
+            let importance = match sketch {
+                None => {
+                    let [b, h, tk, _] = k.dims();
+                    let norms = (k.clone() * k.clone()).sum_dim(3).sqrt().reshape([b, h, 1, tk]);
+                    norms.expand([b, h, q.dims()[2], tk])
+                }
+                Some(m) => {
+                    let sketch = orthogonal_gaussian(m, q.dims()[3], seed ^ 0x5ce7c4, &q.device()).transpose()
+                        / (m as f64).sqrt();
+                    let project = |x: &Tensor<4>| x.clone().matmul(sketch.clone().unsqueeze::<4>());
+                    softmax_weights(project(&q), project(&k), spec)
+                }
+            };
+            let weights = sample_weights(importance, &mask_of(&q, &k, spec), keys, seed);
             masked(softmax_weights(q, k, spec) * weights, v)
         }
         kernel => {
@@ -75,19 +89,19 @@ fn softmax_weights(q: Tensor<4>, k: Tensor<4>, spec: &AttentionSpec) -> Tensor<4
     }
 }
 
-/// W [B, H, Tq, Tk]: for each query row, `keys` draws j with probability p_j ∝ ‖k_j‖ among the keys the row may
-/// see (`masked` false), each adding 1/(keys·p_j) to W_ij, so that E[W_ij] = 1 there; rows that see at most `keys`
-/// keys get W = 1 on all of them.
+/// W [B, H, Tq, Tk]: for each query row, `keys` draws j with probability p_j ∝ `importance`_ij among the keys the
+/// row may see (`masked` false), each adding 1/(keys·p_j) to W_ij, so that E[W_ij] = 1 there; rows that see at most
+/// `keys` keys get W = 1 on all of them. Importance is floored at 1e-6 of the row's largest, so that every visible
+/// key can be drawn, as unbiasedness needs.
 fn sample_weights(
-    k: &Tensor<4>,
+    importance: Tensor<4>,
     masked: &Option<Tensor<4, burn::tensor::Bool>>,
     keys: usize,
     seed: u64,
-    tq: usize,
 ) -> Tensor<4> {
-    let [b, h, tk, _] = k.dims();
-    let norms =
-        (k.clone() * k.clone()).sum_dim(3).sqrt().into_data().convert::<f32>().try_to_vec::<f32>().expect("f32");
+    let [b, h, tq, tk] = importance.dims();
+    let device = importance.device();
+    let importance = importance.into_data().convert::<f32>().try_to_vec::<f32>().expect("f32");
     let hidden: Vec<bool> = match masked {
         Some(m) => m.clone().into_data().try_to_vec::<bool>().expect("bool"),
         None => vec![false; b * h * tq * tk],
@@ -97,29 +111,29 @@ fn sample_weights(
     let mut cumulative: Vec<f64> = Vec::with_capacity(tk);
     let mut seen: Vec<usize> = Vec::with_capacity(tk);
     for (row, out) in weights.chunks_mut(tk).enumerate() {
-        let head = row / tq;
-        let visible = &hidden[row * tk..(row + 1) * tk];
+        let (visible, score) = (&hidden[row * tk..(row + 1) * tk], &importance[row * tk..(row + 1) * tk]);
         seen.clear();
         seen.extend((0..tk).filter(|&j| !visible[j]));
         if seen.len() <= keys {
             seen.iter().for_each(|&j| out[j] = 1.0);
             continue;
         }
+        let floor = seen.iter().map(|&j| score[j] as f64).fold(0.0, f64::max) * 1e-6;
+        let weight = |j: usize| (score[j] as f64).max(floor).max(f64::MIN_POSITIVE);
         cumulative.clear();
         let mut total = 0.0;
         for &j in &seen {
-            // A zero key would never be drawn; a floor keeps every visible key possible, as unbiasedness needs.
-            total += (norms[head * tk + j] as f64).max(1e-6);
+            total += weight(j);
             cumulative.push(total);
         }
         for _ in 0..keys {
-            let at = cumulative.partition_point(|&c| c < rng.uniform() * total).min(seen.len() - 1);
+            let u = rng.uniform() * total;
+            let at = cumulative.partition_point(|&c| c < u).min(seen.len() - 1);
             let j = seen[at];
-            let p = (norms[head * tk + j] as f64).max(1e-6) / total;
-            out[j] += (1.0 / (keys as f64 * p)) as f32;
+            out[j] += (total / (keys as f64 * weight(j))) as f32;
         }
     }
-    Tensor::from_data(TensorData::new(weights, [b, h, tq, tk]), &k.device())
+    Tensor::from_data(TensorData::new(weights, [b, h, tq, tk]), &device)
 }
 
 /// A = φ(q) φ(k)ᵀ, zero where masked.
@@ -442,20 +456,29 @@ mod tests {
             (numerator, a.sum().into_scalar::<f32>() as f64)
         };
         let (exact_num, exact_den) = row(exact.clone());
-        let draws: Vec<(f64, f64)> = (0..1000)
-            .map(|seed| row(exact.clone() * sample_weights(&k, &mask_of(&q, &k, &spec), 4, seed, 24)))
-            .collect();
-        for (name, pick, truth) in [("numerator", 0, exact_num), ("denominator", 1, exact_den)] {
-            let xs: Vec<f64> = draws.iter().map(|d| if pick == 0 { d.0 } else { d.1 }).collect();
-            let mean = xs.iter().sum::<f64>() / xs.len() as f64;
-            let sd = (xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (xs.len() - 1) as f64).sqrt();
-            let se = sd / (xs.len() as f64).sqrt();
-            assert!((mean - truth).abs() <= 4.0 * se, "{name}: mean {mean} vs {truth} (standard error {se})");
+        // Importance by key norms, and by scores like the row's own (the square root of its weights).
+        let norms = (k.clone() * k.clone()).sum_dim(3).sqrt().reshape([1, 1, 1, 24]).expand([1, 1, 24, 24]);
+        for importance in [norms, exact.clone().sqrt()] {
+            let mask = mask_of(&q, &k, &spec);
+            let draws: Vec<(f64, f64)> =
+                (0..1000).map(|seed| row(exact.clone() * sample_weights(importance.clone(), &mask, 4, seed))).collect();
+            for (name, pick, truth) in [("numerator", 0, exact_num), ("denominator", 1, exact_den)] {
+                let xs: Vec<f64> = draws.iter().map(|d| if pick == 0 { d.0 } else { d.1 }).collect();
+                let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+                let sd = (xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (xs.len() - 1) as f64).sqrt();
+                let se = sd / (xs.len() as f64).sqrt();
+                assert!((mean - truth).abs() <= 4.0 * se, "{name}: mean {mean} vs {truth} (standard error {se})");
+            }
         }
-        let spec = AttentionSpec { similarity: Similarity::SampledKeys { keys: 8, seed: 1 }, ..spec };
-        let sampled = similarity_attention(q.clone(), k.clone(), v.clone(), &spec);
-        let softmax = attention(q, k, v, &AttentionSpec::causal(4).with_implementation(AttentionImpl::Naive));
-        assert!(max_diff(sampled.narrow(2, 0, 8), softmax.narrow(2, 0, 8)) <= 1e-5, "rows that see ≤ 8 keys are exact");
+        let softmax =
+            attention(q.clone(), k.clone(), v.clone(), &spec.clone().with_implementation(AttentionImpl::Naive));
+        for sketch in [None, Some(2)] {
+            let spec =
+                AttentionSpec { similarity: Similarity::SampledKeys { keys: 8, seed: 1, sketch }, ..spec.clone() };
+            let sampled = similarity_attention(q.clone(), k.clone(), v.clone(), &spec);
+            let d = max_diff(sampled.narrow(2, 0, 8), softmax.clone().narrow(2, 0, 8));
+            assert!(d <= 1e-5, "{sketch:?}: rows that see ≤ 8 keys are exact");
+        }
     }
 
     #[test]

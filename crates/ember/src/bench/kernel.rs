@@ -1,9 +1,10 @@
 //! `ember bench kernel`: a trained softmax model run with randomized approximations of its attention in place of
 //! softmax, without retraining: FAVOR+ with r random features per head, and each query row attending to s keys
-//! sampled in proportion to their norms. For each r and s, several draws: the relative error of every layer's
-//! attention output on the exact model's own queries, keys and values, and the loss of a text against the exact
-//! model's. Both estimators have a standard deviation O(1/√r) (O(1/√s)); the table prints that line through the
-//! smallest r (s) beside the measured error, and the SVG plots both on log–log axes.
+//! sampled in proportion to their norms, or to its own scores on a low-dimensional Gaussian sketch of q and k. For
+//! each r and s, several draws: the relative error of every layer's attention output on the exact model's own
+//! queries, keys and values, and the loss of a text against the exact model's. The estimators have a standard
+//! deviation O(1/√r) (O(1/√s)); the tables print that line through the smallest r (s) beside the measured error, and
+//! the SVG plots them on log–log axes.
 
 use std::path::PathBuf;
 
@@ -28,9 +29,12 @@ pub struct BenchKernelArgs {
     /// Random features per head, one row of the FAVOR+ table each.
     #[arg(long, value_delimiter = ',', default_value = "16,64,256,1024")]
     features: Vec<usize>,
-    /// Keys sampled per query row, one row of the key-sampling table each.
+    /// Keys sampled per query row, one row of each key-sampling table.
     #[arg(long, value_delimiter = ',', default_value = "4,8,16,32")]
     keys: Vec<usize>,
+    /// Dimensions of the Gaussian sketch of q and k whose scores the second key-sampling table draws by.
+    #[arg(long, default_value_t = 8)]
+    sketch: usize,
     /// Draws of the features (the keys) per row.
     #[arg(long, default_value_t = 3)]
     draws: u64,
@@ -116,7 +120,7 @@ pub fn bench_kernel(args: BenchKernelArgs, device: DeviceChoice) -> Result<()> {
         args.draws
     );
     println!("exact softmax: {exact:.4} nats/token");
-    let measure = |sizes: &[usize], similarity: fn(usize, u64) -> Similarity| -> Vec<Row> {
+    let measure = |sizes: &[usize], similarity: &dyn Fn(usize, u64) -> Similarity| -> Vec<Row> {
         sizes
             .iter()
             .map(|&size| {
@@ -132,19 +136,30 @@ pub fn bench_kernel(args: BenchKernelArgs, device: DeviceChoice) -> Result<()> {
             })
             .collect()
     };
-    let favor = measure(&args.features, |features, seed| Similarity::Favor { features, seed });
+    let favor = measure(&args.features, &|features, seed| Similarity::Favor { features, seed });
     print_table("FAVOR+", "features r", &favor, exact);
-    let sampled = measure(&args.keys, |keys, seed| Similarity::SampledKeys { keys, seed });
+    let sampled = measure(&args.keys, &|keys, seed| Similarity::SampledKeys { keys, seed, sketch: None });
     print_table("keys sampled by norm", "keys s", &sampled, exact);
+    let sketch = Some(args.sketch);
+    let sketched = measure(&args.keys, &|keys, seed| Similarity::SampledKeys { keys, seed, sketch });
+    print_table(
+        &format!("keys sampled by their scores on a {}-dimensional sketch", args.sketch),
+        "keys s",
+        &sketched,
+        exact,
+    );
     if let Some(path) = &args.svg {
         let points = |rows: &[Row]| rows.iter().map(|r| (r.size as f64, r.error)).collect::<Vec<_>>();
         let theory = |rows: &[Row]| rows.iter().map(|r| (r.size as f64, root_line(rows)(r.size))).collect::<Vec<_>>();
         let (f, ft, s, st) = (points(&favor), theory(&favor), points(&sampled), theory(&sampled));
+        let (k, kt) = (points(&sketched), theory(&sketched));
         let series = [
             Series { name: "FAVOR+, measured", color: "#d62728", points: &f },
             Series { name: "FAVOR+, c/√r", color: "#f1948a", points: &ft },
-            Series { name: "sampled keys, measured", color: "#1f77b4", points: &s },
-            Series { name: "sampled keys, c/√s", color: "#7fb3d5", points: &st },
+            Series { name: "keys by norm, measured", color: "#1f77b4", points: &s },
+            Series { name: "keys by norm, c/√s", color: "#7fb3d5", points: &st },
+            Series { name: "keys by sketch, measured", color: "#2ca02c", points: &k },
+            Series { name: "keys by sketch, c/√s", color: "#98df8a", points: &kt },
         ];
         let axes = Axes {
             title: "Attention output error against features r and sampled keys s",
