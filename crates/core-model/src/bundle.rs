@@ -13,7 +13,7 @@ use crate::config::RunConfigError;
 use crate::params::{self, Mismatch};
 use crate::{Gpt, Invalid, ModelConfig, tokenizer};
 use ember_formats::chat::ChatFormat;
-use ember_formats::checkpoint::{STATE_KEY, STEPS_KEY};
+use ember_formats::checkpoint::{STEPS_KEY, state};
 
 pub const CONFIG: &str = "config.toml";
 pub const MODEL: &str = "model.safetensors";
@@ -134,8 +134,7 @@ pub fn load(run_dir: &Path, device: &Device) -> Result<Bundle, BundleError> {
         }
         false => {
             let (all, metadata) = load_tensors(&checkpoint)?;
-            let state = metadata.get(STATE_KEY).and_then(|json| serde_json::from_str::<serde_json::Value>(json).ok());
-            let steps = state.and_then(|state| state["step"].as_u64());
+            let steps = state::<HashMap<String, serde_json::Value>>(&metadata).ok().map(|state| state.step);
             let weights = all.into_iter().filter_map(|(k, v)| Some((k.strip_prefix("model.")?.to_string(), v)));
             (checkpoint, weights.collect(), steps)
         }

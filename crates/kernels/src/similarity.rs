@@ -201,7 +201,7 @@ pub fn recurrent_attention(
                 }
                 _ => (newest, None),
             };
-            ((exponent - c.clone()).exp() / (features as f64).sqrt(), Some(c), prior)
+            (positive_features(exponent, c.clone(), features), Some(c), prior)
         }
         kernel => (features(kernel, k, spec, false), None, state.map(|s| (s.s, s.z))),
     };
@@ -271,6 +271,11 @@ fn favor(x: Tensor<4>, root_scale: f64, features: usize, seed: u64, queries: boo
     let exponent = favor_exponent(x, root_scale, features, seed);
     let stable = exponent.clone().detach();
     let c = if queries { stable.max_dim(3) } else { stable.max().unsqueeze::<4>() };
+    positive_features(exponent, c, features)
+}
+
+/// φ = exp(exponent − c)/√r: FAVOR+'s features from their exponents and a stabiliser c.
+fn positive_features(exponent: Tensor<4>, c: Tensor<4>, features: usize) -> Tensor<4> {
     (exponent - c).exp() / (features as f64).sqrt()
 }
 

@@ -5,6 +5,7 @@
 //! adapter fails.
 
 use burn::tensor::{Device, Tensor, TensorData};
+use ember_formats::Rng;
 use ember_kernels::scan::exclusive_scan;
 use ember_kernels::{AttentionSpec, Similarity, similarity_attention};
 use ember_test_support::{max_abs_diff_tensors as max_diff, values, wgpu_test_device};
@@ -13,19 +14,10 @@ fn devices() -> Vec<Device> {
     std::iter::once(Device::flex()).chain(wgpu_test_device()).collect()
 }
 
-/// N(0, 1) draws from a fixed xorshift sequence, the same on every device.
+/// N(0, 1) draws from Ember's generator seeded with `seed`, the same on every device.
 fn normal(shape: [usize; 4], seed: u64, device: &Device) -> Tensor<4> {
-    let mut state = seed.max(1);
-    let mut uniform = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state >> 11) as f64 / (1u64 << 53) as f64
-    };
-    let n = shape.iter().product();
-    let values: Vec<f32> = (0..n)
-        .map(|_| ((-2.0 * (1.0 - uniform()).ln()).sqrt() * (2.0 * std::f64::consts::PI * uniform()).cos()) as f32)
-        .collect();
+    let mut rng = Rng::new(seed);
+    let values: Vec<f32> = (0..shape.iter().product()).map(|_| rng.normal() as f32).collect();
     Tensor::from_data(TensorData::new(values, shape), device)
 }
 

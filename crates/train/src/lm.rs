@@ -271,6 +271,10 @@ mod tests {
         let mut trained = run.model.valid();
         let last = logits(&trained);
         assert_eq!(logits(&loaded), last, "inference keeps the last draw");
+        // A run stopped before its first model.safetensors loads from the checkpoint, with its step count.
+        std::fs::remove_file(dir.path().join(bundle::MODEL)).unwrap();
+        let from_checkpoint = bundle::load(dir.path(), &Device::flex()).unwrap().model;
+        assert_eq!(logits(&from_checkpoint), last, "the checkpoint's step count gives the same draw");
         trained.set_feature_draw(0);
         assert!(ember_test_support::max_abs_diff(&logits(&trained), &last) > 1e-4, "draw 0 differs from draw 1");
     }
