@@ -316,7 +316,7 @@ pub fn orthogonal_gaussian(rows: usize, d: usize, seed: u64, device: &Device) ->
 mod tests {
     use super::*;
     use crate::{AttentionImpl, attention};
-    use ember_test_support::max_abs_diff_tensors as max_diff;
+    use ember_test_support::{max_abs_diff_tensors as max_diff, max_relative_diff_tensors as relative_diff};
 
     /// N(0, 1) values drawn from a fixed sequence, so that every run checks the same inputs.
     fn random(shape: [usize; 4], device: &Device) -> Tensor<4> {
@@ -324,13 +324,6 @@ mod tests {
         let values: Vec<f32> =
             RNG.with(|rng| (0..shape.iter().product()).map(|_| rng.borrow_mut().normal() as f32).collect());
         Tensor::from_data(TensorData::new(values, shape), device)
-    }
-
-    /// The largest |a − b| relative to the largest |b| (at least 1): gradients through FAVOR+'s exponentials reach
-    /// tens, where f32's rounding alone is 1e-6.
-    fn relative_diff(a: Tensor<4>, b: Tensor<4>) -> f32 {
-        let scale = b.clone().abs().max().into_scalar::<f32>().max(1.0);
-        max_diff(a, b) / scale
     }
 
     #[test]

@@ -8,7 +8,9 @@ use burn::tensor::{Device, Tensor, TensorData};
 use ember_formats::Rng;
 use ember_kernels::scan::exclusive_scan;
 use ember_kernels::{AttentionSpec, Similarity, similarity_attention};
-use ember_test_support::{max_abs_diff_tensors as max_diff, values, wgpu_test_device};
+use ember_test_support::{
+    max_abs_diff_tensors as max_diff, max_relative_diff_tensors as relative, values, wgpu_test_device,
+};
 
 fn devices() -> Vec<Device> {
     std::iter::once(Device::flex()).chain(wgpu_test_device()).collect()
@@ -19,12 +21,6 @@ fn normal(shape: [usize; 4], seed: u64, device: &Device) -> Tensor<4> {
     let mut rng = Rng::new(seed);
     let values: Vec<f32> = (0..shape.iter().product()).map(|_| rng.normal() as f32).collect();
     Tensor::from_data(TensorData::new(values, shape), device)
-}
-
-/// The largest |a − b| over the largest |b| (at least 1).
-fn relative(a: Tensor<4>, b: Tensor<4>) -> f32 {
-    let scale = b.clone().abs().max().into_scalar::<f32>().max(1.0);
-    max_diff(a, b) / scale
 }
 
 #[test]

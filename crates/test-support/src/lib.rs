@@ -46,6 +46,13 @@ pub fn model_table(n_layers: usize, n_heads: usize, d_model: usize, block_size: 
     )
 }
 
+/// [`max_abs_diff_tensors`] over the largest |b| (at least 1): a tolerance relative to the values' size, for results
+/// (such as gradients through exponentials) that reach tens, where f32's rounding alone is 1e-6.
+pub fn max_relative_diff_tensors<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
+    let scale = b.clone().abs().max().into_scalar::<f32>().max(1.0);
+    max_abs_diff_tensors(a, b) / scale
+}
+
 /// The per-step training losses (step, loss) in a run directory's `metrics.jsonl`.
 pub fn step_losses(run_dir: &Path) -> Vec<(u64, f64)> {
     std::fs::read_to_string(run_dir.join("metrics.jsonl"))
