@@ -133,6 +133,9 @@ pub fn run(
             drop(caches);
         }
         let mut outcomes = outcomes.into_iter();
+        // A sequence's last event goes out once the gauges below count it gone, so a client that has its whole
+        // response never reads it as still running.
+        let mut last_events = Vec::new();
         active.retain_mut(|a| {
             let outcome = outcomes.next().flatten().unwrap_or_else(|| a.sequence.step());
             let send = |event| a.events.send((a.choice, event)).is_ok();
@@ -142,7 +145,7 @@ pub fn run(
                     logprob => Some(Event::Token { text, logprob }),
                 },
                 Err(e) => {
-                    send(Event::Error(e));
+                    last_events.push((a.events.clone(), a.choice, Event::Error(e)));
                     return false;
                 }
             };
@@ -154,7 +157,11 @@ pub fn run(
                 None => true,
                 Some(finish) => {
                     let (prompt_tokens, completion_tokens) = (a.sequence.prompt_tokens(), a.sequence.new_tokens());
-                    send(Event::Done { finish, prompt_tokens, completion_tokens });
+                    last_events.push((
+                        a.events.clone(),
+                        a.choice,
+                        Event::Done { finish, prompt_tokens, completion_tokens },
+                    ));
                     false
                 }
             }
@@ -165,6 +172,10 @@ pub fn run(
         metrics.kv_bytes.store(kv_bytes as u64, Ordering::SeqCst);
         if let Some(pool) = &shared {
             metrics.cached_pages.store(pool.borrow().cached_pages(), Ordering::SeqCst);
+        }
+        for (events, choice, event) in last_events {
+            // A client that has gone needs no last event.
+            let _ = events.send((choice, event));
         }
         if !open && active.is_empty() && waiting.is_empty() {
             return;
