@@ -11,9 +11,12 @@ use tokenizers::Tokenizer;
 
 use crate::config::RunConfigError;
 use crate::params::{self, Mismatch};
+use crate::weights::{WeightFormat, Weights};
 use crate::{Gpt, Invalid, ModelConfig, tokenizer};
 use ember_formats::chat::ChatFormat;
 use ember_formats::checkpoint::{STEPS_KEY, state};
+use ember_formats::ggml;
+use ember_formats::packed::{Packed, Part};
 
 pub const CONFIG: &str = "config.toml";
 pub const MODEL: &str = "model.safetensors";
@@ -61,8 +64,24 @@ pub fn save_tensors(
     tensors: &[(String, TensorData)],
     metadata: HashMap<String, String>,
 ) -> Result<(), BundleError> {
+    save_with_packed(path, tensors, &[], metadata)
+}
+
+/// The metadata key that lays out the packed matrix stored as bytes under `name`.
+fn packed_key(name: &str) -> String {
+    format!("ember.packed.{name}")
+}
+
+/// [`save_tensors`] with packed matrices beside the f32 tensors: each as its bytes (U8) under its name, its layout
+/// in the metadata at [`packed_key`] as JSON, `{"cols": 576, "parts": [["Q8_0", 1728]]}`.
+fn save_with_packed(
+    path: &Path,
+    tensors: &[(String, TensorData)],
+    packed: &[(String, Packed)],
+    mut metadata: HashMap<String, String>,
+) -> Result<(), BundleError> {
     let corrupt = |reason: String| BundleError::Corrupt { path: path.to_path_buf(), reason };
-    let views = tensors
+    let mut views = tensors
         .iter()
         .map(|(name, data)| {
             let view = TensorView::new(Dtype::F32, data.shape().to_vec(), data.as_bytes())
@@ -70,8 +89,58 @@ pub fn save_tensors(
             Ok((name.clone(), view))
         })
         .collect::<Result<Vec<_>, BundleError>>()?;
+    for (name, w) in packed {
+        let parts: Vec<(&str, usize)> = w.parts.iter().map(|p| (p.format.name, p.rows)).collect();
+        metadata.insert(packed_key(name), serde_json::json!({"cols": w.cols, "parts": parts}).to_string());
+        let view = TensorView::new(Dtype::U8, vec![w.bytes.len()], &w.bytes).map_err(|e| corrupt(e.to_string()))?;
+        views.push((name.clone(), view));
+    }
     let bytes = safetensors::serialize(views, Some(metadata)).map_err(|e| corrupt(e.to_string()))?;
     write_atomic(path, &bytes)
+}
+
+/// The f32 tensors and packed matrices of a safetensors file Ember wrote, with its metadata.
+fn load_with_packed(path: &Path) -> Result<(Weights, HashMap<String, String>), BundleError> {
+    let bytes = crate::files::read(path).map_err(io(path))?;
+    let corrupt = |reason: String| BundleError::Corrupt { path: path.to_path_buf(), reason };
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    let metadata = header.metadata().clone().unwrap_or_default();
+    let is_packed = |name: &str| metadata.contains_key(&packed_key(name));
+    let (read, metadata) = ember_formats::safetensors::read(&bytes, is_packed).map_err(corrupt)?;
+    let mut weights = Weights::default();
+    for t in read {
+        if t.dtype != Dtype::F32 {
+            return Err(corrupt(format!("tensor {} is {:?}, expected F32", t.name, t.dtype)));
+        }
+        weights.dense.insert(t.name, TensorData::new(t.values, t.shape));
+    }
+    let file = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    for (key, layout) in &metadata {
+        let Some(name) = key.strip_prefix("ember.packed.") else { continue };
+        let bad = |reason: &str| corrupt(format!("packed matrix {name}: {reason}"));
+        let layout: serde_json::Value = serde_json::from_str(layout).map_err(|e| bad(&e.to_string()))?;
+        let cols = layout["cols"].as_u64().ok_or_else(|| bad("no column count"))? as usize;
+        let mut parts = Vec::new();
+        for part in layout["parts"].as_array().ok_or_else(|| bad("no parts"))? {
+            let format = part[0].as_str().and_then(ggml::by_name).ok_or_else(|| bad("unknown format"))?;
+            let rows = part[1].as_u64().ok_or_else(|| bad("no row count"))? as usize;
+            if format.row_bytes(cols).is_none() {
+                return Err(bad(&format!("rows of {cols} values are not whole {} blocks", format.name)));
+            }
+            parts.push(Part { format, rows });
+        }
+        let view = file.tensor(name).map_err(|e| bad(&e.to_string()))?;
+        let expected: usize = parts.iter().map(|p| p.rows * p.format.row_bytes(cols).unwrap_or(0)).sum();
+        if view.dtype() != Dtype::U8 || view.data().len() != expected {
+            return Err(bad(&format!(
+                "{} bytes of {:?}; its layout takes {expected}",
+                view.data().len(),
+                view.dtype()
+            )));
+        }
+        weights.packed.insert(name.to_string(), Packed { parts, cols, bytes: view.data().to_vec() });
+    }
+    Ok((weights, metadata))
 }
 
 /// Tensors by name.
@@ -122,25 +191,60 @@ pub struct Bundle {
     pub chat: ChatFormat,
 }
 
-/// Loads a run directory written by `ember train`. Its weights are `model.safetensors`, or, in a run stopped between
-/// the two files of its first checkpoint, the weights of `checkpoint.safetensors` (stored under "model.").
-pub fn load(run_dir: &Path, device: &Device) -> Result<Bundle, BundleError> {
+/// Writes stored weights as a run directory (`ember import`, quantized or not), as [`save`] writes a model.
+pub fn save_weights(
+    run_dir: &Path,
+    config: &ModelConfig,
+    weights: &Weights,
+    tokenizer: &Tokenizer,
+) -> Result<(), BundleError> {
+    fs::create_dir_all(run_dir).map_err(io(run_dir))?;
+    let table =
+        toml::Table::from_iter([("model".to_string(), toml::Value::try_from(config).expect("a model config is TOML"))]);
+    fn sorted<T: Clone>(map: &HashMap<String, T>) -> Vec<(String, T)> {
+        let mut entries: Vec<(String, T)> = map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        entries
+    }
+    let (dense, packed) = (sorted(&weights.dense), sorted(&weights.packed));
+    save_with_packed(&run_dir.join(MODEL), &dense, &packed, HashMap::new())?;
+    let tok_path = run_dir.join(TOKENIZER);
+    tokenizer::save(tokenizer, &tok_path).map_err(|cause| BundleError::Tokenizer { path: tok_path, cause })?;
+    write_atomic(&run_dir.join(CONFIG), table.to_string().as_bytes())
+}
+
+/// A run directory's config, stored weights and the optimizer steps they were trained for. Its weights are
+/// `model.safetensors`, or, in a run stopped between the two files of its first checkpoint, the weights of
+/// `checkpoint.safetensors` (stored under "model.").
+pub fn read(run_dir: &Path) -> Result<(ModelConfig, Weights, Option<u64>, PathBuf), BundleError> {
     let config = load_model_config(run_dir)?;
     let (model, checkpoint) = (run_dir.join(MODEL), run_dir.join(CHECKPOINT));
-    let (weights, tensors, steps) = match model.exists() || !checkpoint.exists() {
+    Ok(match model.exists() || !checkpoint.exists() {
         true => {
-            let (tensors, metadata) = load_tensors(&model)?;
-            (model, tensors, metadata.get(STEPS_KEY).and_then(|s| s.parse::<u64>().ok()))
+            let (weights, metadata) = load_with_packed(&model)?;
+            (config, weights, metadata.get(STEPS_KEY).and_then(|s| s.parse::<u64>().ok()), model)
         }
         false => {
             let (all, metadata) = load_tensors(&checkpoint)?;
             let steps = state::<HashMap<String, serde_json::Value>>(&metadata).ok().map(|state| state.step);
-            let weights = all.into_iter().filter_map(|(k, v)| Some((k.strip_prefix("model.")?.to_string(), v)));
-            (checkpoint, weights.collect(), steps)
+            let dense = all.into_iter().filter_map(|(k, v)| Some((k.strip_prefix("model.")?.to_string(), v)));
+            (config, Weights { dense: dense.collect(), ..Weights::default() }, steps, checkpoint)
         }
-    };
-    let mut model =
-        Gpt::load(&config, &tensors, device).map_err(|cause| BundleError::Mismatch { path: weights, cause })?;
+    })
+}
+
+/// Loads a run directory written by `ember train` or `ember import` (see [`read`]), its weights as stored.
+pub fn load(run_dir: &Path, device: &Device) -> Result<Bundle, BundleError> {
+    load_as(run_dir, device, WeightFormat::Native)
+}
+
+/// [`load`] with the projections and token embedding held as `format` asks.
+pub fn load_as(run_dir: &Path, device: &Device, format: WeightFormat) -> Result<Bundle, BundleError> {
+    let (config, weights, steps, path) = read(run_dir)?;
+    let weights =
+        weights.convert(format).map_err(|e| BundleError::Corrupt { path: path.clone(), reason: e.to_string() })?;
+    let mut model = Gpt::load_packed(&config, &weights.dense, &weights.packed, device)
+        .map_err(|cause| BundleError::Mismatch { path, cause })?;
     // FAVOR+ keeps the features its weights were last trained with.
     if let Some(steps) = steps {
         model.set_feature_draw(model.feature_draw(steps.saturating_sub(1)));

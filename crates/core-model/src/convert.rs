@@ -72,7 +72,7 @@ pub fn to_mla(model: &Gpt, latent: usize, rope: usize) -> Result<Gpt, ConvertErr
             tensors.insert(format!("{prefix}.{name}"), data);
         }
     }
-    Ok(Gpt::load(&mla, &tensors, &model.wte.weight.device())?)
+    Ok(Gpt::load(&mla, &tensors, &model.wte.device())?)
 }
 
 /// One layer's fused projection [W_Q | W_K | W_V] with its bias as row d (when it has one), in f64.

@@ -4,9 +4,10 @@
 use std::collections::HashMap;
 
 use burn::module::Module;
-use burn::nn::{Dropout, DropoutConfig, Embedding, Linear};
+use burn::nn::{Dropout, DropoutConfig, Embedding};
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use ember_kernels::{AttentionImpl, Similarity, linear};
+use ember_formats::packed::Packed;
+use ember_kernels::{AttentionImpl, Similarity};
 
 use crate::cache::{Context, KvCache};
 use crate::config::{AttentionKind, NormPlacement, PositionKind};
@@ -16,8 +17,9 @@ use crate::nn::ffn::Ffn;
 use crate::nn::mla::MlaAttention;
 use crate::nn::norm::Norm;
 use crate::nn::position::Positions;
+use crate::nn::projection::{Projection, TokenEmbedding};
 use crate::nn::residual::sublayer;
-use crate::nn::{embedding, linear_layer, tied_logits};
+use crate::nn::{embedding, projection, token_embedding};
 use crate::params::Mismatch;
 use crate::{ModelConfig, Rng};
 
@@ -92,7 +94,7 @@ impl Block {
 
 #[derive(Module, Debug)]
 pub struct Gpt {
-    pub wte: Embedding,
+    pub wte: TokenEmbedding,
     /// Learned positions.
     pub wpe: Option<Embedding>,
     /// Peri-LN's norm of the input embeddings.
@@ -102,7 +104,7 @@ pub struct Gpt {
     /// The final norm of Pre-LN and Peri-LN.
     pub ln_f: Option<Norm>,
     /// The output projection [d, V] when not tied to `wte`.
-    pub lm_head: Option<Linear>,
+    pub lm_head: Option<Projection>,
     #[module(skip)]
     config: ModelConfig,
 }
@@ -123,12 +125,22 @@ impl Gpt {
         Init::load(tensors, device, |init| Self::build(config, init))
     }
 
+    /// [`Gpt::load`] with the projections and token embedding of `packed` kept in their ggml blocks.
+    pub fn load_packed(
+        config: &ModelConfig,
+        tensors: &HashMap<String, TensorData>,
+        packed: &HashMap<String, Packed>,
+        device: &Device,
+    ) -> Result<Self, Mismatch> {
+        Init::load_packed(tensors, packed, device, |init| Self::build(config, init))
+    }
+
     fn build(config: &ModelConfig, init: &mut Init) -> Self {
         let (d, v) = (config.d_model, config.vocab());
         let norm = |init: &mut Init, name: &str| {
             init.scope(name, |init| Norm::new(config.norm, d, config.norm_eps, config.bias, init))
         };
-        let wte = embedding(init, "wte", v, d, 0.02);
+        let wte = token_embedding(init, "wte", v, d, 0.02);
         let wpe =
             (config.positions == PositionKind::Learned).then(|| embedding(init, "wpe", config.block_size, d, 0.02));
         let blocks =
@@ -141,7 +153,7 @@ impl Gpt {
             drop: DropoutConfig::new(config.dropout).init(),
             blocks,
             ln_f: (placement != NormPlacement::Post).then(|| norm(init, "ln_f")),
-            lm_head: (!config.tie_embeddings).then(|| linear_layer(init, "lm_head", d, v, 0.02, false)),
+            lm_head: (!config.tie_embeddings).then(|| projection(init, "lm_head", d, v, 0.02, false)),
             config: config.clone(),
         }
     }
@@ -209,7 +221,7 @@ impl Gpt {
     /// row b is embedded and rotated at position `caches[b].len()`, appended to cache b, and attends to its own keys.
     pub fn forward_batch(&self, tokens: &[u32], caches: &mut [&mut dyn KvCache]) -> Tensor<2> {
         let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
-        let idx = Tensor::<2, Int>::from_data(TensorData::new(ids, [tokens.len(), 1]), &self.wte.weight.device());
+        let idx = Tensor::<2, Int>::from_data(TensorData::new(ids, [tokens.len(), 1]), &self.wte.device());
         self.logits(self.hidden(idx, Context::Batched(caches))).reshape([tokens.len(), self.config.vocab()])
     }
 
@@ -249,8 +261,8 @@ impl Gpt {
             None => x,
         };
         match &self.lm_head {
-            Some(head) => linear(head, x),
-            None => tied_logits(&self.wte, x),
+            Some(head) => head.forward(x),
+            None => self.wte.logits(x),
         }
     }
 

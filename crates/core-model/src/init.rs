@@ -5,6 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 use burn::module::{Param, ParamId};
 use burn::tensor::{Device, Tensor, TensorData};
+use ember_formats::packed::Packed;
 
 use crate::Rng;
 use crate::params::Mismatch;
@@ -22,7 +23,8 @@ pub struct Init<'a> {
 
 enum Source<'a> {
     Draw(&'a mut Rng),
-    Read(&'a HashMap<String, TensorData>),
+    /// Dense tensors, and matrices kept in ggml blocks.
+    Read(&'a HashMap<String, TensorData>, &'a HashMap<String, Packed>),
 }
 
 impl<'a> Init<'a> {
@@ -39,8 +41,20 @@ impl<'a> Init<'a> {
         device: &Device,
         build: impl FnOnce(&mut Self) -> M,
     ) -> Result<M, Mismatch> {
+        static NONE: std::sync::LazyLock<HashMap<String, Packed>> = std::sync::LazyLock::new(HashMap::new);
+        Self::load_packed(tensors, &NONE, device, build)
+    }
+
+    /// [`Init::load`] with some matrices in ggml blocks: the module takes them as they are where it asks for a
+    /// packed matrix ([`Init::packed`]).
+    pub fn load_packed<M>(
+        tensors: &'a HashMap<String, TensorData>,
+        packed: &'a HashMap<String, Packed>,
+        device: &Device,
+        build: impl FnOnce(&mut Self) -> M,
+    ) -> Result<M, Mismatch> {
         let mut init = Self {
-            source: Source::Read(tensors),
+            source: Source::Read(tensors, packed),
             device: device.clone(),
             path: Vec::new(),
             read: HashSet::new(),
@@ -50,7 +64,8 @@ impl<'a> Init<'a> {
         if let Some(e) = init.error {
             return Err(e);
         }
-        let mut unused: Vec<String> = tensors.keys().filter(|k| !init.read.contains(*k)).cloned().collect();
+        let stored = tensors.keys().chain(packed.keys());
+        let mut unused: Vec<String> = stored.filter(|k| !init.read.contains(*k)).cloned().collect();
         if !unused.is_empty() {
             unused.sort();
             return Err(Mismatch::Unused(unused));
@@ -64,6 +79,32 @@ impl<'a> Init<'a> {
         let built = build(self);
         self.path.pop();
         built
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The stored packed matrix at `name` in the current scope, [rows, cols] = `shape`; None when there is none (a
+    /// drawn model, or a dense weight), or after a mismatch.
+    pub fn packed(&mut self, name: &str, shape: [usize; 2]) -> Option<Packed> {
+        let Source::Read(_, packed) = self.source else { return None };
+        let path = self.path_of(name);
+        let w = packed.get(&path)?;
+        if self.error.is_some() {
+            return None;
+        }
+        if [w.rows(), w.cols] != shape {
+            self.error = Some(Mismatch::Shape { path, expected: shape.to_vec(), found: vec![w.rows(), w.cols] });
+            return None;
+        }
+        self.read.insert(path);
+        Some(w.clone())
+    }
+
+    /// `name`'s dotted path in the current scope.
+    fn path_of(&self, name: &str) -> String {
+        self.path.iter().map(String::as_str).chain([name]).collect::<Vec<_>>().join(".")
     }
 
     /// A seed for what a layer draws outside its parameters (FAVOR+'s projections): FNV-1a of the scope's path, so
@@ -80,7 +121,7 @@ impl<'a> Init<'a> {
                 let values: Vec<f32> = (0..n).map(|_| (rng.normal() * std) as f32).collect();
                 Param::from_data(TensorData::new(values, shape), &self.device)
             }
-            Source::Read(tensors) => self.stored(tensors, name, shape),
+            Source::Read(tensors, _) => self.stored(tensors, name, shape),
         }
     }
 
@@ -90,7 +131,7 @@ impl<'a> Init<'a> {
             Source::Draw(_) => {
                 Param::from_data(TensorData::new(vec![value; shape.iter().product()], shape), &self.device)
             }
-            Source::Read(tensors) => self.stored(tensors, name, shape),
+            Source::Read(tensors, _) => self.stored(tensors, name, shape),
         }
     }
 
@@ -101,7 +142,7 @@ impl<'a> Init<'a> {
         name: &str,
         shape: [usize; D],
     ) -> Param<Tensor<D>> {
-        let path = self.path.iter().map(String::as_str).chain([name]).collect::<Vec<_>>().join(".");
+        let path = self.path_of(name);
         if self.error.is_none() {
             match tensors.get(&path) {
                 Some(data) if data.shape().as_slice() == shape.as_slice() => {

@@ -11,6 +11,7 @@ pub mod inspect;
 pub mod nn;
 pub mod params;
 pub mod seq2seq;
+pub mod weights;
 
 pub use ember_formats::{config, files, rng, tokenizer};
 

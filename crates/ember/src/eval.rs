@@ -2,6 +2,7 @@
 //! `ember eval --model RUN_DIR --data test.tsv`: the BLEU of a translation model on a test set;
 //! `ember eval perplexity`: a language model's loss and perplexity on a text.
 
+use ember_core_model::weights::WeightFormat;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -66,6 +67,10 @@ impl ScoredText {
 pub struct PerplexityArgs {
     #[command(flatten)]
     scored: ScoredText,
+    /// How projections and the token embedding are held on the CPU: native (a GGUF file's blocks, used as they are;
+    /// a run directory as stored), f32, or converted to f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1.
+    #[arg(long, default_value = "native")]
+    weights: WeightFormat,
 }
 
 #[derive(Args)]
@@ -105,9 +110,9 @@ pub fn eval(args: EvalArgs, device: DeviceChoice) -> Result<()> {
 }
 
 fn perplexity(args: PerplexityArgs, device: DeviceChoice) -> Result<()> {
-    let args = args.scored;
+    let (weights, args) = (args.weights, args.scored);
     let (device, description) = crate::devices::select(device)?;
-    let run = ember_core_model::import::load(&args.model, &device)?;
+    let run = ember_core_model::import::load_as(&args.model, &device, weights)?;
     let ids = args.ids(&run.tokenizer)?;
     let loss = ember_train::loss::text_loss(&run.model, &ids);
     println!(

@@ -15,6 +15,7 @@ mod serve;
 mod train;
 mod translate;
 
+use ember_core_model::weights::WeightFormat;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::rc::Rc;
@@ -111,6 +112,10 @@ struct GenerateArgs {
     /// Print load time and prompt / generation speed to stderr.
     #[arg(long)]
     stats: bool,
+    /// How projections and the token embedding are held on the CPU: native (a GGUF file's blocks, used as they are;
+    /// a run directory as stored), f32, or converted to f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1.
+    #[arg(long, default_value = "native")]
+    weights: WeightFormat,
 }
 
 #[derive(Args)]
@@ -120,6 +125,10 @@ struct ImportArgs {
     /// The run directory to write; it must not hold a model already.
     #[arg(long)]
     out: PathBuf,
+    /// Store the projections and token embedding in this ggml format (f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1);
+    /// by default everything is f32.
+    #[arg(long)]
+    quantize: Option<WeightFormat>,
 }
 
 fn main() -> ExitCode {
@@ -193,7 +202,7 @@ fn run(cli: Cli, collective: Rc<dyn Collective>) -> Result<()> {
 fn generate(args: GenerateArgs, choice: DeviceChoice) -> Result<()> {
     let (device, _) = devices::select(choice)?;
     let started = std::time::Instant::now();
-    let run = import::load(&args.model, &device)?;
+    let run = import::load_as(&args.model, &device, args.weights)?;
     if devices::on_host(choice) {
         admission::admit_kv_stores(&run.config, 1)?;
     }
@@ -237,9 +246,18 @@ fn import(args: ImportArgs) -> Result<()> {
         bail!("{}: already holds a model; choose another --out", args.out.display());
     }
     let started = std::time::Instant::now();
-    let run = import::load(&args.source, &burn::tensor::Device::flex())?;
-    bundle::save(&args.out, &run.config, &run.model, &run.tokenizer)?;
-    let params = ember_core_model::inspect::total_params(&run.config);
+    let format = match args.quantize {
+        None => WeightFormat::F32,
+        Some(WeightFormat::Packed(format)) => WeightFormat::Packed(format),
+        Some(other) => bail!("--quantize {other}: give a ggml format (f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1)"),
+    };
+    let (config, weights, tokenizer, _) = import::read(&args.source)?;
+    let weights = weights.convert(format).map_err(|e| anyhow::anyhow!("{}: {e}", args.source.display()))?;
+    // The weights must build the model they claim to be before they are written.
+    ember_core_model::Gpt::load_packed(&config, &weights.dense, &weights.packed, &burn::tensor::Device::flex())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.source.display()))?;
+    bundle::save_weights(&args.out, &config, &weights, &tokenizer)?;
+    let params = ember_core_model::inspect::total_params(&config);
     println!(
         "imported {} ({} parameters) into {} in {:.1} s",
         args.source.display(),

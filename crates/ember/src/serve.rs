@@ -2,6 +2,7 @@
 //! scheduler on this thread until SIGINT or SIGTERM, which stop accepting, close idle connections and let every
 //! request in flight finish.
 
+use ember_core_model::weights::WeightFormat;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,6 +28,10 @@ pub struct ServeArgs {
     /// A run directory, Hugging Face directory or GGUF file.
     #[arg(long)]
     model: PathBuf,
+    /// How projections and the token embedding are held on the CPU: native (a GGUF file's blocks, used as they are;
+    /// a run directory as stored), f32, or converted to f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1.
+    #[arg(long, default_value = "native")]
+    weights: WeightFormat,
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     /// 0 picks a free port (printed at start).
@@ -136,7 +141,7 @@ pub fn serve(args: ServeArgs, choice: DeviceChoice) -> Result<()> {
     println!("listening on http://{address}; loading {}", args.model.display());
 
     let (device, description) = devices::select(choice)?;
-    let run = import::load(&args.model, &device)?;
+    let run = import::load_as(&args.model, &device, args.weights)?;
     if devices::on_host(choice) {
         crate::admission::admit_kv_stores(&run.config, args.max_batch)?;
     }

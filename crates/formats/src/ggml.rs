@@ -2,13 +2,29 @@
 //! its dequantization to f32, computed in ggml's order of operations (so values equal llama.cpp's and gguf-py's
 //! bit for bit: crates/formats/tests/ggml_blocks.rs).
 
-/// A tensor type: `block` values in `bytes` bytes, dequantized by `decode` (a block's bytes into `block` values).
-#[derive(Clone, Copy)]
+/// A tensor type: ggml type id `id`, `block` values in `bytes` bytes, dequantized by `decode` (a block's bytes into
+/// `block` values) and, for the formats Ember also writes, quantized by `encode` (`block` values into its bytes).
+#[derive(Clone, Copy, Debug)]
 pub struct Format {
+    pub id: u32,
     pub name: &'static str,
     pub block: usize,
     pub bytes: usize,
     pub decode: fn(&[u8], &mut [f32]),
+    pub encode: Option<fn(&[f32], &mut [u8])>,
+}
+
+impl PartialEq for Format {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Format {
+    /// The bytes of a row of `cols` values, when `cols` is a whole number of blocks.
+    pub fn row_bytes(&self, cols: usize) -> Option<usize> {
+        (cols % self.block == 0).then(|| cols / self.block * self.bytes)
+    }
 }
 
 /// Values per K-quant super-block.
@@ -16,25 +32,36 @@ const QK_K: usize = 256;
 
 /// The format of ggml type id `ggml_type`, when Ember reads it.
 pub fn format(ggml_type: u32) -> Option<Format> {
-    let f = |name, block, bytes, decode| Some(Format { name, block, bytes, decode });
+    let f = |name, block, bytes, decode, encode| Some(Format { id: ggml_type, name, block, bytes, decode, encode });
     match ggml_type {
-        0 => f("F32", 1, 4, f32_le),
-        1 => f("F16", 1, 2, half),
-        30 => f("BF16", 1, 2, bf16),
-        2 => f("Q4_0", 32, 18, q4_0),
-        3 => f("Q4_1", 32, 20, q4_1),
-        6 => f("Q5_0", 32, 22, q5_0),
-        7 => f("Q5_1", 32, 24, q5_1),
-        8 => f("Q8_0", 32, 34, q8_0),
-        12 => f("Q4_K", QK_K, 144, q4_k),
-        13 => f("Q5_K", QK_K, 176, q5_k),
-        14 => f("Q6_K", QK_K, 210, q6_k),
+        0 => f("F32", 1, 4, f32_le, Some(encode_f32)),
+        1 => f("F16", 1, 2, half, Some(encode_f16)),
+        30 => f("BF16", 1, 2, bf16, Some(encode_bf16)),
+        2 => f("Q4_0", 32, 18, q4_0, Some(encode_q4_0)),
+        3 => f("Q4_1", 32, 20, q4_1, Some(encode_q4_1)),
+        6 => f("Q5_0", 32, 22, q5_0, Some(encode_q5_0)),
+        7 => f("Q5_1", 32, 24, q5_1, Some(encode_q5_1)),
+        8 => f("Q8_0", 32, 34, q8_0, Some(encode_q8_0)),
+        12 => f("Q4_K", QK_K, 144, q4_k, None),
+        13 => f("Q5_K", QK_K, 176, q5_k, None),
+        14 => f("Q6_K", QK_K, 210, q6_k, None),
         _ => None,
     }
 }
 
+/// The ggml type ids Ember reads.
+const IDS: [u32; 11] = [0, 1, 30, 2, 3, 6, 7, 8, 12, 13, 14];
+
+/// The format named `name` (as ggml names it, any case: "q4_k", "F16").
+pub fn by_name(name: &str) -> Option<Format> {
+    IDS.into_iter().filter_map(format).find(|f| f.name.eq_ignore_ascii_case(name))
+}
+
 /// The names of the formats Ember reads, for error messages.
 pub const NAMES: &str = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K";
+
+/// The names of the formats Ember writes.
+pub const WRITTEN: &str = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0";
 
 /// IEEE half precision to f32.
 pub fn f16(h: u16) -> f32 {
@@ -177,6 +204,146 @@ fn q6_k(b: &[u8], y: &mut [f32]) {
             y[l + 96] = d * sc[is + 6] as i8 as f32 * q4 as f32;
         }
     }
+}
+
+/// f32 to IEEE half precision, rounded to nearest even (overflow to ±∞).
+pub fn to_f16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exp = ((bits >> 23) & 0xff) as i32;
+    let man = bits & 0x7f_ffff;
+    if exp == 0xff {
+        return sign | 0x7c00 | if man != 0 { 0x200 } else { 0 };
+    }
+    let e = exp - 127 + 15;
+    if e >= 31 {
+        return sign | 0x7c00;
+    }
+    // The 24-bit significand (with its implicit 1) shifted to 10 bits, or further for a subnormal result.
+    let (significand, shift) = if e <= 0 { (man | 0x80_0000, (14 - e) as u32) } else { (man | 0x80_0000, 13) };
+    if shift > 24 {
+        return sign;
+    }
+    let kept = significand >> shift;
+    let rest = significand & ((1 << shift) - 1);
+    let half = 1 << (shift - 1);
+    let rounded = kept + u32::from(rest > half || (rest == half && kept & 1 == 1));
+    // A normal result keeps its exponent in the top bits; a carry out of the significand bumps it (to ∞ at most).
+    let out = if e <= 0 { rounded } else { ((e as u32) << 10) + (rounded - 0x400) };
+    sign | out as u16
+}
+
+fn put_f16(b: &mut [u8], at: usize, x: f32) {
+    b[at..at + 2].copy_from_slice(&to_f16(x).to_le_bytes());
+}
+
+fn encode_f32(x: &[f32], b: &mut [u8]) {
+    b[..4].copy_from_slice(&x[0].to_le_bytes());
+}
+
+fn encode_f16(x: &[f32], b: &mut [u8]) {
+    put_f16(b, 0, x[0]);
+}
+
+/// bfloat16: the f32 rounded to its top 16 bits, nearest even.
+fn encode_bf16(x: &[f32], b: &mut [u8]) {
+    let bits = x[0].to_bits();
+    let top = if x[0].is_nan() { (bits >> 16) | 0x40 } else { (bits + 0x7fff + ((bits >> 16) & 1)) >> 16 };
+    b[..2].copy_from_slice(&(top as u16).to_le_bytes());
+}
+
+/// The value of largest magnitude, with its sign.
+fn signed_max(x: &[f32]) -> f32 {
+    x.iter().copied().fold(0.0f32, |m, v| if v.abs() > m.abs() { v } else { m })
+}
+
+fn inverse(d: f32) -> f32 {
+    if d != 0.0 { 1.0 / d } else { 0.0 }
+}
+
+/// Q8_0: d = max|x| / 127, q = round(x / d).
+fn encode_q8_0(x: &[f32], b: &mut [u8]) {
+    let d = x.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 127.0;
+    put_f16(b, 0, d);
+    for (q, v) in b[2..34].iter_mut().zip(x) {
+        *q = (v * inverse(d)).round() as i8 as u8;
+    }
+}
+
+/// Packs 32 values of 4 bits: value i < 16 in the low nibble of byte i, 16 + i in its high nibble.
+fn put_nibbles(q: &[u8; 32], qs: &mut [u8]) {
+    for i in 0..16 {
+        qs[i] = (q[i] & 0x0f) | ((q[i + 16] & 0x0f) << 4);
+    }
+}
+
+/// The fifth bits of 32 five-bit values as `qh` (bit i for value i).
+fn high_bits(q: &[u8; 32]) -> [u8; 4] {
+    q.iter().enumerate().fold(0u32, |h, (i, &v)| h | (((v >> 4) as u32 & 1) << i)).to_le_bytes()
+}
+
+/// Symmetric `levels`-level codes: d = max / −(levels/2) for the signed max, q = x / d + levels/2 in [0, levels).
+fn symmetric_codes(x: &[f32], levels: u8) -> (f32, [u8; 32]) {
+    let d = signed_max(x) / -(levels as f32 / 2.0);
+    let mut q = [0u8; 32];
+    for (q, v) in q.iter_mut().zip(x) {
+        *q = ((v * inverse(d) + levels as f32 / 2.0 + 0.5) as i32).clamp(0, levels as i32 - 1) as u8;
+    }
+    (d, q)
+}
+
+/// Offset `levels`-level codes: d = (max − min) / (levels − 1), q = (x − min) / d, m = min.
+fn offset_codes(x: &[f32], levels: u8) -> (f32, f32, [u8; 32]) {
+    let min = x.iter().copied().fold(f32::INFINITY, f32::min);
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let d = (max - min) / (levels - 1) as f32;
+    let mut q = [0u8; 32];
+    for (q, v) in q.iter_mut().zip(x) {
+        *q = (((v - min) * inverse(d) + 0.5) as i32).clamp(0, levels as i32 - 1) as u8;
+    }
+    (d, min, q)
+}
+
+/// Q4_0: y = d · (q − 8), d from the value of largest magnitude.
+fn encode_q4_0(x: &[f32], b: &mut [u8]) {
+    let (d, q) = symmetric_codes(x, 16);
+    put_f16(b, 0, d);
+    put_nibbles(&q, &mut b[2..18]);
+}
+
+/// Q4_1: y = d · q + m over [min, max].
+fn encode_q4_1(x: &[f32], b: &mut [u8]) {
+    let (d, m, q) = offset_codes(x, 16);
+    put_f16(b, 0, d);
+    put_f16(b, 2, m);
+    put_nibbles(&q, &mut b[4..20]);
+}
+
+/// Q5_0: y = d · (q − 16).
+fn encode_q5_0(x: &[f32], b: &mut [u8]) {
+    let (d, q) = symmetric_codes(x, 32);
+    put_f16(b, 0, d);
+    b[2..6].copy_from_slice(&high_bits(&q));
+    put_nibbles(&q, &mut b[6..22]);
+}
+
+/// Q5_1: y = d · q + m.
+fn encode_q5_1(x: &[f32], b: &mut [u8]) {
+    let (d, m, q) = offset_codes(x, 32);
+    put_f16(b, 0, d);
+    put_f16(b, 2, m);
+    b[4..8].copy_from_slice(&high_bits(&q));
+    put_nibbles(&q, &mut b[8..24]);
+}
+
+/// Quantizes `values`, whole blocks of `format`, into its bytes; None for a format Ember does not write.
+pub fn quantize(format: Format, values: &[f32]) -> Option<Vec<u8>> {
+    let encode = format.encode?;
+    let mut raw = vec![0u8; values.len() / format.block * format.bytes];
+    for (x, b) in values.chunks_exact(format.block).zip(raw.chunks_exact_mut(format.bytes)) {
+        encode(x, b);
+    }
+    Some(raw)
 }
 
 /// Dequantizes `raw`, whole blocks of `format`, into f32 values.

@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 
-use crate::ggml;
+use crate::ggml::{self, Format};
+use crate::packed::Packed;
 
 /// A metadata value.
 #[derive(Clone, Debug, PartialEq)]
@@ -173,6 +174,8 @@ pub enum GgufError {
     TensorBounds(String),
     #[error("no tensor named {0}")]
     MissingTensor(String),
+    #[error("tensor {name} has dimensions {dims:?}, not a matrix")]
+    NotMatrix { name: String, dims: Vec<usize> },
     #[error("text is not UTF-8 at byte {0}")]
     Utf8(usize),
     #[error("metadata arrays nested deeper than {MAX_NESTING} at byte {0}")]
@@ -326,11 +329,29 @@ impl Gguf {
 
     /// The tensor `name` as f32 values in row-major shape [ne_{n−1}, …, ne₀].
     pub fn tensor(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), GgufError> {
+        let (info, format, raw) = self.raw(name)?;
+        Ok((info.shape(), ggml::dequantize(format, raw)))
+    }
+
+    /// The matrix `name` ([ne₁, ne₀]) in its stored blocks, copied as they are.
+    pub fn packed(&self, name: &str) -> Result<Packed, GgufError> {
+        let (info, format, raw) = self.raw(name)?;
+        let shape = info.shape();
+        let [rows, cols] = shape[..] else {
+            return Err(GgufError::NotMatrix { name: name.into(), dims: info.dims.clone() });
+        };
+        Packed::new(format, rows, cols, raw.to_vec())
+            .map_err(|_| GgufError::TensorType { name: name.into(), ggml_type: info.ggml_type })
+    }
+
+    /// The tensor `name`'s info, format and bytes.
+    fn raw(&self, name: &str) -> Result<(&TensorInfo, Format, &[u8]), GgufError> {
         let info = self.info(name).ok_or_else(|| GgufError::MissingTensor(name.into()))?;
         let n = info.len();
         let unsupported = || GgufError::TensorType { name: name.into(), ggml_type: info.ggml_type };
         let format = ggml::format(info.ggml_type).ok_or_else(unsupported)?;
-        if n % format.block != 0 {
+        // Rows are whole blocks: ggml never splits a block across rows.
+        if n % format.block != 0 || info.dims.first().is_some_and(|&ne0| ne0 % format.block != 0) {
             return Err(unsupported());
         }
         let bounds = || GgufError::TensorBounds(name.into());
@@ -338,7 +359,7 @@ impl Gguf {
         let end =
             (n / format.block).checked_mul(format.bytes).and_then(|len| start.checked_add(len)).ok_or_else(bounds)?;
         let raw = self.bytes.get(start..end).ok_or_else(bounds)?;
-        Ok((info.shape(), ggml::dequantize(format, raw)))
+        Ok((info, format, raw))
     }
 }
 

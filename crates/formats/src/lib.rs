@@ -12,6 +12,7 @@ pub mod ggml;
 pub mod gguf;
 pub mod hf;
 pub mod openai;
+pub mod packed;
 pub mod rng;
 pub mod safetensors;
 pub mod sampling;

@@ -1,5 +1,6 @@
-//! A GGUF file of the llama architecture as an Ember model: hyper-parameters and tokenizer from the metadata, tensors
-//! dequantized and renamed, and llama.cpp's interleaved q/k row order turned back into the rotate-half order.
+//! A GGUF file of the llama architecture as an Ember model: hyper-parameters and tokenizer from the metadata, matrices
+//! kept in their blocks and renamed (q, k and v stacked into one projection), and llama.cpp's interleaved q/k row
+//! order turned back into the rotate-half order.
 
 use std::path::Path;
 
@@ -7,13 +8,15 @@ use burn::tensor::TensorData;
 use ember_formats::chat::ChatFormat;
 use tokenizers::Tokenizer;
 
+use super::ImportError;
 use super::gguf::{Array, Gguf, Value};
-use super::{ImportError, Tensors, concat_rows, transpose};
 use crate::ModelConfig;
 use crate::tokenizer;
+use crate::weights::Weights;
+use ember_formats::packed::Packed;
 
-/// Config, Ember-named tensors, tokenizer and chat format of a llama GGUF file.
-pub fn load(path: &Path) -> Result<(ModelConfig, Tensors, Tokenizer, ChatFormat), ImportError> {
+/// Config, Ember-named weights, tokenizer and chat format of a llama GGUF file.
+pub fn load(path: &Path) -> Result<(ModelConfig, Weights, Tokenizer, ChatFormat), ImportError> {
     let bad = |reason: String| ImportError::new(path, reason);
     let bytes = crate::files::read(path).map_err(|e| bad(e.to_string()))?;
     let gguf = Gguf::parse(bytes).map_err(|e| bad(e.to_string()))?;
@@ -60,43 +63,52 @@ fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
 
 /// The model's tensors, each checked against the shape the metadata implies before it is used; a tensor of the file
 /// that the model does not use is an error (the metadata and the weights disagree), not a silent smaller model.
-fn tensors(gguf: &Gguf, config: &ModelConfig) -> Result<Tensors, String> {
+fn tensors(gguf: &Gguf, config: &ModelConfig) -> Result<Weights, String> {
     let (d, v, f) = (config.d_model, config.vocab(), config.ffn_dim());
     let (h, g, dh) = (config.n_heads, config.kv_heads(), config.head_dim());
     let (Some(hd), Some(gd)) = (h.checked_mul(dh), g.checked_mul(dh)) else {
         return Err(format!("{h} heads of {dh} dimensions overflow"));
     };
     let used = std::cell::RefCell::new(std::collections::HashSet::new());
-    let get = |name: &str, shape: &[usize]| -> Result<TensorData, String> {
+    let check = |name: &str, shape: &[usize]| -> Result<(), String> {
         let info = gguf.info(name).ok_or_else(|| format!("no tensor named {name}"))?;
         if info.shape() != shape {
             return Err(format!("tensor {name} has shape {:?}; the metadata needs {shape:?}", info.shape()));
         }
         used.borrow_mut().insert(name.to_string());
+        Ok(())
+    };
+    let get = |name: &str, shape: &[usize]| -> Result<TensorData, String> {
+        check(name, shape)?;
         gguf.tensor(name).map(|(shape, values)| TensorData::new(values, shape)).map_err(|e| e.to_string())
     };
-    let mut out = Tensors::new();
-    out.insert("wte.weight".into(), get("token_embd.weight", &[v, d])?);
+    let matrix = |name: &str, shape: [usize; 2]| -> Result<Packed, String> {
+        check(name, &shape)?;
+        gguf.packed(name).map_err(|e| e.to_string())
+    };
+    let mut out = Weights::default();
+    out.packed.insert("wte.weight".into(), matrix("token_embd.weight", [v, d])?);
     for i in 0..config.n_layers {
         let (l, b) = (format!("blk.{i}"), format!("blocks.{i}"));
-        out.insert(format!("{b}.ln_1.gamma"), get(&format!("{l}.attn_norm.weight"), &[d])?);
-        out.insert(format!("{b}.ln_2.gamma"), get(&format!("{l}.ffn_norm.weight"), &[d])?);
-        let q = unpermute(&get(&format!("{l}.attn_q.weight"), &[hd, d])?, h, dh);
-        let k = unpermute(&get(&format!("{l}.attn_k.weight"), &[gd, d])?, g, dh);
-        let v = get(&format!("{l}.attn_v.weight"), &[gd, d])?;
-        out.insert(format!("{b}.attn.c_attn.weight"), transpose(&concat_rows(&[q, k, v])));
+        out.dense.insert(format!("{b}.ln_1.gamma"), get(&format!("{l}.attn_norm.weight"), &[d])?);
+        out.dense.insert(format!("{b}.ln_2.gamma"), get(&format!("{l}.ffn_norm.weight"), &[d])?);
+        let q = matrix(&format!("{l}.attn_q.weight"), [hd, d])?.reorder_rows(&rotate_half_order(h, dh));
+        let k = matrix(&format!("{l}.attn_k.weight"), [gd, d])?.reorder_rows(&rotate_half_order(g, dh));
+        let v = matrix(&format!("{l}.attn_v.weight"), [gd, d])?;
+        let qkv = Packed::stack(vec![q, k, v]).map_err(|e| e.to_string())?;
+        out.packed.insert(format!("{b}.attn.c_attn.weight"), qkv);
         for (part, ember, shape) in [
             ("attn_output", "attn.c_proj", [d, hd]),
             ("ffn_gate", "mlp.c_gate", [f, d]),
             ("ffn_up", "mlp.c_fc", [f, d]),
+            ("ffn_down", "mlp.c_proj", [d, f]),
         ] {
-            out.insert(format!("{b}.{ember}.weight"), transpose(&get(&format!("{l}.{part}.weight"), &shape)?));
+            out.packed.insert(format!("{b}.{ember}.weight"), matrix(&format!("{l}.{part}.weight"), shape)?);
         }
-        out.insert(format!("{b}.mlp.c_proj.weight"), transpose(&get(&format!("{l}.ffn_down.weight"), &[d, f])?));
     }
-    out.insert("ln_f.gamma".into(), get("output_norm.weight", &[d])?);
+    out.dense.insert("ln_f.gamma".into(), get("output_norm.weight", &[d])?);
     if !config.tie_embeddings {
-        out.insert("lm_head.weight".into(), transpose(&get("output.weight", &[v, d])?));
+        out.packed.insert("lm_head.weight".into(), matrix("output.weight", [v, d])?);
     }
     let used = used.into_inner();
     let unused: Vec<&str> = gguf.tensors.iter().map(|t| t.name.as_str()).filter(|n| !used.contains(*n)).collect();
@@ -112,21 +124,17 @@ fn tensors(gguf: &Gguf, config: &ModelConfig) -> Result<Tensors, String> {
 }
 
 /// llama.cpp stores each head's q/k rows as [d_h/2, 2] (interleaved pairs); Hugging Face and Ember use [2, d_h/2]
-/// (rotate-half). Row (head, i, half) moves to (head, half, i).
-fn unpermute(w: &TensorData, heads: usize, dh: usize) -> TensorData {
-    let cols = w.shape()[1];
-    let v = w.as_slice::<f32>().expect("dequantized tensors are f32");
-    let mut out = vec![0.0f32; v.len()];
+/// (rotate-half): row (head, half, i) comes from row (head, i, half). Entry `to` is the stored row it comes from.
+fn rotate_half_order(heads: usize, dh: usize) -> Vec<usize> {
+    let mut order = vec![0; heads * dh];
     for head in 0..heads {
         for i in 0..dh / 2 {
             for half in 0..2 {
-                let from = head * dh + i * 2 + half;
-                let to = head * dh + half * dh / 2 + i;
-                out[to * cols..(to + 1) * cols].copy_from_slice(&v[from * cols..(from + 1) * cols]);
+                order[head * dh + half * dh / 2 + i] = head * dh + i * 2 + half;
             }
         }
     }
-    TensorData::new(out, w.shape().to_vec())
+    order
 }
 
 /// The GPT-2 style byte-level BPE of `tokenizer.ggml.*`: tokens, merges, control tokens as special tokens.
@@ -156,9 +164,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn unpermute_undoes_llama_cpp_interleaving() {
-        // One head of width 4, one column: HF rows (a0, a1, b0, b1) are stored by llama.cpp as (a0, b0, a1, b1).
-        let stored = TensorData::new(vec![0.0f32, 2.0, 1.0, 3.0], [4, 1]);
-        assert_eq!(unpermute(&stored, 1, 4).as_slice::<f32>().unwrap(), &[0.0, 1.0, 2.0, 3.0]);
+    fn rotate_half_order_undoes_llama_cpp_interleaving() {
+        // One head of width 4: HF rows (a0, a1, b0, b1) are stored by llama.cpp as (a0, b0, a1, b1).
+        assert_eq!(rotate_half_order(1, 4), [0, 2, 1, 3]);
+        assert_eq!(rotate_half_order(2, 4), [0, 2, 1, 3, 4, 6, 5, 7]);
     }
 }

@@ -12,7 +12,9 @@ use burn::tensor::{Device, TensorData};
 use ember_formats::chat::ChatFormat;
 
 use crate::bundle::{self, Bundle, BundleError};
-use crate::{Gpt, tokenizer};
+use crate::weights::{WeightFormat, Weights};
+use crate::{Gpt, ModelConfig, tokenizer};
+use tokenizers::Tokenizer;
 
 pub use crate::bundle::Tensors;
 
@@ -63,24 +65,46 @@ impl Source {
     }
 }
 
-/// Loads a run directory, a Hugging Face directory or a GGUF file onto `device`.
+/// Loads a run directory, a Hugging Face directory or a GGUF file onto `device`, every weight dense f32.
 pub fn load(path: &Path, device: &Device) -> Result<Bundle, ImportError> {
-    let (config, tensors, tokenizer, chat) = match Source::of(path)? {
-        Source::Run => return Ok(bundle::load(path, device)?),
+    load_as(path, device, WeightFormat::F32)
+}
+
+/// Loads a run directory, a Hugging Face directory or a GGUF file onto `device` with its projections and token
+/// embedding held as `format` asks (on the CPU; other devices take them dequantized to f32).
+pub fn load_as(path: &Path, device: &Device, format: WeightFormat) -> Result<Bundle, ImportError> {
+    let format = if ember_kernels::on_cpu(device) { format } else { WeightFormat::F32 };
+    if Source::of(path)? == Source::Run {
+        return Ok(bundle::load_as(path, device, format)?);
+    }
+    let (config, weights, tokenizer, chat) = read(path)?;
+    let weights = weights.convert(format).map_err(|e| ImportError::new(path, e.to_string()))?;
+    let model = Gpt::load_packed(&config, &weights.dense, &weights.packed, device)
+        .map_err(|cause| BundleError::Mismatch { path: path.to_path_buf(), cause })?;
+    Ok(Bundle { config, model, tokenizer, chat })
+}
+
+/// The config, stored weights, tokenizer and chat format of a run directory, a Hugging Face directory or a GGUF file.
+pub fn read(path: &Path) -> Result<(ModelConfig, Weights, Tokenizer, ChatFormat), ImportError> {
+    Ok(match Source::of(path)? {
+        Source::Run => {
+            let (config, weights, _, _) = bundle::read(path)?;
+            let tok_path = path.join(bundle::TOKENIZER);
+            let tok = tokenizer::load(&tok_path).map_err(|e| ImportError::new(&tok_path, e.to_string()))?;
+            (config, weights, tok, ChatFormat::default())
+        }
         Source::HuggingFace => {
             let (config, tensors) = hf::load(path)?;
+            let weights = Weights { dense: tensors, ..Weights::default() };
             let tok_path = path.join(bundle::TOKENIZER);
             if !tok_path.is_file() {
                 return Err(ImportError::new(path, "has no tokenizer.json, which generation needs"));
             }
             let tok = tokenizer::load(&tok_path).map_err(|e| ImportError::new(&tok_path, e.to_string()))?;
-            (config, tensors, tok, ChatFormat::from_hf_dir(path).map_err(|e| ImportError::new(path, e))?)
+            (config, weights, tok, ChatFormat::from_hf_dir(path).map_err(|e| ImportError::new(path, e))?)
         }
         Source::Gguf => gguf_llama::load(path)?,
-    };
-    let model = Gpt::load(&config, &tensors, device)
-        .map_err(|cause| BundleError::Mismatch { path: path.to_path_buf(), cause })?;
-    Ok(Bundle { config, model, tokenizer, chat })
+    })
 }
 
 /// A [rows, cols] matrix as [cols, rows] (PyTorch's nn.Linear [out, in] to Burn's [in, out]).

@@ -2,26 +2,26 @@
 //! of key/value heads, optional RoPE on q and k, optional sliding window.
 
 use burn::module::Module;
-use burn::nn::{Dropout, DropoutConfig, Linear};
+use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::Tensor;
 use ember_kernels::{
-    AttentionImpl, AttentionSpec, PackedHeads, Similarity, attention, linear, merge_heads, packed_attention,
-    split_heads,
+    AttentionImpl, AttentionSpec, PackedHeads, Similarity, attention, merge_heads, packed_attention, split_heads,
 };
 
 use crate::cache::{Context, append_rows};
 use crate::config::{AttentionKernel, DEFAULT_FAVOR_FEATURES, FeatureMap, PositionKind};
 use crate::init::Init;
-use crate::nn::linear_layer;
 use crate::nn::position::{Positions, Rotary};
+use crate::nn::projection;
+use crate::nn::projection::Projection;
 use crate::{ModelConfig, Rng};
 
 #[derive(Module, Debug)]
 pub struct CausalSelfAttention {
     /// [W_Q | W_K | W_V]: d → (h + 2g)·d_h.
-    pub c_attn: Linear,
+    pub c_attn: Projection,
     /// W_O: h·d_h → d.
-    pub c_proj: Linear,
+    pub c_proj: Projection,
     resid_drop: Dropout,
     n_heads: usize,
     n_kv_heads: usize,
@@ -52,8 +52,8 @@ impl CausalSelfAttention {
         let (d, h, g, dh) = (config.d_model, config.n_heads, config.kv_heads(), config.head_dim());
         let residual_std = 0.02 / (2.0 * config.n_layers as f64).sqrt();
         Self {
-            c_attn: linear_layer(init, "c_attn", d, (h + 2 * g) * dh, 0.02, config.qkv_bias()),
-            c_proj: linear_layer(init, "c_proj", h * dh, d, residual_std, config.bias),
+            c_attn: projection(init, "c_attn", d, (h + 2 * g) * dh, 0.02, config.qkv_bias()),
+            c_proj: projection(init, "c_proj", h * dh, d, residual_std, config.bias),
             resid_drop: DropoutConfig::new(config.dropout).init(),
             n_heads: h,
             n_kv_heads: g,
@@ -93,7 +93,7 @@ impl CausalSelfAttention {
 
     /// q [B, h, T, d_h] and k, v [B, g, T, d_h] of x [B, T, d]; q and k rotated at `positions` when RoPE is on.
     pub fn qkv(&self, x: Tensor<3>, positions: &Positions) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
-        let (q, k, v) = split_heads(linear(&self.c_attn, x), self.heads());
+        let (q, k, v) = split_heads(self.c_attn.forward(x), self.heads());
         match self.rope {
             Some(rotary) => {
                 let rope = positions.rope(rotary);
@@ -126,7 +126,7 @@ impl CausalSelfAttention {
 
     /// W_O of the concatenated heads [B, T, h·d_h].
     fn output(&self, y: Tensor<3>) -> Tensor<3> {
-        self.resid_drop.forward(linear(&self.c_proj, y))
+        self.resid_drop.forward(self.c_proj.forward(y))
     }
 
     fn heads(&self) -> PackedHeads {
@@ -138,8 +138,8 @@ impl CausalSelfAttention {
     pub fn forward(&self, x: Tensor<3>, positions: &Positions, layer: usize, context: &mut Context) -> Tensor<3> {
         if self.packed && self.rope.is_none() && matches!(context, Context::Full) {
             // Unrotated q, k, v are read where the fused projection put them.
-            let dh = self.c_attn.weight.dims()[1] / (self.n_heads + 2 * self.n_kv_heads);
-            return self.output(packed_attention(linear(&self.c_attn, x), self.heads(), &self.spec(dh, 0)));
+            let dh = self.c_attn.d_out() / (self.n_heads + 2 * self.n_kv_heads);
+            return self.output(packed_attention(self.c_attn.forward(x), self.heads(), &self.spec(dh, 0)));
         }
         let (q, k, v) = self.qkv(x, positions);
         let spec = self.spec(q.dims()[3], positions.query_offset());

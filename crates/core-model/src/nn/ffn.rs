@@ -1,24 +1,25 @@
 //! The position-wise feed-forward network: GELU / ReLU MLPs of GPT-2 and the 2017 Transformer, and SwiGLU of Llama.
 
 use burn::module::Module;
-use burn::nn::{Dropout, DropoutConfig, Linear};
+use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::Tensor;
 use burn::tensor::activation::{gelu_approximate, relu};
-use ember_kernels::{gelu, linear, swiglu};
+use ember_kernels::{gelu, swiglu};
 
 use crate::ModelConfig;
 use crate::config::FfnKind;
 use crate::init::Init;
-use crate::nn::linear_layer;
+use crate::nn::projection;
+use crate::nn::projection::Projection;
 
 #[derive(Module, Debug)]
 pub struct Ffn {
     /// W_fc, the up-projection (W_u for SwiGLU).
-    pub c_fc: Linear,
+    pub c_fc: Projection,
     /// W_g, SwiGLU's gate.
-    pub c_gate: Option<Linear>,
+    pub c_gate: Option<Projection>,
     /// W_proj, the down-projection (W_d).
-    pub c_proj: Linear,
+    pub c_proj: Projection,
     #[module(skip)]
     kind: FfnKind,
     drop: Dropout,
@@ -29,12 +30,12 @@ impl Ffn {
     pub fn new(config: &ModelConfig, init: &mut Init) -> Self {
         let (d, f) = (config.d_model, config.ffn_dim());
         let residual_std = 0.02 / (2.0 * config.n_layers as f64).sqrt();
-        let c_fc = linear_layer(init, "c_fc", d, f, 0.02, config.bias);
-        let c_gate = (config.ffn == FfnKind::Swiglu).then(|| linear_layer(init, "c_gate", d, f, 0.02, config.bias));
+        let c_fc = projection(init, "c_fc", d, f, 0.02, config.bias);
+        let c_gate = (config.ffn == FfnKind::Swiglu).then(|| projection(init, "c_gate", d, f, 0.02, config.bias));
         Self {
             c_fc,
             c_gate,
-            c_proj: linear_layer(init, "c_proj", f, d, residual_std, config.bias),
+            c_proj: projection(init, "c_proj", f, d, residual_std, config.bias),
             kind: config.ffn,
             drop: DropoutConfig::new(config.dropout).init(),
         }
@@ -43,12 +44,12 @@ impl Ffn {
     /// FFN(x) = act(x W_fc + b) W_proj + b, or SwiGLU: [SiLU(x W_g) ⊙ (x W_u)] W_d.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let h = match (&self.c_gate, self.kind) {
-            (Some(gate), _) => swiglu(linear(gate, x.clone()), linear(&self.c_fc, x)),
-            (None, FfnKind::Relu) => relu(linear(&self.c_fc, x)),
-            (None, FfnKind::GeluTanh) => gelu_approximate(linear(&self.c_fc, x)),
-            (None, _) => gelu(linear(&self.c_fc, x)),
+            (Some(gate), _) => swiglu(gate.forward(x.clone()), self.c_fc.forward(x)),
+            (None, FfnKind::Relu) => relu(self.c_fc.forward(x)),
+            (None, FfnKind::GeluTanh) => gelu_approximate(self.c_fc.forward(x)),
+            (None, _) => gelu(self.c_fc.forward(x)),
         };
-        self.drop.forward(linear(&self.c_proj, h))
+        self.drop.forward(self.c_proj.forward(h))
     }
 }
 

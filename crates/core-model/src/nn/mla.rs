@@ -11,8 +11,9 @@ use ember_kernels::{AttentionImpl, AttentionSpec, attention, linear};
 use crate::ModelConfig;
 use crate::cache::{Context, append_rows};
 use crate::init::Init;
-use crate::nn::linear_layer;
 use crate::nn::position::{Positions, Rotary};
+use crate::nn::projection::Projection;
+use crate::nn::{linear_layer, projection};
 
 #[derive(Module, Debug)]
 pub struct MlaAttention {
@@ -29,7 +30,7 @@ pub struct MlaAttention {
     /// U_V: d_c → h·d_h, per-head values.
     pub u_v: Linear,
     /// W_O: h·d_h → d.
-    pub c_proj: Linear,
+    pub c_proj: Projection,
     resid_drop: Dropout,
     n_heads: usize,
     #[module(skip)]
@@ -70,7 +71,7 @@ impl MlaAttention {
             w_kr: linear_layer(init, "w_kr", d, dr, 0.02, bias),
             u_k: linear_layer(init, "u_k", dc, h * dh, 0.02, false),
             u_v: linear_layer(init, "u_v", dc, h * dh, 0.02, false),
-            c_proj: linear_layer(init, "c_proj", h * dh, d, residual_std, config.bias),
+            c_proj: projection(init, "c_proj", h * dh, d, residual_std, config.bias),
             resid_drop: DropoutConfig::new(config.dropout).init(),
             n_heads: h,
             window: config.window,
@@ -149,7 +150,7 @@ impl MlaAttention {
     /// Heads [B, h, T, d_h] concatenated, then W_O.
     fn output(&self, o: Tensor<4>) -> Tensor<3> {
         let [b, h, t, dh] = o.dims();
-        self.resid_drop.forward(linear(&self.c_proj, o.swap_dims(1, 2).reshape([b, t, h * dh])))
+        self.resid_drop.forward(self.c_proj.forward(o.swap_dims(1, 2).reshape([b, t, h * dh])))
     }
 
     /// Attention for x [B, T, d] at `positions`: expanded over this pass's tokens, absorbed against the latents

@@ -1,6 +1,7 @@
 //! `ember bench decode`: generation tokens/s with the KV cache against recomputing the context every step, at
 //! several lengths, side by side in one run.
 
+use ember_core_model::weights::WeightFormat;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -26,6 +27,10 @@ pub struct BenchDecodeArgs {
     /// A run directory, Hugging Face directory or GGUF file.
     #[arg(long)]
     model: Option<PathBuf>,
+    /// How projections and the token embedding are held on the CPU: native (a GGUF file's blocks, used as they are;
+    /// a run directory as stored), f32, or converted to f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1.
+    #[arg(long, default_value = "native")]
+    weights: WeightFormat,
     /// Generated tokens per measurement (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "128,512,1024")]
     lengths: Vec<usize>,
@@ -61,7 +66,7 @@ pub fn bench_decode(args: BenchDecodeArgs, device: DeviceChoice) -> Result<()> {
             }
             (Gpt::new(&config, &mut Rng::new(0), &device), format!("{} (random weights)", path.display()))
         }
-        (None, Some(path)) => (import::load(path, &device)?.model, path.display().to_string()),
+        (None, Some(path)) => (import::load_as(path, &device, args.weights)?.model, path.display().to_string()),
         (None, None) => bail!("give --config FILE or --model PATH"),
     };
     if let Some(python) = &args.transformers {

@@ -1,6 +1,7 @@
 //! `ember bench kv`: what each KV store costs and changes: its bytes, and the model's loss on a text teacher-forced
 //! through it (chunks of tokens appended to the store, each attending to everything stored before, dequantized).
 
+use ember_core_model::weights::WeightFormat;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
@@ -19,6 +20,10 @@ pub struct BenchKvArgs {
     /// A run directory, Hugging Face directory or GGUF file.
     #[arg(long)]
     model: PathBuf,
+    /// How projections and the token embedding are held on the CPU: native (a GGUF file's blocks, used as they are;
+    /// a run directory as stored), f32, or converted to f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1.
+    #[arg(long, default_value = "native")]
+    weights: WeightFormat,
     /// A UTF-8 text to score; its first (or with --tail last) --tokens tokens, up to the context, are used.
     #[arg(long)]
     text: PathBuf,
@@ -41,7 +46,7 @@ pub struct BenchKvArgs {
 
 pub fn bench_kv(args: BenchKvArgs, device: DeviceChoice) -> Result<()> {
     let (device, description) = devices::select(device)?;
-    let run = import::load(&args.model, &device)?;
+    let run = import::load_as(&args.model, &device, args.weights)?;
     let text =
         ember_core_model::files::read_to_string(&args.text).with_context(|| format!("{}", args.text.display()))?;
     let mut ids = tokenizer::encode(&run.tokenizer, &text)?;

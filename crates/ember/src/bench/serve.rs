@@ -2,6 +2,7 @@
 //! concurrencies, in one process: requests/s, generated tokens/s, time to first token and time per output token
 //! (p50 and p99), errors, and the process' resident memory after every round, so that growth across rounds shows.
 
+use ember_core_model::weights::WeightFormat;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -28,6 +29,10 @@ pub struct BenchServeArgs {
     /// A run directory, Hugging Face directory or GGUF file.
     #[arg(long)]
     model: PathBuf,
+    /// How projections and the token embedding are held on the CPU: native (a GGUF file's blocks, used as they are;
+    /// a run directory as stored), f32, or converted to f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1.
+    #[arg(long, default_value = "native")]
+    weights: WeightFormat,
     /// Requests per concurrency level and round.
     #[arg(long, default_value_t = 32)]
     requests: usize,
@@ -140,7 +145,7 @@ pub fn bench_serve(args: BenchServeArgs, device: DeviceChoice) -> Result<()> {
         bail!("--concurrency levels, --requests and --rounds must be at least 1, --max-tokens at least 2");
     }
     let (device, description) = devices::select(device)?;
-    let run = import::load(&args.model, &device)?;
+    let run = import::load_as(&args.model, &device, args.weights)?;
     let kind = args.kv_cache.unwrap_or(KvKind::for_model(run.model.config()));
     let kv = KvSpec { page_size: args.page_size, ..kind.into() };
     kv.check(run.model.config()).map_err(anyhow::Error::msg)?;

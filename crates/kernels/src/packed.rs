@@ -1,0 +1,665 @@
+//! Projections whose weight W [d_out, d_in] stays in ggml's block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
+//! Q6_K, and F16 / BF16 / F32 rows), multiplied without a dequantized copy: a GGUF file's weights as llama.cpp uses
+//! them, so a decoded token reads 4–8× fewer bytes than from f32.
+//!
+//! On the CPU each row of x is quantized to 8 bits per block of 32 (d_x = max|x| / 127, q_x = round(x / d_x)), each
+//! block of W is unpacked to 32 signed 8-bit codes with a scale per 16 values and an offset, w_i = a_h q_i + m_h,
+//! and the dot product is summed in integers:
+//! x·w = Σ_blocks d_x (a_0 Σ_{i<16} q_i q_x,i + a_1 Σ_{i≥16} q_i q_x,i) + m_0 d_x Σ_{i<16} q_x,i + m_1 d_x Σ_{i≥16} q_x,i.
+//! Every format fits that form (Q6_K's 16-value sub-blocks are the halves; Q4_K's and Q5_K's mins are the
+//! offsets), so one integer dot serves them all: AVX-512 VNNI's `vpdpbusd` where the CPU has it, AVX2's
+//! `vpmaddubsw` otherwise, and plain Rust elsewhere. Rows of W are split over the cores; each unpacks a row once and
+//! dots it with every row of x.
+
+use burn::backend::{Backend, Dispatch, Flex, backend_extension, tensor::FloatTensor, tensor::IntTensor};
+use burn::module::{Module, Param, ParamId};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use ember_formats::ggml::{self, Format};
+use ember_formats::packed::{Packed, Part};
+use rayon::prelude::*;
+
+use crate::cpu::{contiguous, dot, floats, on_cpu, stay_awake, tensor};
+
+/// x Wᵀ + b with W kept in ggml blocks (inference only: the blocks take no gradient).
+#[derive(Module, Debug)]
+pub struct PackedLinear {
+    /// W's blocks, output row after output row, as bytes.
+    pub blocks: Param<Tensor<1, Int>>,
+    pub bias: Option<Param<Tensor<1>>>,
+    #[module(skip)]
+    pub layout: Layout,
+}
+
+/// The formats of W's rows and their length.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Layout {
+    pub parts: Vec<Part>,
+    pub cols: usize,
+}
+
+impl Layout {
+    pub fn rows(&self) -> usize {
+        self.parts.iter().map(|p| p.rows).sum()
+    }
+
+    /// Row `row`'s format and its bytes' range in the blocks.
+    fn row(&self, row: usize) -> (Format, std::ops::Range<usize>) {
+        let (mut first, mut start) = (0, 0);
+        for part in &self.parts {
+            let len = part.format.row_bytes(self.cols).expect("whole blocks");
+            if row < first + part.rows {
+                let at = start + (row - first) * len;
+                return (part.format, at..at + len);
+            }
+            first += part.rows;
+            start += part.rows * len;
+        }
+        panic!("row {row} of {first}")
+    }
+}
+
+impl PackedLinear {
+    /// The layer of weight `w` (rows are outputs) and bias `bias` on `device`.
+    pub fn new(w: &Packed, bias: Option<Param<Tensor<1>>>, device: &Device) -> Self {
+        let data = TensorData::new(w.bytes.clone(), [w.bytes.len()]);
+        let blocks = Tensor::<1, Int>::from_data(data, (device, DType::U8));
+        Self { blocks: Param::initialized(ParamId::new(), blocks), bias, layout: layout(w) }
+    }
+
+    pub fn d_in(&self) -> usize {
+        self.layout.cols
+    }
+
+    pub fn d_out(&self) -> usize {
+        self.layout.rows()
+    }
+
+    /// The weight as a host matrix of blocks.
+    pub fn weight(&self) -> Packed {
+        let bytes = self.blocks.val().into_data().try_to_vec::<u8>().expect("packed blocks are bytes");
+        Packed { parts: self.layout.parts.clone(), cols: self.layout.cols, bytes }
+    }
+
+    /// y = x Wᵀ + b over the last dimension of x.
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let mut dims = x.dims();
+        let (k, m) = (self.d_in(), self.d_out());
+        let rows: Tensor<2> = x.reshape([dims.iter().product::<usize>() / k.max(1), k]);
+        let y = if on_cpu(&rows.device()) {
+            let y = <Dispatch as PackedOps>::packed_matmul(
+                rows.into_dispatch(),
+                self.blocks.val().into_dispatch(),
+                self.layout.clone(),
+            );
+            Tensor::<2>::from_dispatch(y)
+        } else {
+            // Devices without a packed kernel multiply by the dequantized weight.
+            let device = rows.device();
+            let w = Tensor::<2>::from_data(TensorData::new(self.weight().dequantize(), [m, k]), &device);
+            rows.matmul(w.transpose())
+        };
+        let y = match &self.bias {
+            Some(b) => y + b.val().unsqueeze(),
+            None => y,
+        };
+        dims[D - 1] = m;
+        y.reshape(dims)
+    }
+
+    /// Rows `ids` [B, T] of W, dequantized: [B, T, d_in] (an embedding table kept in blocks).
+    pub fn rows(&self, ids: Tensor<2, Int>) -> Tensor<3> {
+        let [b, t] = ids.dims();
+        let device = ids.device();
+        let rows = if on_cpu(&device) {
+            let y = <Dispatch as PackedOps>::packed_rows(
+                self.blocks.val().into_dispatch(),
+                ids.reshape([b * t]).into_dispatch(),
+                self.layout.clone(),
+            );
+            Tensor::<2>::from_dispatch(y)
+        } else {
+            let ids: Vec<usize> = ids.into_data().iter::<i64>().map(|i| i as usize).collect();
+            let w = self.weight();
+            let values = ids.iter().flat_map(|&i| row_values(&w.bytes, &self.layout, i)).collect::<Vec<_>>();
+            Tensor::from_data(TensorData::new(values, [b * t, self.d_in()]), &device)
+        };
+        rows.reshape([b, t, self.d_in()])
+    }
+}
+
+/// The layout of a packed matrix.
+pub fn layout(w: &Packed) -> Layout {
+    Layout { parts: w.parts.clone(), cols: w.cols }
+}
+
+/// Products with packed weights as backend operations (CPU only; other devices multiply by the dequantized weight).
+#[backend_extension(Flex)]
+pub trait PackedOps: Backend {
+    /// x Wᵀ for x [N, d_in] and W's bytes `blocks` laid out as `layout`.
+    fn packed_matmul(x: FloatTensor<Self>, blocks: IntTensor<Self>, layout: Layout) -> FloatTensor<Self>;
+
+    /// Rows `ids` [N] of W, dequantized: [N, d_in].
+    fn packed_rows(blocks: IntTensor<Self>, ids: IntTensor<Self>, layout: Layout) -> FloatTensor<Self>;
+}
+
+impl PackedOps for Flex {
+    fn packed_matmul(x: FloatTensor<Self>, blocks: IntTensor<Self>, layout: Layout) -> FloatTensor<Self> {
+        stay_awake();
+        let x = contiguous(x);
+        let n = x.layout().shape()[0];
+        let bytes = blocks.as_slice::<u8>().expect("packed blocks are bytes");
+        tensor(matmul(floats(&x), n, bytes, &layout), &[n, layout.rows()])
+    }
+
+    fn packed_rows(blocks: IntTensor<Self>, ids: IntTensor<Self>, layout: Layout) -> FloatTensor<Self> {
+        let bytes = blocks.as_slice::<u8>().expect("packed blocks are bytes");
+        let ids: Vec<usize> = ids.into_data().iter::<i64>().map(|i| i as usize).collect();
+        let values = ids.iter().flat_map(|&i| row_values(bytes, &layout, i)).collect();
+        tensor(values, &[ids.len(), layout.cols])
+    }
+}
+
+/// Row `row` of the packed matrix `bytes`, dequantized.
+fn row_values(bytes: &[u8], layout: &Layout, row: usize) -> Vec<f32> {
+    let (format, range) = layout.row(row);
+    ggml::dequantize(format, &bytes[range])
+}
+
+/// 32 weights w_i = a_h q_i + m_h, h = i / 16.
+#[derive(Clone, Copy, Default)]
+struct Codes {
+    q: [i8; 32],
+    a: [f32; 2],
+    m: [f32; 2],
+}
+
+/// Rows of x quantized per block of 32: codes q_x, scales d_x, and d_x Σ q_x over each half of a block.
+struct Activations {
+    blocks: usize,
+    q: Vec<i8>,
+    d: Vec<f32>,
+    sums: Vec<[f32; 2]>,
+}
+
+impl Activations {
+    fn quantize(x: &[f32], k: usize) -> Self {
+        let blocks = x.len() / 32;
+        let mut out =
+            Self { blocks: k / 32, q: vec![0; blocks * 32], d: vec![0.0; blocks], sums: vec![[0.0; 2]; blocks] };
+        quantize_blocks(x, &mut out.q, &mut out.d, &mut out.sums);
+        out
+    }
+
+    /// Row r's codes, scales and half sums.
+    fn row(&self, r: usize) -> (&[i8], &[f32], &[[f32; 2]]) {
+        let b = r * self.blocks..(r + 1) * self.blocks;
+        (&self.q[b.start * 32..b.end * 32], &self.d[b.clone()], &self.sums[b])
+    }
+}
+
+crate::cpu::multiversion! {
+    /// q = round(x / d) with d = max|x| / 127 per block of 32, and d Σ q per half block.
+    fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], sums: &mut [[f32; 2]]) {
+        for (((x, q), d), sums) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)).zip(d.iter_mut()).zip(sums) {
+            let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            *d = amax / 127.0;
+            let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            for (q, v) in q.iter_mut().zip(x) {
+                *q = (v * inverse).round() as i8;
+            }
+            let half = |h: &[i8]| h.iter().map(|&v| v as i32).sum::<i32>() as f32 * *d;
+            *sums = [half(&q[..16]), half(&q[16..])];
+        }
+    }
+}
+
+/// y = x Wᵀ for x [n, k] row-major and W's rows in `bytes` as `layout` lays them out: [n, rows].
+pub(crate) fn matmul(x: &[f32], n: usize, bytes: &[u8], layout: &Layout) -> Vec<f32> {
+    let (k, m) = (layout.cols, layout.rows());
+    let quantized = layout.parts.iter().any(|p| p.format.block > 1);
+    let acts = quantized.then(|| Activations::quantize(x, k));
+    // yᵀ [m, n]: each core takes chunks of W's rows.
+    let mut y_t = vec![0.0f32; m * n];
+    let chunk = m.div_ceil(8 * rayon::current_num_threads()).max(4);
+    y_t.par_chunks_mut(chunk * n.max(1)).enumerate().for_each(|(c, out)| {
+        let mut codes = vec![Codes::default(); k / 32];
+        let mut values = Vec::new();
+        for (j, out) in out.chunks_mut(n.max(1)).enumerate() {
+            let (format, range) = layout.row(c * chunk + j);
+            let w = &bytes[range];
+            match &acts {
+                #[cfg(target_arch = "x86_64")]
+                Some(acts) if x86::legacy(format.id) && crate::cpu::has_avx2_fma() => {
+                    for (r, y) in out.iter_mut().enumerate() {
+                        let (q, d, sums) = acts.row(r);
+                        *y = x86::dot_legacy(format, w, q, d, sums);
+                    }
+                }
+                Some(acts) if format.block > 1 => {
+                    unpack_row(format, w, &mut codes);
+                    for (r, y) in out.iter_mut().enumerate() {
+                        let (q, d, sums) = acts.row(r);
+                        *y = dot_codes(&codes, q, d, sums);
+                    }
+                }
+                _ => {
+                    values.clear();
+                    values.extend(ggml::dequantize(format, w));
+                    for (r, y) in out.iter_mut().enumerate() {
+                        *y = dot(&values, &x[r * k..(r + 1) * k]);
+                    }
+                }
+            }
+        }
+    });
+    if n <= 1 {
+        return y_t;
+    }
+    (0..m * n).map(|e| y_t[(e % m) * n + e / m]).collect()
+}
+
+crate::cpu::multiversion! {
+    /// A row of blocks of `format` as codes, 32 values each.
+    fn unpack_row(format: Format, row: &[u8], codes: &mut [Codes]) {
+        let per_block = format.block / 32;
+        for (block, codes) in row.chunks_exact(format.bytes).zip(codes.chunks_exact_mut(per_block)) {
+            unpack(format.id, block, codes);
+        }
+    }
+}
+
+/// Every f16 as f32, by bit pattern (256 KiB, built once): a block's scales are read through it.
+static HALVES: std::sync::LazyLock<Box<[f32]>> = std::sync::LazyLock::new(|| (0..=u16::MAX).map(ggml::f16).collect());
+
+/// The f16 at byte `at` of `b`.
+#[inline(always)]
+fn half(b: &[u8], at: usize) -> f32 {
+    HALVES[u16::from_le_bytes([b[at], b[at + 1]]) as usize]
+}
+
+#[inline(always)]
+/// Codes of 32 values from 4-bit `qs` (value i < 16 in the low nibble of byte i, 16 + i in the high one), the
+/// fifth bit of value i at bit i of `qh` when given, minus `zero`.
+fn nibbles(qs: &[u8], qh: Option<u32>, zero: i8, q: &mut [i8; 32]) {
+    for i in 0..16 {
+        q[i] = (qs[i] & 0x0f) as i8;
+        q[i + 16] = (qs[i] >> 4) as i8;
+    }
+    if let Some(qh) = qh {
+        for (i, q) in q.iter_mut().enumerate() {
+            *q |= (((qh >> i) & 1) << 4) as i8;
+        }
+    }
+    q.iter_mut().for_each(|q| *q -= zero);
+}
+
+#[inline(always)]
+/// Sub-block j's 6-bit scale and min in the 12 scale bytes of a Q4_K / Q5_K super-block.
+fn scale_min(j: usize, s: &[u8]) -> (f32, f32) {
+    let (sc, m) = if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        ((s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
+    };
+    (sc as f32, m as f32)
+}
+
+/// One block of ggml type `id` as codes (one per 32 values), the same values `ggml::dequantize` gives.
+#[inline(always)]
+fn unpack(id: u32, b: &[u8], out: &mut [Codes]) {
+    let word = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    let c = &mut out[0];
+    match id {
+        // Q8_0: d · q.
+        8 => {
+            c.q.iter_mut().zip(&b[2..34]).for_each(|(q, &v)| *q = v as i8);
+            (c.a, c.m) = ([half(b, 0); 2], [0.0; 2]);
+        }
+        // Q4_0: d · (q − 8); Q4_1: d · q + m; Q5_0: d · (q − 16); Q5_1: d · q + m.
+        2 => {
+            nibbles(&b[2..18], None, 8, &mut c.q);
+            (c.a, c.m) = ([half(b, 0); 2], [0.0; 2]);
+        }
+        3 => {
+            nibbles(&b[4..20], None, 0, &mut c.q);
+            (c.a, c.m) = ([half(b, 0); 2], [half(b, 2); 2]);
+        }
+        6 => {
+            nibbles(&b[6..22], Some(word(2)), 16, &mut c.q);
+            (c.a, c.m) = ([half(b, 0); 2], [0.0; 2]);
+        }
+        7 => {
+            nibbles(&b[8..24], Some(word(4)), 0, &mut c.q);
+            (c.a, c.m) = ([half(b, 0); 2], [half(b, 2); 2]);
+        }
+        // Q4_K / Q5_K: sub-block j is d · sc_j · q − dmin · m_j; chunk c of 64 values holds sub-blocks 2c (low
+        // nibbles) and 2c + 1 (high nibbles), Q5_K's fifth bits at bits 2c and 2c + 1 of qh.
+        12 | 13 => {
+            let (d, dmin, scales) = (half(b, 0), half(b, 2), &b[4..16]);
+            let (qh, qs) = if id == 13 { (Some(&b[16..48]), &b[48..176]) } else { (None, &b[16..144]) };
+            for (j, c) in out.iter_mut().enumerate() {
+                let (sc, m) = scale_min(j, scales);
+                let (chunk, high) = (j / 2, j % 2 == 1);
+                let q = &qs[32 * chunk..32 * chunk + 32];
+                for (l, v) in c.q.iter_mut().enumerate() {
+                    let nibble = if high { q[l] >> 4 } else { q[l] & 0x0f };
+                    let fifth = qh.map_or(0, |qh| ((qh[l] >> j) & 1) << 4);
+                    *v = (nibble | fifth) as i8;
+                }
+                (c.a, c.m) = ([d * sc; 2], [-dmin * m; 2]);
+            }
+        }
+        // Q6_K: 16 sub-blocks of 16, d · sc · (q − 32); block t (of 4) of half h holds values 128h + 32t + l.
+        14 => {
+            let (ql, qh, sc, d) = (&b[..128], &b[128..192], &b[192..208], half(b, 208));
+            for (i, c) in out.iter_mut().enumerate() {
+                let (h, t) = (i / 4, i % 4);
+                let (ql, qh) = (&ql[64 * h + 32 * (t % 2)..], &qh[32 * h..]);
+                for (l, v) in c.q.iter_mut().enumerate() {
+                    let low = if t < 2 { ql[l] & 0x0f } else { ql[l] >> 4 };
+                    *v = (low | ((qh[l] >> (2 * t)) & 3) << 4) as i8 - 32;
+                }
+                let s = &sc[8 * h + 2 * t..];
+                c.a = [d * s[0] as i8 as f32, d * s[1] as i8 as f32];
+                c.m = [0.0; 2];
+            }
+        }
+        _ => unreachable!("ggml type {id} is not a block format"),
+    }
+}
+
+/// Σ over blocks of x·w in the integer form of the module comment.
+fn dot_codes(w: &[Codes], q: &[i8], d: &[f32], sums: &[[f32; 2]]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_vnni() {
+            // SAFETY: the CPU has the features the function is compiled for (checked just above).
+            return unsafe { x86::dot_vnni(w, q, d, sums) };
+        }
+        if crate::cpu::has_avx2_fma() {
+            // SAFETY: as above.
+            return unsafe { x86::dot_avx2(w, q, d, sums) };
+        }
+    }
+    dot_portable(w, q, d, sums)
+}
+
+fn dot_portable(w: &[Codes], q: &[i8], d: &[f32], sums: &[[f32; 2]]) -> f32 {
+    let mut acc = 0.0;
+    for (((c, q), &d), s) in w.iter().zip(q.chunks_exact(32)).zip(d).zip(sums) {
+        let half = |h: usize| (16 * h..16 * h + 16).map(|i| c.q[i] as i32 * q[i] as i32).sum::<i32>() as f32;
+        acc += d * (c.a[0] * half(0) + c.a[1] * half(1)) + c.m[0] * s[0] + c.m[1] * s[1];
+    }
+    acc
+}
+
+/// Whether the CPU has AVX-512 VNNI on 256-bit vectors (checked once).
+#[cfg(target_arch = "x86_64")]
+fn has_vnni() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        std::is_x86_feature_detected!("avx512vnni")
+            && std::is_x86_feature_detected!("avx512vl")
+            && crate::cpu::has_avx2_fma()
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::Codes;
+    use std::arch::x86_64::*;
+
+    /// Σ_blocks (a_h d_x)·(integer lanes) accumulated in eight f32 lanes, plus the offsets; `products` gives the
+    /// eight i32 lanes of Σ |w| · (x · sign w) over 4 bytes each: lanes 0–3 sum the block's first 16 values, lanes
+    /// 4–7 its last 16.
+    #[inline(always)]
+    fn dot_with(
+        w: &[Codes],
+        q: &[i8],
+        d: &[f32],
+        sums: &[[f32; 2]],
+        products: impl Fn(__m256i, __m256i) -> __m256i,
+    ) -> f32 {
+        // SAFETY (all intrinsics below): the callers are compiled with AVX2 and FMA, which the CPU has.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            let mut offsets = 0.0;
+            for (((c, q), &d), s) in w.iter().zip(q.chunks_exact(32)).zip(d).zip(sums) {
+                // Both are 32 bytes: the codes by type, q by `chunks_exact`.
+                let wq = _mm256_loadu_si256(c.q.as_ptr().cast());
+                let xq = _mm256_loadu_si256(q.as_ptr().cast());
+                // |w| (unsigned) times x with w's sign: the products of w and x, as u8 · i8 takes them.
+                let lanes = products(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
+                let scale = _mm256_set_m128(_mm_set1_ps(c.a[1] * d), _mm_set1_ps(c.a[0] * d));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), scale, acc);
+                offsets += c.m[0] * s[0] + c.m[1] * s[1];
+            }
+            horizontal_sum(acc) + offsets
+        }
+    }
+
+    /// Whether ggml type `id` is a 32-value format whose codes [`dot_legacy`] reads straight from its bytes (Q8_0,
+    /// Q4_0, Q4_1, Q5_0, Q5_1).
+    pub(super) fn legacy(id: u32) -> bool {
+        matches!(id, 2 | 3 | 6 | 7 | 8)
+    }
+
+    /// x·w for a row of W in a [`legacy`] format, its codes built in registers from each block's bytes (no unpacked
+    /// copy): 4-bit values as the block's low nibbles then its high nibbles, the fifth bits spread from qh.
+    pub(super) fn dot_legacy(format: super::Format, row: &[u8], q: &[i8], d: &[f32], sums: &[[f32; 2]]) -> f32 {
+        if super::has_vnni() {
+            // SAFETY: the CPU has the features the function is compiled for (checked just above).
+            unsafe { legacy_vnni(format, row, q, d, sums) }
+        } else {
+            // SAFETY: the callers check AVX2 and FMA.
+            unsafe { legacy_avx2(format, row, q, d, sums) }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn legacy_avx2(format: super::Format, row: &[u8], q: &[i8], d: &[f32], sums: &[[f32; 2]]) -> f32 {
+        legacy_with(format, row, q, d, sums, |u, s| _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+    }
+
+    #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
+    fn legacy_vnni(format: super::Format, row: &[u8], q: &[i8], d: &[f32], sums: &[[f32; 2]]) -> f32 {
+        legacy_with(format, row, q, d, sums, |u, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s))
+    }
+
+    #[inline(always)]
+    fn legacy_with(
+        format: super::Format,
+        row: &[u8],
+        q: &[i8],
+        d: &[f32],
+        sums: &[[f32; 2]],
+        products: impl Fn(__m256i, __m256i) -> __m256i,
+    ) -> f32 {
+        // Where the codes start, where qh is (Q5), whether a min follows d, and the zero point.
+        let (codes_at, high_at, has_min, zero) = match format.id {
+            8 => (2, None, false, 0),
+            2 => (2, None, false, 8),
+            3 => (4, None, true, 0),
+            6 => (6, Some(2), false, 16),
+            _ => (8, Some(4), true, 0),
+        };
+        // SAFETY (all intrinsics below): the callers are compiled with AVX2 and FMA, which the CPU has; every load
+        // reads from a slice of at least the bytes it loads.
+        unsafe {
+            let low = _mm_set1_epi8(0x0f);
+            let zero = _mm256_set1_epi8(zero);
+            // Byte i of the spread qh takes byte i / 8 of qh; bit i % 8 of it is tested.
+            let spread = _mm256_setr_epi8(
+                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+            );
+            let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+            let mut acc = _mm256_setzero_ps();
+            let mut offsets = 0.0;
+            for (((b, q), &dx), s) in row.chunks_exact(format.bytes).zip(q.chunks_exact(32)).zip(d).zip(sums) {
+                let wq = if format.id == 8 {
+                    _mm256_loadu_si256(b[2..34].as_ptr().cast())
+                } else {
+                    let raw = _mm_loadu_si128(b[codes_at..codes_at + 16].as_ptr().cast());
+                    let nibbles = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
+                    let codes = match high_at {
+                        Some(at) => {
+                            let qh = i32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+                            let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh), spread);
+                            let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bits), bits);
+                            _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+                        }
+                        None => nibbles,
+                    };
+                    _mm256_sub_epi8(codes, zero)
+                };
+                let xq = _mm256_loadu_si256(q.as_ptr().cast());
+                let lanes = products(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(super::half(b, 0) * dx), acc);
+                if has_min {
+                    offsets += super::half(b, 2) * (s[0] + s[1]);
+                }
+            }
+            horizontal_sum(acc) + offsets
+        }
+    }
+
+    /// The sum of the eight lanes.
+    #[inline(always)]
+    unsafe fn horizontal_sum(acc: __m256) -> f32 {
+        // SAFETY: the callers are compiled with AVX2.
+        unsafe {
+            let quad = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+            let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+            _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps(pair, pair, 1)))
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn dot_avx2(w: &[Codes], q: &[i8], d: &[f32], sums: &[[f32; 2]]) -> f32 {
+        dot_with(w, q, d, sums, |u, s| _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+    }
+
+    #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
+    pub(super) fn dot_vnni(w: &[Codes], q: &[i8], d: &[f32], sums: &[[f32; 2]]) -> f32 {
+        dot_with(w, q, d, sums, |u, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ember_formats::ggml::by_name;
+
+    /// Values of a few magnitudes, negative and positive, the same for every run.
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut rng = ember_formats::Rng::new(seed);
+        (0..n).map(|i| (rng.normal() * (1.0 + (i % 7) as f64)) as f32).collect()
+    }
+
+    /// x Wᵀ by f32 products with W dequantized.
+    fn reference(x: &[f32], n: usize, w: &Packed) -> Vec<f32> {
+        let (k, dense) = (w.cols, w.dequantize());
+        let m = w.rows();
+        (0..n * m)
+            .map(|e| dense[(e % m) * k..][..k].iter().zip(&x[(e / m) * k..][..k]).map(|(a, b)| a * b).sum())
+            .collect()
+    }
+
+    /// Every written format, packed and multiplied, against dequantize-then-f32: the only difference is x's 8-bit
+    /// quantization, within 1% of Σ|x_i w_i| (x's step is 1/254 of its block's range; the sums cancel most of it).
+    #[test]
+    fn packed_products_equal_dequantized_ones_within_the_activation_rounding() {
+        let (k, m) = (256, 24);
+        for name in ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16", "F32"] {
+            let w = Packed::quantize(by_name(name).unwrap(), m, k, &values(m * k, 1)).unwrap();
+            for n in [1, 3] {
+                check(&values(n * k, 2), n, &w, name);
+            }
+        }
+    }
+
+    /// `blocks` random blocks of ggml type `id`, their f16 scales set small and positive.
+    fn random_blocks(id: u32, blocks: usize, rng: &mut ember_formats::Rng) -> Vec<u8> {
+        let format = ggml::format(id).unwrap();
+        let mut bytes: Vec<u8> = (0..format.bytes * blocks).map(|_| (rng.next_u64() >> 24) as u8).collect();
+        let scales = match id {
+            12 | 13 | 3 | 7 => vec![0, 2],
+            14 => vec![208],
+            _ => vec![0],
+        };
+        for block in bytes.chunks_exact_mut(format.bytes) {
+            for &at in &scales {
+                block[at..at + 2].copy_from_slice(&ggml::to_f16(0.01 + (at as f32) * 1e-3).to_le_bytes());
+            }
+        }
+        bytes
+    }
+
+    /// The K-quants (which Ember reads but does not write), from random blocks, against dequantize-then-f32.
+    #[test]
+    fn k_quant_products_equal_dequantized_ones_within_the_activation_rounding() {
+        let (k, m, mut rng) = (512, 12, ember_formats::Rng::new(6));
+        for id in [12u32, 13, 14] {
+            let format = ggml::format(id).unwrap();
+            let w = Packed::new(format, m, k, random_blocks(id, m * k / 256, &mut rng)).unwrap();
+            let x = values(2 * k, 7);
+            check(&x, 2, &w, format.name);
+        }
+    }
+
+    /// y = x Wᵀ by the packed kernel within 1% of Σ|x_i w_i| of the dequantized product.
+    fn check(x: &[f32], n: usize, w: &Packed, name: &str) {
+        let (k, m) = (w.cols, w.rows());
+        let (y, r) = (matmul(x, n, &w.bytes, &layout(w)), reference(x, n, w));
+        let dense = w.dequantize();
+        for (e, (a, b)) in y.iter().zip(&r).enumerate() {
+            let (i, j) = (e / m, e % m);
+            let scale: f32 = dense[j * k..][..k].iter().zip(&x[i * k..][..k]).map(|(a, b)| (a * b).abs()).sum();
+            assert!((a - b).abs() <= 1e-2 * scale, "{name} n={n} y[{i},{j}]: {a} vs {b} (Σ|xw| {scale})");
+        }
+    }
+
+    /// The unpacked codes of every format give back the dequantized values exactly.
+    #[test]
+    fn codes_equal_the_dequantized_values() {
+        let mut rng = ember_formats::Rng::new(3);
+        for id in [8u32, 2, 3, 6, 7, 12, 13, 14] {
+            let format = ggml::format(id).unwrap();
+            let block = random_blocks(id, 1, &mut rng);
+            let expected = ggml::dequantize(format, &block);
+            let mut codes = vec![Codes::default(); format.block / 32];
+            unpack(id, &block, &mut codes);
+            for (i, want) in expected.iter().enumerate() {
+                let c = &codes[i / 32];
+                let h = (i % 32) / 16;
+                let got = c.a[h] * c.q[i % 32] as f32 + c.m[h];
+                assert!((got - want).abs() <= 1e-6 * want.abs().max(1.0), "{} value {i}: {got} vs {want}", format.name);
+            }
+        }
+    }
+
+    /// The three integer dots (VNNI, AVX2, portable) agree on random codes, the extremes (−128 weights) included.
+    #[test]
+    fn integer_dots_agree() {
+        let mut rng = ember_formats::Rng::new(4);
+        let w: Vec<Codes> = (0..9)
+            .map(|b| {
+                let mut c = Codes { a: [0.5, -0.25], m: [0.1, 0.2], ..Codes::default() };
+                c.q.iter_mut().for_each(|q| *q = if b == 0 { -128 } else { (rng.next_u64() >> 56) as u8 as i8 });
+                c
+            })
+            .collect();
+        let x = values(9 * 32, 5);
+        let acts = Activations::quantize(&x, 9 * 32);
+        let (q, d, s) = acts.row(0);
+        let portable = dot_portable(&w, q, d, s);
+        let fast = dot_codes(&w, q, d, s);
+        assert!((portable - fast).abs() <= 1e-4 * portable.abs().max(1.0), "{portable} vs {fast}");
+        #[cfg(target_arch = "x86_64")]
+        if crate::cpu::has_avx2_fma() {
+            // SAFETY: the CPU has AVX2 and FMA.
+            let avx2 = unsafe { x86::dot_avx2(&w, q, d, s) };
+            assert!((portable - avx2).abs() <= 1e-4 * portable.abs().max(1.0), "{portable} vs {avx2}");
+        }
+    }
+}
