@@ -52,25 +52,41 @@ fn every_variant_trains_and_generates() {
 fn smollm2_gguf_says_paris_and_imports_into_a_run_directory() {
     let gguf = smollm2().display().to_string();
     let greedy = ["--prompt", "The capital of France is", "--temperature", "0", "--max-new-tokens", "8"];
-    let out = ember(&[&["generate", "--device", "cpu", "--model", &gguf], &greedy[..]].concat());
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8(out.stdout).unwrap();
+    let generate = |model: &str, more: &[&str]| {
+        let out = ember(&[&["generate", "--device", "cpu", "--model", model], &greedy[..], more].concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // The file's Q4_1 blocks as they are (the default), and dequantized to f32.
+    let text = generate(&gguf, &[]);
     assert!(text.starts_with("The capital of France is Paris."), "{text:?}");
-    let uncached =
-        ember(&[&["generate", "--device", "cpu", "--model", &gguf, "--kv-cache", "none"], &greedy[..]].concat());
-    assert_eq!(String::from_utf8(uncached.stdout).unwrap(), text, "cached and uncached greedy text are identical");
+    assert_eq!(generate(&gguf, &["--kv-cache", "none"]), text, "cached and uncached greedy text are identical");
+    let f32 = generate(&gguf, &["--weights", "f32"]);
+    assert!(f32.starts_with("The capital of France is Paris."), "{f32:?}");
     // Hugging Face continues " Paris.\n\nThe answer is: …"; a stop string ends the text before it.
-    let stop = ["--max-new-tokens", "16", "--stop", "answer"];
+    let stop = ["--max-new-tokens", "16", "--stop", "answer", "--weights", "f32"];
     let out = ember(&[&["generate", "--device", "cpu", "--model", &gguf], &greedy[..4], &stop[..]].concat());
     assert_eq!(String::from_utf8(out.stdout).unwrap(), "The capital of France is Paris.\n\nThe \n");
 
+    // `import` writes f32 weights; `import --quantize q8_0` writes Q8_0 blocks, a quarter of the bytes, which
+    // generate as the file's weights converted to Q8_0 at load do.
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("smollm2").display().to_string();
     let out = ember(&["import", &gguf, "--out", &run]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = ember(&[&["generate", "--device", "cpu", "--model", &run], &greedy[..]].concat());
-    assert_eq!(String::from_utf8(out.stdout).unwrap(), text, "the imported run directory generates the same");
+    assert_eq!(generate(&run, &[]), f32, "the imported run directory generates the same");
     assert_clean_error(&ember(&["import", &gguf, "--out", &run]), "already holds a model");
+    let quantized = dir.path().join("smollm2-q8_0").display().to_string();
+    let out = ember(&["import", &gguf, "--out", &quantized, "--quantize", "q8_0"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let bytes = |dir: &str| std::fs::metadata(std::path::Path::new(dir).join("model.safetensors")).unwrap().len();
+    assert!(bytes(&quantized) * 3 < bytes(&run), "Q8_0 {} bytes against f32 {}", bytes(&quantized), bytes(&run));
+    let q8 = generate(&quantized, &[]);
+    assert!(q8.starts_with("The capital of France is Paris."), "{q8:?}");
+    assert_eq!(generate(&gguf, &["--weights", "q8_0"]), q8);
+    let out = ember(&["import", &gguf, "--out", "/tmp/never", "--quantize", "q4_k"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("unknown weight format \"q4_k\""), "{stderr}");
 
     let out = ember(&["inspect", "--model", &run]);
     let report = String::from_utf8(out.stdout).unwrap();
