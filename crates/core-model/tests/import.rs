@@ -135,7 +135,7 @@ fn smollm2_native_q4_1_weights_continue_as_the_dequantized_f32_ones() {
         let n = tokens.len();
         let idx = TensorData::new(tokens.iter().map(|&t| t as i64).collect::<Vec<_>>(), [1, n]);
         let logits = model.forward(Tensor::<2, Int>::from_data(idx, &device));
-        logits.slice([0..1, n - 1..n]).reshape([v]).into_data().to_vec::<f32>().unwrap()
+        logits.slice([0..1, n - 1..n]).reshape([v]).into_data().try_to_vec::<f32>().unwrap()
     };
     let argmax = |x: &[f32]| (0..x.len()).max_by(|&a, &b| x[a].total_cmp(&x[b])).unwrap();
     let mut identical = 0;

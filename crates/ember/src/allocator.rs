@@ -103,6 +103,23 @@ impl Recycling {
         }
     }
 
+    /// Returns every kept block, and glibc's free heap, to the system: called once a model is loaded, so the
+    /// buffers of loading (a GGUF file read whole, the copies its matrices were made from) leave the resident set.
+    pub fn release(&self) {
+        if let Ok(mut cache) = self.cache.lock() {
+            for &(size, align, ptr) in &cache.blocks[..cache.len] {
+                // SAFETY: a kept block came from System with this size and alignment.
+                unsafe { System.dealloc(ptr as *mut u8, Layout::from_size_align_unchecked(size, align)) };
+            }
+            (cache.len, cache.bytes) = (0, 0);
+        }
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim only returns free heap pages to the system.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
+
     fn reuse(&self, layout: Layout) -> Option<*mut u8> {
         if layout.size() < LARGE {
             return None;

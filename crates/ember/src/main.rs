@@ -31,6 +31,11 @@ use crate::devices::DeviceChoice;
 #[global_allocator]
 static ALLOCATOR: allocator::Recycling = allocator::Recycling::new();
 
+/// Returns the memory freed while loading a model to the system (see [`allocator::Recycling::release`]).
+pub(crate) fn release_load_buffers() {
+    ALLOCATOR.release();
+}
+
 #[derive(Parser)]
 #[command(name = "ember", version, about = "Train and run Transformer language models on Burn")]
 struct Cli {
@@ -203,6 +208,7 @@ fn generate(args: GenerateArgs, choice: DeviceChoice) -> Result<()> {
     let (device, _) = devices::select(choice)?;
     let started = std::time::Instant::now();
     let run = import::load_as(&args.model, &device, args.weights)?;
+    release_load_buffers();
     if devices::on_host(choice) {
         admission::admit_kv_stores(&run.config, 1)?;
     }

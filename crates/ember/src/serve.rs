@@ -142,6 +142,7 @@ pub fn serve(args: ServeArgs, choice: DeviceChoice) -> Result<()> {
 
     let (device, description) = devices::select(choice)?;
     let run = import::load_as(&args.model, &device, args.weights)?;
+    crate::release_load_buffers();
     if devices::on_host(choice) {
         crate::admission::admit_kv_stores(&run.config, args.max_batch)?;
     }

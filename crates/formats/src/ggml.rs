@@ -2,6 +2,9 @@
 //! its dequantization to f32, computed in ggml's order of operations (so values equal llama.cpp's and gguf-py's
 //! bit for bit: crates/formats/tests/ggml_blocks.rs).
 
+/// Quantizes one block's values into its bytes.
+pub type Encode = fn(&[f32], &mut [u8]);
+
 /// A tensor type: ggml type id `id`, `block` values in `bytes` bytes, dequantized by `decode` (a block's bytes into
 /// `block` values) and, for the formats Ember also writes, quantized by `encode` (`block` values into its bytes).
 #[derive(Clone, Copy, Debug)]
@@ -11,7 +14,7 @@ pub struct Format {
     pub block: usize,
     pub bytes: usize,
     pub decode: fn(&[u8], &mut [f32]),
-    pub encode: Option<fn(&[f32], &mut [u8])>,
+    pub encode: Option<Encode>,
 }
 
 impl PartialEq for Format {
@@ -23,7 +26,7 @@ impl PartialEq for Format {
 impl Format {
     /// The bytes of a row of `cols` values, when `cols` is a whole number of blocks.
     pub fn row_bytes(&self, cols: usize) -> Option<usize> {
-        (cols % self.block == 0).then(|| cols / self.block * self.bytes)
+        cols.is_multiple_of(self.block).then(|| cols / self.block * self.bytes)
     }
 }
 
@@ -148,7 +151,7 @@ fn q5_1(b: &[u8], y: &mut [f32]) {
 }
 
 /// The 6-bit scale and min of sub-block j (of 8) packed in the 12 bytes `q` of a Q4_K or Q5_K super-block.
-fn scale_min_k4(j: usize, q: &[u8]) -> (f32, f32) {
+pub fn scale_min_k4(j: usize, q: &[u8]) -> (f32, f32) {
     let (sc, m) = if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

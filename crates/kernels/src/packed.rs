@@ -18,7 +18,7 @@ use ember_formats::ggml::{self, Format};
 use ember_formats::packed::{Packed, Part};
 use rayon::prelude::*;
 
-use crate::cpu::{contiguous, dot, floats, on_cpu, stay_awake, tensor};
+use crate::cpu::{Mat, contiguous, dot, floats, on_cpu, stay_awake, tensor};
 
 /// x Wᵀ + b with W kept in ggml blocks (inference only: the blocks take no gradient).
 #[derive(Module, Debug)]
@@ -213,17 +213,33 @@ crate::cpu::multiversion! {
     }
 }
 
+/// From this many rows of x on, each chunk of W's rows is dequantized once and multiplied by f32 matrix products
+/// (a prompt: every dequantized value serves `n` rows); below it, integer dot products (a decoded token).
+const TILED_ROWS: usize = 16;
+
 /// y = x Wᵀ for x [n, k] row-major and W's rows in `bytes` as `layout` lays them out: [n, rows].
 pub(crate) fn matmul(x: &[f32], n: usize, bytes: &[u8], layout: &Layout) -> Vec<f32> {
     let (k, m) = (layout.cols, layout.rows());
-    let quantized = layout.parts.iter().any(|p| p.format.block > 1);
+    let tiled = n >= TILED_ROWS;
+    let quantized = !tiled && layout.parts.iter().any(|p| p.format.block > 1);
     let acts = quantized.then(|| Activations::quantize(x, k));
     // yᵀ [m, n]: each core takes chunks of W's rows.
     let mut y_t = vec![0.0f32; m * n];
-    let chunk = m.div_ceil(8 * rayon::current_num_threads()).max(4);
+    // Eight chunks per core; a dequantized chunk at most 128 rows (~300 KiB at k = 576, in L2).
+    let chunk = m.div_ceil(8 * rayon::current_num_threads()).clamp(4, if tiled { 128 } else { usize::MAX });
     y_t.par_chunks_mut(chunk * n.max(1)).enumerate().for_each(|(c, out)| {
-        let mut codes = vec![Codes::default(); k / 32];
         let mut values = Vec::new();
+        if tiled {
+            // yᵀ[chunk] = W[chunk] xᵀ, W's chunk dequantized.
+            let rows = out.len() / n;
+            for j in 0..rows {
+                let (format, range) = layout.row(c * chunk + j);
+                values.extend(ggml::dequantize(format, &bytes[range]));
+            }
+            crate::cpu::matmul(rows, n, k, out, n, Mat::rows(&values, k), Mat::transposed(x, k), 1.0, false);
+            return;
+        }
+        let mut codes = vec![Codes::default(); k / 32];
         for (j, out) in out.chunks_mut(n.max(1)).enumerate() {
             let (format, range) = layout.row(c * chunk + j);
             let w = &bytes[range];
@@ -277,9 +293,9 @@ fn half(b: &[u8], at: usize) -> f32 {
     HALVES[u16::from_le_bytes([b[at], b[at + 1]]) as usize]
 }
 
-#[inline(always)]
 /// Codes of 32 values from 4-bit `qs` (value i < 16 in the low nibble of byte i, 16 + i in the high one), the
 /// fifth bit of value i at bit i of `qh` when given, minus `zero`.
+#[inline(always)]
 fn nibbles(qs: &[u8], qh: Option<u32>, zero: i8, q: &mut [i8; 32]) {
     for i in 0..16 {
         q[i] = (qs[i] & 0x0f) as i8;
@@ -291,17 +307,6 @@ fn nibbles(qs: &[u8], qh: Option<u32>, zero: i8, q: &mut [i8; 32]) {
         }
     }
     q.iter_mut().for_each(|q| *q -= zero);
-}
-
-#[inline(always)]
-/// Sub-block j's 6-bit scale and min in the 12 scale bytes of a Q4_K / Q5_K super-block.
-fn scale_min(j: usize, s: &[u8]) -> (f32, f32) {
-    let (sc, m) = if j < 4 {
-        (s[j] & 63, s[j + 4] & 63)
-    } else {
-        ((s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
-    };
-    (sc as f32, m as f32)
 }
 
 /// One block of ggml type `id` as codes (one per 32 values), the same values `ggml::dequantize` gives.
@@ -338,7 +343,7 @@ fn unpack(id: u32, b: &[u8], out: &mut [Codes]) {
             let (d, dmin, scales) = (half(b, 0), half(b, 2), &b[4..16]);
             let (qh, qs) = if id == 13 { (Some(&b[16..48]), &b[48..176]) } else { (None, &b[16..144]) };
             for (j, c) in out.iter_mut().enumerate() {
-                let (sc, m) = scale_min(j, scales);
+                let (sc, m) = ggml::scale_min_k4(j, scales);
                 let (chunk, high) = (j / 2, j % 2 == 1);
                 let q = &qs[32 * chunk..32 * chunk + 32];
                 for (l, v) in c.q.iter_mut().enumerate() {
@@ -572,7 +577,7 @@ mod tests {
         let (k, m) = (256, 24);
         for name in ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16", "F32"] {
             let w = Packed::quantize(by_name(name).unwrap(), m, k, &values(m * k, 1)).unwrap();
-            for n in [1, 3] {
+            for n in [1, 3, TILED_ROWS] {
                 check(&values(n * k, 2), n, &w, name);
             }
         }

@@ -109,16 +109,9 @@ pub fn read(path: &Path) -> Result<(ModelConfig, Weights, Tokenizer, ChatFormat)
 
 /// A [rows, cols] matrix as [cols, rows] (PyTorch's nn.Linear [out, in] to Burn's [in, out]).
 pub fn transpose(m: &TensorData) -> TensorData {
-    let shape = m.shape();
-    let (rows, cols) = (shape[0], shape[1]);
+    let (rows, cols) = (m.shape()[0], m.shape()[1]);
     let v = m.as_slice::<f32>().expect("imported tensors are f32");
-    let mut t = vec![0.0f32; rows * cols];
-    for r in 0..rows {
-        for c in 0..cols {
-            t[c * rows + r] = v[r * cols + c];
-        }
-    }
-    TensorData::new(t, [cols, rows])
+    TensorData::new(crate::weights::transpose(v, rows, cols), [cols, rows])
 }
 
 /// Matrices (or vectors) stacked along their first dimension.

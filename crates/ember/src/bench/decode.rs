@@ -52,6 +52,10 @@ pub struct BenchDecodeArgs {
     /// With --transformers: the device transformers runs on (cpu, cuda).
     #[arg(long, default_value = "cpu")]
     transformers_device: String,
+    /// Alternate rounds with llama.cpp's `llama-bench` (this path) on the same GGUF file and thread count: prompt
+    /// and decode tokens/s side by side, Ember's measured as in --transformers.
+    #[arg(long, value_name = "LLAMA_BENCH", requires = "model", conflicts_with = "transformers")]
+    llama_bench: Option<std::path::PathBuf>,
 }
 
 pub fn bench_decode(args: BenchDecodeArgs, device: DeviceChoice) -> Result<()> {
@@ -66,7 +70,11 @@ pub fn bench_decode(args: BenchDecodeArgs, device: DeviceChoice) -> Result<()> {
             }
             (Gpt::new(&config, &mut Rng::new(0), &device), format!("{} (random weights)", path.display()))
         }
-        (None, Some(path)) => (import::load_as(path, &device, args.weights)?.model, path.display().to_string()),
+        (None, Some(path)) => {
+            let model = import::load_as(path, &device, args.weights)?.model;
+            crate::release_load_buffers();
+            (model, path.display().to_string())
+        }
         (None, None) => bail!("give --config FILE or --model PATH"),
     };
     if let Some(python) = &args.transformers {
@@ -82,6 +90,16 @@ pub fn bench_decode(args: BenchDecodeArgs, device: DeviceChoice) -> Result<()> {
         let python = (python.as_str(), script.path(), model_args.as_slice());
         let run = (args.prompt_tokens, n, args.rounds);
         return against_transformers(&model, python, &source, run, &device, &description);
+    }
+    if let (Some(llama_bench), Some(gguf)) = (&args.llama_bench, &args.model) {
+        let n = args.lengths.iter().copied().max().unwrap_or(128);
+        return against_llama_cpp(
+            &model,
+            (llama_bench, gguf),
+            (args.prompt_tokens, n, args.rounds),
+            &device,
+            &description,
+        );
     }
     if model.block_size() < longest {
         bail!("the model's context is {} tokens; the longest run needs {longest}", model.block_size());
@@ -160,6 +178,72 @@ fn against_transformers(
     Ok(())
 }
 
+/// Prompt and decode tokens/s of Ember's cached greedy decoding against `llama-bench -p P -n N -t T -r 1` on the same
+/// GGUF file, rounds alternating; T is Ember's thread count.
+fn against_llama_cpp(
+    model: &Gpt,
+    (llama_bench, gguf): (&std::path::Path, &std::path::Path),
+    (prompt_tokens, n, rounds): (usize, usize, usize),
+    device: &burn::tensor::Device,
+    description: &str,
+) -> Result<()> {
+    let vocab = model.config().vocab();
+    let prompt: Vec<u32> = (0..prompt_tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+    let threads = rayon::current_num_threads().to_string();
+    println!(
+        "bench decode: {} on {description} against llama-bench -t {threads}, {prompt_tokens}-token prompt + {n} new tokens",
+        gguf.display()
+    );
+    greedy_timed(model, KvKind::for_model(model.config()), &prompt, n.clamp(2, 4), device);
+    let (mut ember, mut llama) = (Vec::new(), Vec::new());
+    for _ in 0..rounds.max(1) {
+        let (ttft, decode) = greedy_timed(model, KvKind::for_model(model.config()), &prompt, n, device);
+        println!("ember:       prompt {:.1} tokens/s, decode {decode:.2} tokens/s", prompt_tokens as f64 / ttft);
+        ember.push((prompt_tokens as f64 / ttft, decode));
+        let out = std::process::Command::new(llama_bench)
+            .arg("-m")
+            .arg(gguf)
+            .args(["-p", &prompt_tokens.to_string(), "-n", &n.to_string(), "-t", &threads, "-r", "1", "-o", "csv"])
+            .output()
+            .with_context(|| format!("running {}", llama_bench.display()))?;
+        let (pp, tg) = llama_bench_rates(&String::from_utf8_lossy(&out.stdout)).with_context(|| {
+            format!("llama-bench failed: {}", String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or_default())
+        })?;
+        println!("llama.cpp:   prompt {pp:.1} tokens/s, decode {tg:.2} tokens/s");
+        llama.push((pp, tg));
+    }
+    let med = |xs: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| median(&mut xs.iter().map(f).collect::<Vec<_>>());
+    let (e_pp, e_tg, l_pp, l_tg) =
+        (med(&ember, |x| x.0), med(&ember, |x| x.1), med(&llama, |x| x.0), med(&llama, |x| x.1));
+    println!("\n| | prompt tokens/s | decode tokens/s |");
+    println!("|---|---|---|");
+    println!("| Ember | {e_pp:.1} | {e_tg:.2} |");
+    println!("| llama.cpp | {l_pp:.1} | {l_tg:.2} |");
+    println!("| Ember / llama.cpp | {:.2}× | {:.2}× |", e_pp / l_pp, e_tg / l_tg);
+    print_memory();
+    Ok(())
+}
+
+/// (prompt tokens/s, decode tokens/s) from `llama-bench -o csv`: the `avg_ts` of its prompt row (n_gen 0) and of its
+/// generation row (n_prompt 0).
+fn llama_bench_rates(csv: &str) -> Option<(f64, f64)> {
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next()?.split(',').collect();
+    let column = |name: &str| header.iter().position(|h| *h == name);
+    let (n_prompt, n_gen, avg) = (column("n_prompt")?, column("n_gen")?, column("avg_ts")?);
+    let (mut pp, mut tg) = (None, None);
+    for line in lines {
+        let fields: Vec<&str> = line.split(',').map(|f| f.trim_matches('"')).collect();
+        let rate = fields.get(avg)?.parse::<f64>().ok();
+        match (fields.get(n_prompt)?, fields.get(n_gen)?) {
+            (&"0", _) => tg = rate,
+            (_, &"0") => pp = rate,
+            _ => {}
+        }
+    }
+    Some((pp?, tg?))
+}
+
 /// Ember's resident memory (the reference runs in its own process): the weights as loaded plus the runs' KV stores.
 fn print_memory() {
     let memory = Memory::now();
@@ -189,4 +273,18 @@ pub(super) fn greedy_timed(
         }
     }
     (ttft, (n - 1) as f64 / (started.elapsed().as_secs_f64() - ttft))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::llama_bench_rates;
+
+    #[test]
+    fn llama_bench_csv_gives_prompt_and_decode_rates() {
+        let csv = "model_type,n_prompt,n_gen,avg_ns,avg_ts,stddev_ts\n\
+                   \"llama 256M Q4_1\",\"128\",\"0\",\"1\",\"359.32\",\"1.76\"\n\
+                   \"llama 256M Q4_1\",\"0\",\"128\",\"1\",\"131.94\",\"1.82\"\n";
+        assert_eq!(llama_bench_rates(csv), Some((359.32, 131.94)));
+        assert_eq!(llama_bench_rates("model_type,n_prompt\n"), None);
+    }
 }

@@ -146,6 +146,7 @@ pub fn bench_serve(args: BenchServeArgs, device: DeviceChoice) -> Result<()> {
     }
     let (device, description) = devices::select(device)?;
     let run = import::load_as(&args.model, &device, args.weights)?;
+    crate::release_load_buffers();
     let kind = args.kv_cache.unwrap_or(KvKind::for_model(run.model.config()));
     let kv = KvSpec { page_size: args.page_size, ..kind.into() };
     kv.check(run.model.config()).map_err(anyhow::Error::msg)?;
