@@ -63,13 +63,15 @@ pub struct Block {
 }
 
 impl Block {
-    fn new(config: &ModelConfig, init: &mut Init) -> Self {
+    fn new(config: &ModelConfig, layer: usize, init: &mut Init) -> Self {
         let norm = |init: &mut Init, name: &str| {
             init.scope(name, |init| Norm::new(config.norm, config.d_model, config.norm_eps, config.bias, init))
         };
-        let peri = config.norm_placement == NormPlacement::Peri;
+        let peri = config.norm_placement.has_output_norms();
         let attn = match config.attention {
-            AttentionKind::Mha => Attention::Mha(init.scope("attn", |init| CausalSelfAttention::new(config, init))),
+            AttentionKind::Mha => {
+                Attention::Mha(init.scope("attn", |init| CausalSelfAttention::for_layer(config, layer, init)))
+            }
             AttentionKind::Mla => Attention::Mla(init.scope("attn", |init| MlaAttention::new(config, init))),
         };
         Self {
@@ -143,8 +145,9 @@ impl Gpt {
         let wte = token_embedding(init, "wte", v, d, 0.02);
         let wpe =
             (config.positions == PositionKind::Learned).then(|| embedding(init, "wpe", config.block_size, d, 0.02));
-        let blocks =
-            (0..config.n_layers).map(|i| init.scope(format!("blocks.{i}"), |init| Block::new(config, init))).collect();
+        let blocks = (0..config.n_layers)
+            .map(|i| init.scope(format!("blocks.{i}"), |init| Block::new(config, i, init)))
+            .collect();
         let placement = config.norm_placement;
         Self {
             wte,
@@ -236,9 +239,11 @@ impl Gpt {
         x
     }
 
-    /// h₀ = E[x] + P[positions] (learned), E[x]·√d + PE(positions) (sinusoidal) or E[x], normalised for Peri-LN.
+    /// h₀ = E[x] + P[positions] (learned), E[x]·√d + PE(positions) (sinusoidal) or E[x] (E[x]·√d when the config
+    /// scales embeddings), normalised for Peri-LN.
     fn embed(&self, idx: Tensor<2, Int>, positions: &Positions) -> Tensor<3> {
         let e = self.wte.forward(idx);
+        let e = if self.config.embedding_scale { e * (self.config.d_model as f32).sqrt() } else { e };
         let x = match (&self.wpe, self.config.positions) {
             (Some(wpe), _) => e + wpe.forward(positions.ids()),
             (None, PositionKind::Sinusoidal) => {

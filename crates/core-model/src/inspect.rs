@@ -35,13 +35,13 @@ pub fn param_counts(c: &ModelConfig) -> Vec<(&'static str, u128)> {
         }
     };
     let f = n(c.ffn_dim());
-    let gates = if c.ffn == FfnKind::Swiglu { 2 } else { 1 };
+    let gates = if matches!(c.ffn, FfnKind::Swiglu | FfnKind::Geglu) { 2 } else { 1 };
     let ffn = mul(linear(d, f, c.bias), gates).saturating_add(linear(f, d, c.bias));
     let norm = d.saturating_add(b(d, c.bias && c.norm == NormKind::LayerNorm));
-    let norms_per_layer = if c.norm_placement == NormPlacement::Peri { 4 } else { 2 };
+    let norms_per_layer = if c.norm_placement.has_output_norms() { 4 } else { 2 };
     let outer_norms = match c.norm_placement {
         NormPlacement::Post => 0,
-        NormPlacement::Pre => 1,
+        NormPlacement::Pre | NormPlacement::Sandwich => 1,
         NormPlacement::Peri => 2,
     };
     vec![

@@ -65,7 +65,7 @@ pub struct EncoderLayer {
 
 impl EncoderLayer {
     fn new(config: &ModelConfig, init: &mut Init) -> Self {
-        let peri = config.norm_placement == NormPlacement::Peri;
+        let peri = config.norm_placement.has_output_norms();
         Self {
             ln_1: norm(config, init, "ln_1"),
             self_attn: init.scope("self_attn", |init| CausalSelfAttention::new(config, init)),
@@ -110,7 +110,7 @@ pub struct DecoderLayer {
 impl DecoderLayer {
     /// Its self-attention splits heads in every pass, so translation trains with the split heads' gradients.
     fn new(config: &ModelConfig, init: &mut Init) -> Self {
-        let peri = config.norm_placement == NormPlacement::Peri;
+        let peri = config.norm_placement.has_output_norms();
         Self {
             ln_1: norm(config, init, "ln_1"),
             self_attn: init.scope("self_attn", |init| CausalSelfAttention::new(config, init).with_split_heads()),

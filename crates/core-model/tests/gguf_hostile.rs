@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use ember_core_model::import::gguf_llama;
+use ember_core_model::import::gguf_model;
 
 /// A metadata value: GGUF type code and its little-endian payload.
 struct Meta(u32, Vec<u8>);
@@ -114,7 +114,7 @@ fn load(bytes: Vec<u8>) -> String {
     let dir = tempfile::tempdir().unwrap();
     let path: PathBuf = dir.path().join("model.gguf");
     std::fs::write(&path, bytes).unwrap();
-    match gguf_llama::load(&path) {
+    match gguf_model::load(&path) {
         Ok(_) => "loaded".into(),
         Err(e) => e.to_string(),
     }

@@ -164,6 +164,49 @@ fn smollm2_native_q4_1_weights_continue_as_the_dequantized_f32_ones() {
     assert!(identical >= 2, "only {identical} of 3 prompts continue identically");
 }
 
+/// Gemma 3 270M's Q4_K_M GGUF (`scripts/prepare-data.sh gemma3`) read as transformers reads it
+/// (`scripts/reference/gemma3_fixture.py`): the same token ids for four texts (BOS, spaces, digits, bytes outside the
+/// vocabulary), and, with the weights dequantized to f32, the last position's logits of the first README prompt within
+/// 1e-3 at 64 ids (its 16 largest and 48 spread over the vocabulary) and the same argmax.
+#[test]
+#[ignore = "needs the Gemma 3 GGUF: scripts/prepare-data.sh gemma3 (scripts/test.sh runs it)"]
+fn gemma3_gguf_tokenizes_and_scores_as_hugging_face() {
+    let gguf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/gemma3/gemma-3-270m-q4_k_m.gguf");
+    assert!(gguf.is_file(), "{} is missing: run scripts/prepare-data.sh gemma3", gguf.display());
+    let fixture: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gemma3.json")).unwrap(),
+    )
+    .unwrap();
+    let device = Device::flex();
+    let bundle = import::load_as(&gguf, &device, WeightFormat::F32).unwrap();
+    let c = &bundle.config;
+    assert_eq!((c.n_layers, c.d_model, c.n_heads, c.kv_heads(), c.head_dim(), c.vocab()), (18, 640, 4, 1, 256, 262144));
+    assert_eq!(
+        (c.layer_window(0), c.layer_window(5), c.layer_rope_theta(0), c.layer_rope_theta(5)),
+        (Some(512), None, 1e4, 1e6)
+    );
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    };
+    for record in fixture["tokens"].as_array().unwrap() {
+        let text = record["text"].as_str().unwrap();
+        assert_eq!(tokenizer::encode(&bundle.tokenizer, text).unwrap(), ids(&record["ids"]), "{text:?}");
+    }
+    let want = &fixture["logits"];
+    let tokens = tokenizer::encode(&bundle.tokenizer, want["prompt"].as_str().unwrap()).unwrap();
+    let n = tokens.len();
+    let idx = TensorData::new(tokens.iter().map(|&t| t as i64).collect::<Vec<_>>(), [1, n]);
+    let logits = bundle.model.forward(Tensor::<2, Int>::from_data(idx, &device));
+    let last = logits.slice([0..1, n - 1..n]).reshape([c.vocab()]).into_data().try_to_vec::<f32>().unwrap();
+    let mut worst = 0.0f64;
+    for (id, value) in ids(&want["ids"]).iter().zip(want["values"].as_array().unwrap()) {
+        worst = worst.max((last[*id as usize] as f64 - value.as_f64().unwrap()).abs());
+    }
+    assert!(worst <= 1e-3, "logits differ from transformers' by up to {worst}");
+    let argmax = (0..last.len()).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap();
+    assert_eq!(argmax as u64, want["argmax"].as_u64().unwrap());
+}
+
 /// A copy of the fixture `name` in a temporary directory, with its config.json edited by `edit_config` and its
 /// tensors by `edit_tensors`.
 fn edited_fixture(

@@ -47,7 +47,7 @@ fn config_of(args: &InspectArgs) -> Result<ModelConfig> {
         (None, Some(path)) => match Source::of(path)? {
             Source::Run => Ok(bundle::load_model_config(path)?),
             Source::HuggingFace => Ok(import::hf::load(path)?.0),
-            Source::Gguf => Ok(import::gguf_llama::load(path)?.0),
+            Source::Gguf => Ok(import::gguf_model::load(path)?.0),
         },
         (None, None) => bail!("give --config FILE or --model PATH"),
     }

@@ -36,8 +36,17 @@ pub enum NormPlacement {
     /// x + F(LN(x)), GPT-2; a final norm before the output projection.
     #[default]
     Pre,
-    /// x + LN_out(F(LN_in(x))) with normalised input embeddings and a final norm (Gemma 2/3, OLMo 2).
+    /// x + LN_out(F(LN_in(x))) with normalised input embeddings and a final norm (Peri-LN).
     Peri,
+    /// x + LN_out(F(LN_in(x))) and a final norm, the embeddings as they are (Gemma 2 and 3).
+    Sandwich,
+}
+
+impl NormPlacement {
+    /// Whether each sub-layer's output is normalised too (Peri-LN, sandwich).
+    pub fn has_output_norms(self) -> bool {
+        matches!(self, NormPlacement::Peri | NormPlacement::Sandwich)
+    }
 }
 
 /// The position-wise feed-forward network.
@@ -52,6 +61,8 @@ pub enum FfnKind {
     GeluTanh,
     /// [SiLU(x W_g) ⊙ (x W_u)] W_d.
     Swiglu,
+    /// GeGLU: [GELU-tanh(x W_g) ⊙ (x W_u)] W_d (Gemma).
+    Geglu,
 }
 
 /// How token positions enter the model.
@@ -151,6 +162,19 @@ pub struct ModelConfig {
     /// Sliding causal window w: query i sees keys i − w < j ≤ i.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<usize>,
+    /// With `window`: every n-th layer (layers n − 1, 2n − 1, …) attends to the whole context, the others in the
+    /// window (Gemma 3: 6). Without it every layer has the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_every: Option<usize>,
+    /// RoPE base of the windowed layers when `global_every` is set (`rope_theta` is the global layers').
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_local_theta: Option<f64>,
+    /// RMSNorm of each head's query and key (γ over d_h, shared by the heads) before RoPE (Gemma 3, OLMo 2).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub qk_norm: bool,
+    /// Token embeddings scaled by √d before the first block (Gemma).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub embedding_scale: bool,
     /// MLA latent width d_c (cached per token per layer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mla_latent_dim: Option<usize>,
@@ -218,6 +242,10 @@ impl ModelConfig {
             n_kv_heads: None,
             qkv_bias: None,
             window: None,
+            global_every: None,
+            rope_local_theta: None,
+            qk_norm: false,
+            embedding_scale: false,
             mla_latent_dim: None,
             mla_rope_dim: None,
             tie_embeddings: true,
@@ -298,6 +326,14 @@ impl ModelConfig {
         if let Some(w) = self.window {
             require(w >= 1, "model.window", w, "at least 1")?;
         }
+        if let Some(n) = self.global_every {
+            require(n >= 1, "model.global_every", n, "at least 1")?;
+            require(self.window.is_some(), "model.global_every", n, "needs model.window")?;
+        }
+        if let Some(theta) = self.rope_local_theta {
+            require(theta > 1.0, "model.rope_local_theta", theta, "greater than 1")?;
+            require(self.global_every.is_some(), "model.rope_local_theta", theta, "needs model.global_every")?;
+        }
         if self.attention_kernel != AttentionKernel::Softmax {
             let kernel = format!("{:?}", self.attention_kernel).to_lowercase();
             let needs = |ok: bool, what: &str| {
@@ -363,11 +399,28 @@ impl ModelConfig {
         self.qkv_bias.unwrap_or(self.bias)
     }
 
+    /// Layer `layer`'s sliding window: `window`, except on the global layers of `global_every`.
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        match self.global_every {
+            Some(n) if (layer + 1).is_multiple_of(n) => None,
+            _ => self.window,
+        }
+    }
+
+    /// Layer `layer`'s RoPE base: `rope_local_theta` on a windowed layer of a `global_every` pattern, else
+    /// `rope_theta`.
+    pub fn layer_rope_theta(&self, layer: usize) -> f64 {
+        match (self.layer_window(layer), self.rope_local_theta) {
+            (Some(_), Some(local)) => local,
+            _ => self.rope_theta,
+        }
+    }
+
     /// The feed-forward width: configured, else 4d, or 8/3·d rounded up to 64 for SwiGLU (same parameter count).
     pub fn ffn_dim(&self) -> usize {
         match (self.d_ff, self.ffn) {
             (Some(f), _) => f,
-            (None, FfnKind::Swiglu) => (8 * self.d_model / 3).div_ceil(64) * 64,
+            (None, FfnKind::Swiglu | FfnKind::Geglu) => (8 * self.d_model / 3).div_ceil(64) * 64,
             (None, _) => 4 * self.d_model,
         }
     }

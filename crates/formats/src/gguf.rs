@@ -45,6 +45,12 @@ impl Value {
             _ => None,
         }
     }
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            Value::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
 }
 
 /// A metadata array with its elements at their own width, so that memory stays near the file's size: a vocabulary's
@@ -111,6 +117,14 @@ impl Array {
     pub fn strings(&self) -> Option<&Strings> {
         match self {
             Array::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+    /// The elements of a floating-point array as f64.
+    pub fn floats(&self) -> Option<Vec<f64>> {
+        match self {
+            Array::F32(v) => Some(v.iter().map(|&x| x.into()).collect()),
+            Array::F64(v) => Some(v.clone()),
             _ => None,
         }
     }

@@ -3,15 +3,19 @@
 
 use std::path::Path;
 
+use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::models::TrainerWrapper;
 use tokenizers::models::bpe::{BPE, BpeTrainerBuilder, Vocab};
 use tokenizers::models::wordlevel::WordLevel;
+use tokenizers::normalizers::replace::Replace;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::Split;
+use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +111,71 @@ pub fn from_bpe(
     Ok(tokenizer)
 }
 
+/// A SentencePiece BPE vocabulary (GGUF's "llama" tokenizer) as a BPE over "▁"-for-space text with byte fallback.
+/// The file lists no merges: they are every split of a token into two tokens, ranked as the pieces are ordered in
+/// `order` (best first; Gemma's is the file's own order, others' their scores), then by the longer left piece, then
+/// the longer right one, as transformers rebuilds them. A run of spaces stored as spaces is respelled with "▁".
+/// `control` tokens (`<start_of_turn>`, …) are matched whole as special tokens, `user` ones whole as added tokens;
+/// `bos`, when given, starts every encoding.
+pub fn from_spm(
+    tokens: &[String],
+    order: &[f64],
+    control: &[u32],
+    user: &[u32],
+    bos: Option<u32>,
+) -> Result<Tokenizer, TokenizerError> {
+    let tokens: Vec<String> = tokens
+        .iter()
+        .map(|t| if t.len() >= 2 && t.chars().all(|c| c == ' ') { "▁".repeat(t.len()) } else { t.clone() })
+        .collect();
+    let vocab: Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+    // (score, left length, right length, left id, right id) of every split, best first.
+    let mut splits: Vec<(f64, usize, usize, u32, u32)> = Vec::new();
+    for (token, &score) in tokens.iter().zip(order) {
+        for (at, _) in token.char_indices().skip(1) {
+            let (left, right) = token.split_at(at);
+            if let (Some(&l), Some(&r)) = (vocab.get(left), vocab.get(right)) {
+                splits.push((score, left.chars().count(), right.chars().count(), l, r));
+            }
+        }
+    }
+    splits.sort_by(|a, b| {
+        b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)).then(b.2.cmp(&a.2)).then(a.3.cmp(&b.3)).then(a.4.cmp(&b.4))
+    });
+    let merges =
+        splits.into_iter().map(|(_, _, _, l, r)| (tokens[l as usize].clone(), tokens[r as usize].clone())).collect();
+    let unk = tokens.iter().find(|t| *t == "<unk>").cloned();
+    let mut builder = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(true).fuse_unk(true);
+    if let Some(unk) = unk {
+        builder = builder.unk_token(unk);
+    }
+    let mut tokenizer = Tokenizer::new(builder.build().map_err(build)?);
+    tokenizer.with_normalizer(Some(Replace::new(" ", "▁").map_err(build)?));
+    tokenizer.with_decoder(Some(DecoderSequence::new(vec![
+        Replace::new("▁", " ").map_err(build)?.into(),
+        ByteFallback::default().into(),
+        Fuse::new().into(),
+    ])));
+    let added = |ids: &[u32], special: bool| -> Vec<AddedToken> {
+        ids.iter()
+            .filter_map(|&id| tokens.get(id as usize))
+            .map(|t| AddedToken::from(t.clone(), special).normalized(false))
+            .collect()
+    };
+    tokenizer.add_special_tokens(&added(control, true));
+    tokenizer.add_tokens(&added(user, false));
+    if let Some(bos) = bos.and_then(|id| Some((tokens.get(id as usize)?.clone(), id))) {
+        let template = TemplateProcessing::builder()
+            .try_single(format!("{} $A", bos.0))
+            .map_err(|e| TokenizerError::Build(e.to_string()))?
+            .special_tokens(vec![bos])
+            .build()
+            .map_err(|e| TokenizerError::Build(e.to_string()))?;
+        tokenizer.with_post_processor(Some(template));
+    }
+    Ok(tokenizer)
+}
+
 pub fn save(tokenizer: &Tokenizer, path: &Path) -> Result<(), TokenizerError> {
     tokenizer.save(path, false).map_err(|e| TokenizerError::Save(format!("{}: {e}", path.display())))
 }
@@ -125,10 +194,10 @@ pub fn parse(bytes: &[u8]) -> Result<Tokenizer, String> {
     text.parse::<Tokenizer>().map_err(|e| e.to_string())
 }
 
-/// Token ids of `text`; a character a character-level vocabulary lacks (whose tokenizer has no unknown token) is
-/// named in the error.
+/// Token ids of `text`, with the tokens the tokenizer's post-processor adds (a SentencePiece model's BOS); a
+/// character a character-level vocabulary lacks (whose tokenizer has no unknown token) is named in the error.
 pub fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, TokenizerError> {
-    let encoding = tokenizer.encode(text, false).map_err(|e| {
+    let encoding = tokenizer.encode(text, true).map_err(|e| {
         let characters = tokenizer.get_vocab(false).keys().all(|token| token.chars().count() == 1);
         let missing = text.chars().find(|c| tokenizer.token_to_id(&c.to_string()).is_none()).filter(|_| characters);
         match missing {

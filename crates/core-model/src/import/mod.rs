@@ -1,7 +1,7 @@
 //! Models from elsewhere, loaded into Ember's own model: Hugging Face directories (GPT-2, Llama) and GGUF files
 //! (llama architecture). [`load`] also opens Ember run directories, so every command takes any of the three.
 
-pub mod gguf_llama;
+pub mod gguf_model;
 pub use ember_formats::gguf;
 pub mod hf;
 
@@ -103,7 +103,7 @@ pub fn read(path: &Path) -> Result<(ModelConfig, Weights, Tokenizer, ChatFormat)
             let tok = tokenizer::load(&tok_path).map_err(|e| ImportError::new(&tok_path, e.to_string()))?;
             (config, weights, tok, ChatFormat::from_hf_dir(path).map_err(|e| ImportError::new(path, e))?)
         }
-        Source::Gguf => gguf_llama::load(path)?,
+        Source::Gguf => gguf_model::load(path)?,
     })
 }
 

@@ -9,8 +9,9 @@ use ember_kernels::{
 };
 
 use crate::cache::{Context, append_rows};
-use crate::config::{AttentionKernel, DEFAULT_FAVOR_FEATURES, FeatureMap, PositionKind};
+use crate::config::{AttentionKernel, DEFAULT_FAVOR_FEATURES, FeatureMap, NormKind, PositionKind};
 use crate::init::Init;
+use crate::nn::norm::Norm;
 use crate::nn::position::{Positions, Rotary};
 use crate::nn::projection;
 use crate::nn::projection::Projection;
@@ -22,6 +23,9 @@ pub struct CausalSelfAttention {
     pub c_attn: Projection,
     /// W_O: h·d_h → d.
     pub c_proj: Projection,
+    /// RMSNorm of each query head and key head (γ over d_h), when the config has q/k norms.
+    pub q_norm: Option<Norm>,
+    pub k_norm: Option<Norm>,
     resid_drop: Dropout,
     n_heads: usize,
     n_kv_heads: usize,
@@ -47,19 +51,36 @@ pub struct CausalSelfAttention {
 }
 
 impl CausalSelfAttention {
-    /// GPT-2 init: N(0, 0.02) weights, residual projection N(0, 0.02/√(2L)), zero biases.
+    /// GPT-2 init: N(0, 0.02) weights, residual projection N(0, 0.02/√(2L)), zero biases; the config's window and
+    /// RoPE base (an encoder–decoder's layers).
     pub fn new(config: &ModelConfig, init: &mut Init) -> Self {
+        Self::build(config, config.window, config.rope_theta, init)
+    }
+
+    /// Layer `layer` of a decoder: its window and RoPE base as the config's local/global pattern gives them.
+    pub fn for_layer(config: &ModelConfig, layer: usize, init: &mut Init) -> Self {
+        Self::build(config, config.layer_window(layer), config.layer_rope_theta(layer), init)
+    }
+
+    fn build(config: &ModelConfig, window: Option<usize>, rope_theta: f64, init: &mut Init) -> Self {
         let (d, h, g, dh) = (config.d_model, config.n_heads, config.kv_heads(), config.head_dim());
         let residual_std = 0.02 / (2.0 * config.n_layers as f64).sqrt();
+        let head_norm = |init: &mut Init, name: &str| {
+            config
+                .qk_norm
+                .then(|| init.scope(name, |init| Norm::new(NormKind::RmsNorm, dh, config.norm_eps, false, init)))
+        };
         Self {
             c_attn: projection(init, "c_attn", d, (h + 2 * g) * dh, 0.02, config.qkv_bias()),
             c_proj: projection(init, "c_proj", h * dh, d, residual_std, config.bias),
+            q_norm: head_norm(init, "q_norm"),
+            k_norm: head_norm(init, "k_norm"),
             resid_drop: DropoutConfig::new(config.dropout).init(),
             n_heads: h,
             n_kv_heads: g,
-            window: config.window,
+            window,
             attention_dropout: config.attention_dropout,
-            rope: (config.positions == PositionKind::Rope).then_some(Rotary { theta: config.rope_theta, dim: dh }),
+            rope: (config.positions == PositionKind::Rope).then_some(Rotary { theta: rope_theta, dim: dh }),
             implementation: AttentionImpl::Auto,
             similarity: similarity(config, init.scope_seed()),
             scope_seed: init.scope_seed(),
@@ -91,9 +112,14 @@ impl CausalSelfAttention {
         }
     }
 
-    /// q [B, h, T, d_h] and k, v [B, g, T, d_h] of x [B, T, d]; q and k rotated at `positions` when RoPE is on.
+    /// q [B, h, T, d_h] and k, v [B, g, T, d_h] of x [B, T, d]; q and k normalised per head when the layer has
+    /// q/k norms, then rotated at `positions` when RoPE is on.
     pub fn qkv(&self, x: Tensor<3>, positions: &Positions) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
         let (q, k, v) = split_heads(self.c_attn.forward(x), self.heads());
+        let (q, k) = match (&self.q_norm, &self.k_norm) {
+            (Some(q_norm), Some(k_norm)) => (q_norm.forward(q), k_norm.forward(k)),
+            _ => (q, k),
+        };
         match self.rope {
             Some(rotary) => {
                 let rope = positions.rope(rotary);
@@ -136,7 +162,7 @@ impl CausalSelfAttention {
     /// y = softmax(q kᵀ / √d_k + mask) v W_O for x [B, T, d] at `positions`, the keys and values being this pass's
     /// and whatever `context` holds for `layer` (this pass's appended to it).
     pub fn forward(&self, x: Tensor<3>, positions: &Positions, layer: usize, context: &mut Context) -> Tensor<3> {
-        if self.packed && self.rope.is_none() && matches!(context, Context::Full) {
+        if self.packed && self.rope.is_none() && self.q_norm.is_none() && matches!(context, Context::Full) {
             // Unrotated q, k, v are read where the fused projection put them.
             let dh = self.c_attn.d_out() / (self.n_heads + 2 * self.n_kv_heads);
             return self.output(packed_attention(self.c_attn.forward(x), self.heads(), &self.spec(dh, 0)));

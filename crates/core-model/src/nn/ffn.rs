@@ -31,7 +31,8 @@ impl Ffn {
         let (d, f) = (config.d_model, config.ffn_dim());
         let residual_std = 0.02 / (2.0 * config.n_layers as f64).sqrt();
         let c_fc = projection(init, "c_fc", d, f, 0.02, config.bias);
-        let c_gate = (config.ffn == FfnKind::Swiglu).then(|| projection(init, "c_gate", d, f, 0.02, config.bias));
+        let gated = matches!(config.ffn, FfnKind::Swiglu | FfnKind::Geglu);
+        let c_gate = gated.then(|| projection(init, "c_gate", d, f, 0.02, config.bias));
         Self {
             c_fc,
             c_gate,
@@ -41,9 +42,11 @@ impl Ffn {
         }
     }
 
-    /// FFN(x) = act(x W_fc + b) W_proj + b, or SwiGLU: [SiLU(x W_g) ⊙ (x W_u)] W_d.
+    /// FFN(x) = act(x W_fc + b) W_proj + b, or SwiGLU: [SiLU(x W_g) ⊙ (x W_u)] W_d, or GeGLU:
+    /// [GELU-tanh(x W_g) ⊙ (x W_u)] W_d.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let h = match (&self.c_gate, self.kind) {
+            (Some(gate), FfnKind::Geglu) => gelu_approximate(gate.forward(x.clone())) * self.c_fc.forward(x),
             (Some(gate), _) => swiglu(gate.forward(x.clone()), self.c_fc.forward(x)),
             (None, FfnKind::Relu) => relu(self.c_fc.forward(x)),
             (None, FfnKind::GeluTanh) => gelu_approximate(self.c_fc.forward(x)),

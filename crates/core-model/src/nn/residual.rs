@@ -15,7 +15,7 @@ pub fn sublayer(
 ) -> Tensor<3> {
     match (placement, ln_out) {
         (NormPlacement::Post, _) => ln.forward(x.clone() + f(x)),
-        (NormPlacement::Peri, Some(out)) => x.clone() + out.forward(f(ln.forward(x))),
+        (NormPlacement::Peri | NormPlacement::Sandwich, Some(out)) => x.clone() + out.forward(f(ln.forward(x))),
         _ => x.clone() + f(ln.forward(x)),
     }
 }

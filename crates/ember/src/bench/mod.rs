@@ -11,6 +11,7 @@ mod memory;
 mod reference;
 mod serve;
 mod train;
+mod weights;
 
 use std::rc::Rc;
 
@@ -38,6 +39,8 @@ pub enum BenchCommand {
     Context(context::BenchContextArgs),
     /// A trained model converted to MLA at several latent widths: KV bytes against loss.
     Convert(convert::BenchConvertArgs),
+    /// One model in several weight formats (f32, its own blocks, f16, Q8_0, Q4_0, …): bytes against loss.
+    Weights(weights::BenchWeightsArgs),
 }
 
 pub fn bench(command: BenchCommand, device: DeviceChoice, collective: Rc<dyn Collective>) -> Result<()> {
@@ -50,6 +53,7 @@ pub fn bench(command: BenchCommand, device: DeviceChoice, collective: Rc<dyn Col
         BenchCommand::Attention(args) => attention::bench_attention(args, device),
         BenchCommand::Context(args) => context::bench_context(args, device),
         BenchCommand::Convert(args) => convert::bench_convert(args, device),
+        BenchCommand::Weights(args) => weights::bench_weights(args, device),
     }
 }
 

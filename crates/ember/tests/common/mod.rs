@@ -105,6 +105,13 @@ pub fn smollm2() -> PathBuf {
     path
 }
 
+/// Gemma 3 270M's Q4_K_M GGUF, which scripts/test.sh fetches before the tests.
+pub fn gemma3() -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/gemma3/gemma-3-270m-q4_k_m.gguf");
+    assert!(path.is_file(), "{} is missing: run scripts/prepare-data.sh gemma3", path.display());
+    path
+}
+
 /// The first 600 training and 12 validation English–Spanish verse pairs (`train.tsv`, `valid.tsv`).
 pub fn bible() -> PathBuf {
     fixtures().join("bible-en-es")

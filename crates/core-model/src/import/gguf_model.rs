@@ -1,6 +1,11 @@
-//! A GGUF file of the llama architecture as an Ember model: hyper-parameters and tokenizer from the metadata, matrices
-//! kept in their blocks and renamed (q, k and v stacked into one projection), and llama.cpp's interleaved q/k row
-//! order turned back into the rotate-half order.
+//! A GGUF file of the llama or gemma3 architecture as an Ember model: hyper-parameters and tokenizer from the
+//! metadata, matrices kept in their blocks and renamed (q, k and v stacked into one projection), and, for llama,
+//! llama.cpp's interleaved q/k row order turned back into the rotate-half order (gemma3 files keep rotate-half).
+//!
+//! Gemma 3 is Ember's decoder configured as: embeddings scaled by √d, RMSNorm before and after each sub-layer
+//! (`sandwich`; the file stores Gemma's 1 + γ as the gain), RMSNorm of each query and key head before RoPE, GeGLU,
+//! head width 256 (not d / h), a sliding window of 512 on five layers of every six with RoPE base 10,000 there and
+//! the file's base (10⁶) on the global sixth, and a tied output projection.
 
 use std::path::Path;
 
@@ -11,6 +16,7 @@ use tokenizers::Tokenizer;
 use super::ImportError;
 use super::gguf::{Array, Gguf, Value};
 use crate::ModelConfig;
+use crate::config::{FfnKind, NormPlacement};
 use crate::tokenizer;
 use crate::weights::Weights;
 use ember_formats::packed::Packed;
@@ -34,26 +40,61 @@ fn count(gguf: &Gguf, key: &str) -> Result<usize, String> {
     meta(gguf, key)?.as_u64().map(|v| v as usize).ok_or_else(|| format!("metadata {key} is not an integer"))
 }
 
-fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
-    let arch = meta(gguf, "general.architecture")?.as_str().unwrap_or_default();
-    if arch != "llama" {
-        return Err(format!("architecture {arch:?} is not supported (llama is)"));
+/// The architectures Ember reads.
+#[derive(Clone, Copy, PartialEq)]
+enum Arch {
+    Llama,
+    Gemma3,
+}
+
+fn arch(gguf: &Gguf) -> Result<Arch, String> {
+    match meta(gguf, "general.architecture")?.as_str().unwrap_or_default() {
+        "llama" => Ok(Arch::Llama),
+        "gemma3" => Ok(Arch::Gemma3),
+        other => Err(format!("architecture {other:?} is not supported (llama and gemma3 are)")),
     }
+}
+
+/// Gemma 3's sliding-window pattern (every sixth layer global) and local RoPE base, which its files do not store.
+const GEMMA3_GLOBAL_EVERY: usize = 6;
+const GEMMA3_LOCAL_THETA: f64 = 10_000.0;
+
+fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
+    let arch = arch(gguf)?;
+    let prefix = if arch == Arch::Llama { "llama" } else { "gemma3" };
+    let key = |name: &str| format!("{prefix}.{name}");
     let tokens = meta(gguf, "tokenizer.ggml.tokens")?.as_array().ok_or("tokenizer.ggml.tokens is not an array")?;
-    let h = count(gguf, "llama.attention.head_count")?;
-    let d = count(gguf, "llama.embedding_length")?;
-    let g = count(gguf, "llama.attention.head_count_kv").unwrap_or(h);
+    let h = count(gguf, &key("attention.head_count"))?;
+    let d = count(gguf, &key("embedding_length"))?;
+    let g = count(gguf, &key("attention.head_count_kv")).unwrap_or(h);
     let mut config =
-        ModelConfig::gpt(tokens.len(), count(gguf, "llama.block_count")?, h, d, count(gguf, "llama.context_length")?)
+        ModelConfig::gpt(tokens.len(), count(gguf, &key("block_count"))?, h, d, count(gguf, &key("context_length"))?)
             .llama_style(g);
-    config.head_dim = count(gguf, "llama.attention.key_length").ok().filter(|&dh| dh.checked_mul(h) != Some(d));
+    config.head_dim = count(gguf, &key("attention.key_length")).ok().filter(|&dh| dh.checked_mul(h) != Some(d));
     config.norm_eps =
-        meta(gguf, "llama.attention.layer_norm_rms_epsilon")?.as_f64().ok_or("rms epsilon is not a number")?;
-    config.d_ff = Some(count(gguf, "llama.feed_forward_length")?);
-    config.rope_theta = gguf.get("llama.rope.freq_base").and_then(Value::as_f64).unwrap_or(10_000.0);
+        meta(gguf, &key("attention.layer_norm_rms_epsilon"))?.as_f64().ok_or("rms epsilon is not a number")?;
+    config.d_ff = Some(count(gguf, &key("feed_forward_length"))?);
+    config.rope_theta = gguf.get(&key("rope.freq_base")).and_then(Value::as_f64).unwrap_or(10_000.0);
     config.tie_embeddings = gguf.info("output.weight").is_none();
+    if gguf.get(&key("rope.scaling.type")).is_some() || gguf.get(&key("rope.scaling.factor")).is_some() {
+        return Err("RoPE scaling is not supported".into());
+    }
+    if arch == Arch::Gemma3 {
+        config.ffn = FfnKind::Geglu;
+        config.norm_placement = NormPlacement::Sandwich;
+        config.qk_norm = true;
+        config.embedding_scale = true;
+        config.window = Some(count(gguf, &key("attention.sliding_window"))?);
+        config.global_every = Some(GEMMA3_GLOBAL_EVERY);
+        config.rope_local_theta = Some(GEMMA3_LOCAL_THETA);
+        if let Ok(dv) = count(gguf, &key("attention.value_length"))
+            && dv != config.head_dim()
+        {
+            return Err(format!("value heads of {dv} dims unlike the keys' {} are not supported", config.head_dim()));
+        }
+    }
     config.validate().map_err(|e| e.to_string())?;
-    if let Ok(rope_dim) = count(gguf, "llama.rope.dimension_count")
+    if let Ok(rope_dim) = count(gguf, &key("rope.dimension_count"))
         && rope_dim != config.head_dim()
     {
         return Err(format!("partial rotary embeddings ({rope_dim} of {} dims) are not supported", config.head_dim()));
@@ -64,6 +105,7 @@ fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
 /// The model's tensors, each checked against the shape the metadata implies before it is used; a tensor of the file
 /// that the model does not use is an error (the metadata and the weights disagree), not a silent smaller model.
 fn tensors(gguf: &Gguf, config: &ModelConfig) -> Result<Weights, String> {
+    let arch = arch(gguf)?;
     let (d, v, f) = (config.d_model, config.vocab(), config.ffn_dim());
     let (h, g, dh) = (config.n_heads, config.kv_heads(), config.head_dim());
     let (Some(hd), Some(gd)) = (h.checked_mul(dh), g.checked_mul(dh)) else {
@@ -92,8 +134,20 @@ fn tensors(gguf: &Gguf, config: &ModelConfig) -> Result<Weights, String> {
         let (l, b) = (format!("blk.{i}"), format!("blocks.{i}"));
         out.dense.insert(format!("{b}.ln_1.gamma"), get(&format!("{l}.attn_norm.weight"), &[d])?);
         out.dense.insert(format!("{b}.ln_2.gamma"), get(&format!("{l}.ffn_norm.weight"), &[d])?);
-        let q = matrix(&format!("{l}.attn_q.weight"), [hd, d])?.reorder_rows(&rotate_half_order(h, dh));
-        let k = matrix(&format!("{l}.attn_k.weight"), [gd, d])?.reorder_rows(&rotate_half_order(g, dh));
+        let mut q = matrix(&format!("{l}.attn_q.weight"), [hd, d])?;
+        let mut k = matrix(&format!("{l}.attn_k.weight"), [gd, d])?;
+        if arch == Arch::Llama {
+            (q, k) = (q.reorder_rows(&rotate_half_order(h, dh)), k.reorder_rows(&rotate_half_order(g, dh)));
+        } else {
+            for (file, ember, width) in [
+                ("post_attention_norm", "ln_1_out", d),
+                ("post_ffw_norm", "ln_2_out", d),
+                ("attn_q_norm", "attn.q_norm", dh),
+                ("attn_k_norm", "attn.k_norm", dh),
+            ] {
+                out.dense.insert(format!("{b}.{ember}.gamma"), get(&format!("{l}.{file}.weight"), &[width])?);
+            }
+        }
         let v = matrix(&format!("{l}.attn_v.weight"), [gd, d])?;
         let qkv = Packed::stack(vec![q, k, v]).map_err(|e| e.to_string())?;
         out.packed.insert(format!("{b}.attn.c_attn.weight"), qkv);
@@ -137,23 +191,46 @@ fn rotate_half_order(heads: usize, dh: usize) -> Vec<usize> {
     order
 }
 
-/// The GPT-2 style byte-level BPE of `tokenizer.ggml.*`: tokens, merges, control tokens as special tokens.
+/// The tokenizer of `tokenizer.ggml.*`: GPT-2 style byte-level BPE ("gpt2": tokens, merges) or SentencePiece BPE
+/// ("llama": tokens and scores, merges rebuilt from them); control tokens as special tokens.
 fn tokenizer(gguf: &Gguf) -> Result<Tokenizer, String> {
     let model = meta(gguf, "tokenizer.ggml.model")?.as_str().unwrap_or_default();
-    if model != "gpt2" {
-        return Err(format!("tokenizer {model:?} is not supported (GPT-2 style byte-level BPE, \"gpt2\", is)"));
-    }
     let strings = |key: &str| -> Result<Vec<String>, String> {
         let values = meta(gguf, key)?.as_array().ok_or_else(|| format!("{key} is not an array"))?;
         let strings = values.strings().ok_or_else(|| format!("{key} is not an array of strings"))?;
         Ok(strings.iter().map(String::from).collect())
     };
     let tokens = strings("tokenizer.ggml.tokens")?;
-    let merges = strings("tokenizer.ggml.merges")?;
     let types: Vec<i64> =
         gguf.get("tokenizer.ggml.token_type").and_then(Value::as_array).and_then(Array::integers).unwrap_or_default();
-    // Token type 3 is "control" (<|im_start|>, <|endoftext|>, ...).
-    let specials: Vec<u32> = types.iter().enumerate().filter(|&(_, &t)| t == 3).map(|(i, _)| i as u32).collect();
+    // Token type 3 is "control" (<|im_start|>, <|endoftext|>, <start_of_turn>, ...), 4 "user-defined".
+    let of_type = |kind: i64| -> Vec<u32> {
+        types.iter().enumerate().filter(|&(_, &t)| t == kind).map(|(i, _)| i as u32).collect()
+    };
+    let specials = of_type(3);
+    if model == "llama" {
+        // Gemma's merges follow the file's order of its tokens, not their scores.
+        let order: Vec<f64> = match arch(gguf)? {
+            Arch::Gemma3 => (0..tokens.len()).map(|i| -(i as f64)).collect(),
+            Arch::Llama => meta(gguf, "tokenizer.ggml.scores")?
+                .as_array()
+                .and_then(Array::floats)
+                .ok_or("tokenizer.ggml.scores is not an array of numbers")?,
+        };
+        if order.len() != tokens.len() {
+            return Err(format!("{} scores for {} tokens", order.len(), tokens.len()));
+        }
+        let add_bos = gguf.get("tokenizer.ggml.add_bos_token").and_then(Value::as_bool).unwrap_or(true);
+        let bos = gguf.get("tokenizer.ggml.bos_token_id").and_then(Value::as_u64).map(|id| id as u32);
+        return tokenizer::from_spm(&tokens, &order, &specials, &of_type(4), bos.filter(|_| add_bos))
+            .map_err(|e| e.to_string());
+    }
+    if model != "gpt2" {
+        return Err(format!(
+            "tokenizer {model:?} is not supported (GPT-2 style byte-level BPE, \"gpt2\", and SentencePiece, \"llama\", are)"
+        ));
+    }
+    let merges = strings("tokenizer.ggml.merges")?;
     let pre = gguf.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default");
     let digits = matches!(pre, "smollm" | "qwen2" | "llama3" | "deepseek-llm");
     tokenizer::from_bpe(&tokens, &merges, &specials, digits).map_err(|e| e.to_string())
