@@ -296,7 +296,18 @@ mod tests {
             ModelConfig { norm_placement: NormPlacement::Peri, positions: PositionKind::Sinusoidal, ..gpt.clone() };
         let post = ModelConfig { norm_placement: NormPlacement::Post, norm: NormKind::RmsNorm, ..gpt.clone() };
         let relu = ModelConfig { ffn: FfnKind::Relu, positions: PositionKind::None, bias: false, ..gpt.clone() };
-        vec![gpt, llama, mla, peri, post, relu]
+        let gemma = ModelConfig {
+            ffn: FfnKind::Geglu,
+            norm_placement: NormPlacement::Sandwich,
+            qk_norm: true,
+            embedding_scale: true,
+            head_dim: Some(16),
+            window: Some(4),
+            global_every: Some(2),
+            rope_local_theta: Some(100.0),
+            ..llama.clone()
+        };
+        vec![gpt, llama, mla, peri, post, relu, gemma]
     }
 
     #[test]

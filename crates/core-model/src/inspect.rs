@@ -49,7 +49,11 @@ pub fn param_counts(c: &ModelConfig) -> Vec<(&'static str, u128)> {
         ("position embedding", positions),
         ("attention", mul(l, attention)),
         ("feed-forward", mul(l, ffn)),
-        ("norms", mul(mul(l, norms_per_layer).saturating_add(outer_norms), norm)),
+        (
+            "norms",
+            mul(mul(l, norms_per_layer).saturating_add(outer_norms), norm)
+                .saturating_add(mul(l, b(mul(2, dh), c.qk_norm))),
+        ),
         ("output projection", b(mul(v, d), !c.tie_embeddings)),
     ]
 }
@@ -126,7 +130,14 @@ mod tests {
         let mla = ModelConfig { norm_placement: NormPlacement::Peri, ..llama.clone().mla_style(16, 4) };
         let post =
             ModelConfig { norm_placement: NormPlacement::Post, positions: PositionKind::Sinusoidal, ..gpt.clone() };
-        for c in [gpt, llama, mla, post] {
+        let gemma = ModelConfig {
+            ffn: FfnKind::Geglu,
+            norm_placement: NormPlacement::Sandwich,
+            qk_norm: true,
+            head_dim: Some(16),
+            ..llama.clone()
+        };
+        for c in [gpt, llama, mla, post, gemma] {
             let model = Gpt::new(&c, &mut Rng::new(0), &Device::flex());
             let built: usize = param_infos(&model).iter().map(|p| p.shape.iter().product::<usize>()).sum();
             assert_eq!(total_params(&c), built as u128, "{c:?}");

@@ -18,6 +18,22 @@ const VARIANTS: &[(&str, &[&str])] = &[
     ),
     ("linear attention (elu + 1), RoPE, GQA", &["attention_kernel=linear", "positions=rope", "n_kv_heads=1"]),
     ("FAVOR+ attention, 16 random features", &["attention_kernel=favor", "favor_features=16"]),
+    (
+        "gemma 3: sandwich norms, q/k norms, GeGLU, √d embeddings, local/global layers",
+        &[
+            "norm=rmsnorm",
+            "norm_placement=sandwich",
+            "qk_norm=true",
+            "ffn=geglu",
+            "embedding_scale=true",
+            "positions=rope",
+            "n_kv_heads=1",
+            "window=8",
+            "global_every=2",
+            "rope_local_theta=100.0",
+            "bias=false",
+        ],
+    ),
 ];
 
 #[test]

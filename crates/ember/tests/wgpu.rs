@@ -130,3 +130,24 @@ fn seq2seq_on_wgpu_matches_the_cpu_within_1e_4() {
     assert!(diff(&full_cpu, &full_gpu) <= 1e-4, "teacher-forced logits differ by {}", diff(&full_cpu, &full_gpu));
     assert!(diff(&step_cpu, &step_gpu) <= 1e-4, "cached step logits differ by {}", diff(&step_cpu, &step_gpu));
 }
+
+/// SmolLM2 with its weights as Q8_0 blocks (`--weights q8_0`) continues the README's three prompts on wgpu, where the
+/// shader dequantizes the blocks against f32 activations, as on the CPU, where 8-bit activations meet them in
+/// integer dot products: the same 16 greedy tokens.
+#[test]
+#[ignore = "needs a wgpu adapter and the SmolLM2 GGUF (scripts/test.sh provides both)"]
+fn smollm2_q8_0_blocks_generate_on_wgpu_as_on_the_cpu() {
+    if wgpu_test_device().is_none() {
+        return;
+    }
+    let gguf = common::smollm2().display().to_string();
+    for prompt in ["The capital of France is", "Once upon a time,", "def fibonacci(n):"] {
+        let generate = |device: &str| {
+            let args = ["--prompt", prompt, "--temperature", "0", "--max-new-tokens", "16", "--weights", "q8_0"];
+            let out = common::ember(&[&["generate", "--device", device, "--model", &gguf], &args[..]].concat());
+            assert!(out.status.success(), "{device}: {}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8(out.stdout).unwrap()
+        };
+        assert_eq!(generate("wgpu"), generate("cpu"), "{prompt:?}");
+    }
+}

@@ -10,15 +10,21 @@
 //! offsets), so one integer dot serves them all: AVX-512 VNNI's `vpdpbusd` where the CPU has it, AVX2's
 //! `vpmaddubsw` otherwise, and plain Rust elsewhere. Rows of W are split over the cores; each unpacks a row once and
 //! dots it with every row of x.
+//!
+//! On wgpu the blocks live in a u32 buffer and `shaders/packed_matmul.wgsl` dequantizes each value in the shader, an
+//! invocation per output row; x stays f32.
 
+use burn::backend::fusion::custom::TensorSpec;
+use burn::backend::wgpu::{CubeBackend, CubeTensor, into_contiguous};
 use burn::backend::{Backend, Dispatch, Flex, backend_extension, tensor::FloatTensor, tensor::IntTensor};
 use burn::module::{Module, Param, ParamId};
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, Int, Shape, Tensor, TensorData};
 use ember_formats::ggml::{self, Format};
 use ember_formats::packed::{Packed, Part};
 use rayon::prelude::*;
 
 use crate::cpu::{Mat, contiguous, dot, floats, on_cpu, stay_awake, tensor};
+use crate::flash::cube::{Wgsl, empty, f32_contiguous, launch};
 
 /// x Wᵀ + b with W kept in ggml blocks (inference only: the blocks take no gradient).
 #[derive(Module, Debug)]
@@ -59,10 +65,20 @@ impl Layout {
 }
 
 impl PackedLinear {
-    /// The layer of weight `w` (rows are outputs) and bias `bias` on `device`.
+    /// The layer of weight `w` (rows are outputs) and bias `bias` on `device`: its bytes on the CPU, little-endian
+    /// u32 words (the last one zero-padded) elsewhere.
     pub fn new(w: &Packed, bias: Option<Param<Tensor<1>>>, device: &Device) -> Self {
-        let data = TensorData::new(w.bytes.clone(), [w.bytes.len()]);
-        let blocks = Tensor::<1, Int>::from_data(data, (device, DType::U8));
+        let blocks = if on_cpu(device) {
+            Tensor::<1, Int>::from_data(TensorData::new(w.bytes.clone(), [w.bytes.len()]), (device, DType::U8))
+        } else {
+            let words: Vec<u32> = w
+                .bytes
+                .chunks(4)
+                .map(|b| u32::from_le_bytes(std::array::from_fn(|i| b.get(i).copied().unwrap_or(0))))
+                .collect();
+            let len = words.len();
+            Tensor::<1, Int>::from_data(TensorData::new(words, [len]), (device, DType::U32))
+        };
         Self { blocks: Param::initialized(ParamId::new(), blocks), bias, layout: layout(w) }
     }
 
@@ -76,7 +92,17 @@ impl PackedLinear {
 
     /// The weight as a host matrix of blocks.
     pub fn weight(&self) -> Packed {
-        let bytes = self.blocks.val().into_data().try_to_vec::<u8>().expect("packed blocks are bytes");
+        let data = self.blocks.val().into_data();
+        let mut bytes = match data.dtype() {
+            DType::U8 => data.try_to_vec::<u8>().expect("packed blocks are bytes"),
+            _ => data
+                .try_to_vec::<u32>()
+                .expect("packed blocks are words")
+                .into_iter()
+                .flat_map(u32::to_le_bytes)
+                .collect(),
+        };
+        bytes.truncate(self.layout.bytes());
         Packed { parts: self.layout.parts.clone(), cols: self.layout.cols, bytes }
     }
 
@@ -85,7 +111,7 @@ impl PackedLinear {
         let mut dims = x.dims();
         let (k, m) = (self.d_in(), self.d_out());
         let rows: Tensor<2> = x.reshape([dims.iter().product::<usize>() / k.max(1), k]);
-        let y = if on_cpu(&rows.device()) {
+        let y = if has_kernel(&rows.device()) {
             let y = <Dispatch as PackedOps>::packed_matmul(
                 rows.into_dispatch(),
                 self.blocks.val().into_dispatch(),
@@ -110,7 +136,7 @@ impl PackedLinear {
     pub fn rows(&self, ids: Tensor<2, Int>) -> Tensor<3> {
         let [b, t] = ids.dims();
         let device = ids.device();
-        let rows = if on_cpu(&device) {
+        let rows = if has_kernel(&device) {
             let y = <Dispatch as PackedOps>::packed_rows(
                 self.blocks.val().into_dispatch(),
                 ids.reshape([b * t]).into_dispatch(),
@@ -132,14 +158,86 @@ pub fn layout(w: &Packed) -> Layout {
     Layout { parts: w.parts.clone(), cols: w.cols }
 }
 
-/// Products with packed weights as backend operations (CPU only; other devices multiply by the dequantized weight).
-#[backend_extension(Flex)]
+/// Whether `device` multiplies by packed blocks itself: the CPU and wgpu; other devices take the dequantized weight.
+pub fn has_kernel(device: &Device) -> bool {
+    on_cpu(device) || matches!(device.as_dispatch().clone().inner(), burn::backend::DispatchDevice::Cube(_))
+}
+
+impl Layout {
+    /// The bytes of all rows.
+    pub fn bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.rows * p.format.row_bytes(self.cols).expect("whole blocks")).sum()
+    }
+}
+
+fn matmul_meta(x: &TensorSpec, _blocks: &TensorSpec, layout: &Layout) -> TensorSpec {
+    TensorSpec::new(Shape::from(vec![x.shape[0], layout.rows()]), x.dtype)
+}
+
+fn rows_meta(_blocks: &TensorSpec, ids: &TensorSpec, layout: &Layout) -> TensorSpec {
+    TensorSpec::new(Shape::from(vec![ids.shape[0], layout.cols]), DType::F32)
+}
+
+/// Products with packed weights as backend operations (the CPU and wgpu; other devices multiply by the dequantized
+/// weight).
+#[backend_extension(Cube, Flex, Fusion)]
 pub trait PackedOps: Backend {
     /// x Wᵀ for x [N, d_in] and W's bytes `blocks` laid out as `layout`.
+    #[fusion(meta = matmul_meta)]
     fn packed_matmul(x: FloatTensor<Self>, blocks: IntTensor<Self>, layout: Layout) -> FloatTensor<Self>;
 
     /// Rows `ids` [N] of W, dequantized: [N, d_in].
+    #[fusion(meta = rows_meta)]
     fn packed_rows(blocks: IntTensor<Self>, ids: IntTensor<Self>, layout: Layout) -> FloatTensor<Self>;
+}
+
+/// The shader of `shaders/packed_matmul.wgsl`: products, or the rows lookup.
+fn shader(rows: bool) -> Wgsl {
+    Wgsl {
+        name: "packed_matmul",
+        text: include_str!("../../../shaders/packed_matmul.wgsl"),
+        values: vec![("rows", rows.to_string())],
+    }
+}
+
+/// The info words of the shader: n, k, m, parts, then (ggml type, rows, bytes per row) per part.
+fn shader_info(n: usize, layout: &Layout) -> Vec<u32> {
+    let mut info = vec![n as u32, layout.cols as u32, layout.rows() as u32, layout.parts.len() as u32];
+    for part in &layout.parts {
+        let row_bytes = part.format.row_bytes(layout.cols).expect("whole blocks");
+        info.extend([part.format.id, part.rows as u32, row_bytes as u32]);
+    }
+    info
+}
+
+/// A grid of workgroups of 64 invocations covering `items` (at most 65,535 workgroups along x).
+fn grid(items: usize) -> (u32, u32) {
+    let groups = items.div_ceil(64).max(1);
+    let across = groups.min(65535);
+    (across as u32, groups.div_ceil(across) as u32)
+}
+
+impl PackedOps for CubeBackend {
+    fn packed_matmul(x: CubeTensor, blocks: CubeTensor, layout: Layout) -> CubeTensor {
+        let x = f32_contiguous(x);
+        let n = x.meta.shape()[0];
+        let y = empty(&x, &[n, layout.rows()]);
+        if n * layout.rows() > 0 {
+            launch(&x, shader(false), 64, grid(layout.rows()), &[&x, &blocks, &y], &shader_info(n, &layout));
+        }
+        y
+    }
+
+    fn packed_rows(blocks: CubeTensor, ids: CubeTensor, layout: Layout) -> CubeTensor {
+        assert_eq!(ids.dtype.size(), 4, "token ids on wgpu are 32-bit");
+        let ids = into_contiguous(ids);
+        let n = ids.meta.shape()[0];
+        let y = empty(&blocks, &[n, layout.cols]);
+        if n > 0 {
+            launch(&blocks, shader(true), 64, grid(n), &[&ids, &blocks, &y], &shader_info(n, &layout));
+        }
+        y
+    }
 }
 
 impl PackedOps for Flex {

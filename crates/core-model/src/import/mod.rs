@@ -71,9 +71,9 @@ pub fn load(path: &Path, device: &Device) -> Result<Bundle, ImportError> {
 }
 
 /// Loads a run directory, a Hugging Face directory or a GGUF file onto `device` with its projections and token
-/// embedding held as `format` asks (on the CPU; other devices take them dequantized to f32).
+/// embedding held as `format` asks (on the CPU and wgpu; other devices take them dequantized to f32).
 pub fn load_as(path: &Path, device: &Device, format: WeightFormat) -> Result<Bundle, ImportError> {
-    let format = if ember_kernels::on_cpu(device) { format } else { WeightFormat::F32 };
+    let format = if ember_kernels::packed::has_kernel(device) { format } else { WeightFormat::F32 };
     if Source::of(path)? == Source::Run {
         return Ok(bundle::load_as(path, device, format)?);
     }

@@ -27,7 +27,7 @@ pub struct BenchDecodeArgs {
     /// A run directory, Hugging Face directory or GGUF file.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// How projections and the token embedding are held on the CPU: native (a GGUF file's blocks, used as they are;
+    /// How projections and the token embedding are held on the CPU and wgpu: native (a GGUF file's blocks, used as they are;
     /// a run directory as stored), f32, or converted to f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1.
     #[arg(long, default_value = "native")]
     weights: WeightFormat,
@@ -135,8 +135,7 @@ fn against_transformers(
     device: &burn::tensor::Device,
     description: &str,
 ) -> Result<()> {
-    let vocab = model.config().vocab();
-    let prompt: Vec<u32> = (0..prompt_tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+    let prompt = reference_prompt(model, prompt_tokens);
     println!("bench decode: {source} on {description}, {prompt_tokens}-token prompt + {n} new tokens, greedy");
     // One untimed run first, as the reference warms up too (on wgpu: shader compilation and autotuning).
     greedy_timed(model, KvKind::for_model(model.config()), &prompt, n.clamp(2, 4), device);
@@ -178,6 +177,12 @@ fn against_transformers(
     Ok(())
 }
 
+/// The prompt ids (i · 7919 + 13) mod V both sides of a comparison decode after.
+fn reference_prompt(model: &Gpt, tokens: usize) -> Vec<u32> {
+    let vocab = model.config().vocab();
+    (0..tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect()
+}
+
 /// Prompt and decode tokens/s of Ember's cached greedy decoding against `llama-bench -p P -n N -t T -r 1` on the same
 /// GGUF file, rounds alternating; T is Ember's thread count.
 fn against_llama_cpp(
@@ -187,8 +192,7 @@ fn against_llama_cpp(
     device: &burn::tensor::Device,
     description: &str,
 ) -> Result<()> {
-    let vocab = model.config().vocab();
-    let prompt: Vec<u32> = (0..prompt_tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+    let prompt = reference_prompt(model, prompt_tokens);
     let threads = rayon::current_num_threads().to_string();
     println!(
         "bench decode: {} on {description} against llama-bench -t {threads}, {prompt_tokens}-token prompt + {n} new tokens",

@@ -20,7 +20,7 @@ pub struct BenchKvArgs {
     /// A run directory, Hugging Face directory or GGUF file.
     #[arg(long)]
     model: PathBuf,
-    /// How projections and the token embedding are held on the CPU: native (a GGUF file's blocks, used as they are;
+    /// How projections and the token embedding are held on the CPU and wgpu: native (a GGUF file's blocks, used as they are;
     /// a run directory as stored), f32, or converted to f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1.
     #[arg(long, default_value = "native")]
     weights: WeightFormat,

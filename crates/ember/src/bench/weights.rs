@@ -25,8 +25,8 @@ pub struct BenchWeightsArgs {
 
 pub fn bench_weights(args: BenchWeightsArgs, device: DeviceChoice) -> Result<()> {
     let (device, description) = devices::select(device)?;
-    if !ember_kernels::on_cpu(&device) {
-        anyhow::bail!("bench weights runs on the CPU (other devices take every format as f32)");
+    if !ember_kernels::packed::has_kernel(&device) {
+        anyhow::bail!("bench weights runs on the CPU or wgpu (other devices take every format as f32)");
     }
     println!(
         "bench weights: {} on {description}; loss on the last {} tokens of {}\n",
