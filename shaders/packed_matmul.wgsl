@@ -1,6 +1,6 @@
 // y = x Wᵀ with W [m, k] kept in ggml's block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16,
 // F32), each value dequantized in the shader as ggml defines it (crates/formats/src/ggml.rs): an invocation per
-// output row j walks the row's blocks, reading each block's scales once, for each row of x in turn. With `rows` (the
+// output y[i, j] walks row j's blocks, reading each block's scales once. With `rows` (the
 // embedding lookup) an invocation per id writes row ids[r] of W instead: y[r, e] = W[ids[r], e].
 // W's bytes are little-endian u32 words (blocks are not word-aligned: Q4_0's are 18 bytes). Consecutive groups of
 // rows may differ in format: info holds (ggml type, rows, bytes per row) for each part.
@@ -210,19 +210,21 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workgroups) g
         }
         return;
     }
-    if (item >= m) {
+    // y[i, j] for item = i · m + j: one row of x against one row of W, so an invocation loops over k values at
+    // most (llvmpipe stops one after 65,535 loop iterations).
+    if (item >= n * m) {
         return;
     }
-    let at = row_start(item, parts);
+    let i = item / m;
+    let j = item % m;
+    let at = row_start(j, parts);
     let shape = block_shape(at.x);
     let blocks = k / shape.x;
-    for (var i = 0u; i < n; i++) {
-        var acc = 0.0;
-        for (var block = 0u; block < blocks; block++) {
-            acc += block_dot(at.x, at.y + block * shape.y, i * k + block * shape.x);
-        }
-        y[i * m + item] = acc;
+    var acc = 0.0;
+    for (var block = 0u; block < blocks; block++) {
+        acc += block_dot(at.x, at.y + block * shape.y, i * k + block * shape.x);
     }
+    y[item] = acc;
 }
 
 // Row j's ggml type (.x) and first byte (.y).

@@ -12,7 +12,7 @@
 //! dots it with every row of x.
 //!
 //! On wgpu the blocks live in a u32 buffer and `shaders/packed_matmul.wgsl` dequantizes each value in the shader, an
-//! invocation per output row; x stays f32.
+//! invocation per output value; x stays f32.
 
 use burn::backend::fusion::custom::TensorSpec;
 use burn::backend::wgpu::{CubeBackend, CubeTensor, into_contiguous};
@@ -223,7 +223,7 @@ impl PackedOps for CubeBackend {
         let n = x.meta.shape()[0];
         let y = empty(&x, &[n, layout.rows()]);
         if n * layout.rows() > 0 {
-            launch(&x, shader(false), 64, grid(layout.rows()), &[&x, &blocks, &y], &shader_info(n, &layout));
+            launch(&x, shader(false), 64, grid(n * layout.rows()), &[&x, &blocks, &y], &shader_info(n, &layout));
         }
         y
     }
@@ -330,9 +330,10 @@ pub(crate) fn matmul(x: &[f32], n: usize, bytes: &[u8], layout: &Layout) -> Vec<
         if tiled {
             // yᵀ[chunk] = W[chunk] xᵀ, W's chunk dequantized.
             let rows = out.len() / n;
+            let mut codes = vec![Codes::default(); k / 32];
             for j in 0..rows {
                 let (format, range) = layout.row(c * chunk + j);
-                values.extend(ggml::dequantize(format, &bytes[range]));
+                dequantize_row(format, &bytes[range], &mut codes, &mut values);
             }
             crate::cpu::matmul(rows, n, k, out, n, Mat::rows(&values, k), Mat::transposed(x, k), 1.0, false);
             return;
@@ -370,6 +371,21 @@ pub(crate) fn matmul(x: &[f32], n: usize, bytes: &[u8], layout: &Layout) -> Vec<
         return y_t;
     }
     (0..m * n).map(|e| y_t[(e % m) * n + e / m]).collect()
+}
+
+crate::cpu::multiversion! {
+    /// A row of `format` appended to `values` as f32: block formats through their codes, F32 / F16 / BF16 as ggml
+    /// reads them.
+    fn dequantize_row(format: Format, row: &[u8], codes: &mut [Codes], values: &mut Vec<f32>) {
+        if format.block == 1 {
+            values.extend(ggml::dequantize(format, row));
+            return;
+        }
+        unpack_row(format, row, codes);
+        for c in codes.iter() {
+            values.extend(c.q.iter().enumerate().map(|(i, &q)| c.a[i / 16] * q as f32 + c.m[i / 16]));
+        }
+    }
 }
 
 crate::cpu::multiversion! {

@@ -49,7 +49,7 @@ fn packed_products_and_rows_on_wgpu_equal_the_cpu() {
     cases.push(("Q4_K + Q6_K".into(), Packed::stack(vec![matrix(12, 24, k, 1), matrix(14, 16, k, 2)]).unwrap()));
     for (name, w) in cases {
         let dense = w.dequantize();
-        for n in [1, 3] {
+        for n in [1, 3, 130] {
             let x = normal(n * k, 7);
             let on = |device: &Device| {
                 let layer = PackedLinear::new(&w, None::<Param<Tensor<1>>>, device);
