@@ -62,6 +62,21 @@ impl Layout {
         }
         panic!("row {row} of {first}")
     }
+
+    /// Rows `first..` in order, each as [`Layout::row`] gives it, walking the parts once.
+    fn rows_from(&self, first: usize) -> impl Iterator<Item = (Format, std::ops::Range<usize>)> + '_ {
+        let (mut at, mut start) = (0, 0);
+        self.parts.iter().flat_map(move |part| {
+            let len = part.format.row_bytes(self.cols).expect("whole blocks");
+            let rows = at..at + part.rows;
+            let begin = start;
+            (at, start) = (rows.end, start + part.rows * len);
+            (rows.start.max(first)..rows.end).map(move |r| {
+                let from = begin + (r - rows.start) * len;
+                (part.format, from..from + len)
+            })
+        })
+    }
 }
 
 impl PackedLinear {
@@ -331,16 +346,14 @@ pub(crate) fn matmul(x: &[f32], n: usize, bytes: &[u8], layout: &Layout) -> Vec<
             // yᵀ[chunk] = W[chunk] xᵀ, W's chunk dequantized.
             let rows = out.len() / n;
             let mut codes = vec![Codes::default(); k / 32];
-            for j in 0..rows {
-                let (format, range) = layout.row(c * chunk + j);
+            for (format, range) in layout.rows_from(c * chunk).take(rows) {
                 dequantize_row(format, &bytes[range], &mut codes, &mut values);
             }
             crate::cpu::matmul(rows, n, k, out, n, Mat::rows(&values, k), Mat::transposed(x, k), 1.0, false);
             return;
         }
         let mut codes = vec![Codes::default(); k / 32];
-        for (j, out) in out.chunks_mut(n.max(1)).enumerate() {
-            let (format, range) = layout.row(c * chunk + j);
+        for (out, (format, range)) in out.chunks_mut(n.max(1)).zip(layout.rows_from(c * chunk)) {
             let w = &bytes[range];
             match &acts {
                 #[cfg(target_arch = "x86_64")]
@@ -566,42 +579,61 @@ mod x86 {
     /// x·w for a row of W in a [`legacy`] format, its codes built in registers from each block's bytes (no unpacked
     /// copy): 4-bit values as the block's low nibbles then its high nibbles, the fifth bits spread from qh.
     pub(super) fn dot_legacy(format: super::Format, row: &[u8], q: &[i8], d: &[f32], sums: &[[f32; 2]]) -> f32 {
-        if super::has_vnni() {
-            // SAFETY: the CPU has the features the function is compiled for (checked just above).
-            unsafe { legacy_vnni(format, row, q, d, sums) }
-        } else {
-            // SAFETY: the callers check AVX2 and FMA.
-            unsafe { legacy_avx2(format, row, q, d, sums) }
+        let halves: &[f32; 65536] = (&**super::HALVES).try_into().expect("a value per f16");
+        let vnni = super::has_vnni();
+        // One instance per format, so the per-block layout is known when it is compiled.
+        macro_rules! run {
+            ($id:literal) => {
+                if vnni {
+                    // SAFETY: the CPU has the features the function is compiled for (checked above).
+                    unsafe { legacy_vnni::<$id>(row, q, d, sums, halves) }
+                } else {
+                    // SAFETY: the callers check AVX2 and FMA.
+                    unsafe { legacy_avx2::<$id>(row, q, d, sums, halves) }
+                }
+            };
+        }
+        match format.id {
+            8 => run!(8),
+            2 => run!(2),
+            3 => run!(3),
+            6 => run!(6),
+            _ => run!(7),
         }
     }
 
     #[target_feature(enable = "avx2,fma")]
-    fn legacy_avx2(format: super::Format, row: &[u8], q: &[i8], d: &[f32], sums: &[[f32; 2]]) -> f32 {
-        legacy_with(format, row, q, d, sums, |u, s| _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+    fn legacy_avx2<const ID: u32>(row: &[u8], q: &[i8], d: &[f32], sums: &[[f32; 2]], halves: &[f32; 65536]) -> f32 {
+        legacy_with::<ID>(row, q, d, sums, halves, |u, s| {
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+        })
     }
 
     #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
-    fn legacy_vnni(format: super::Format, row: &[u8], q: &[i8], d: &[f32], sums: &[[f32; 2]]) -> f32 {
-        legacy_with(format, row, q, d, sums, |u, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s))
+    fn legacy_vnni<const ID: u32>(row: &[u8], q: &[i8], d: &[f32], sums: &[[f32; 2]], halves: &[f32; 65536]) -> f32 {
+        legacy_with::<ID>(row, q, d, sums, halves, |u, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s))
     }
 
+    /// x·w over the blocks of ggml type `ID`, alternate blocks into two accumulators (the products of one block do
+    /// not wait for the previous block's sum).
     #[inline(always)]
-    fn legacy_with(
-        format: super::Format,
+    fn legacy_with<const ID: u32>(
         row: &[u8],
         q: &[i8],
         d: &[f32],
         sums: &[[f32; 2]],
+        halves: &[f32; 65536],
         products: impl Fn(__m256i, __m256i) -> __m256i,
     ) -> f32 {
-        // Where the codes start, where qh is (Q5), whether a min follows d, and the zero point.
-        let (codes_at, high_at, has_min, zero) = match format.id {
-            8 => (2, None, false, 0),
-            2 => (2, None, false, 8),
-            3 => (4, None, true, 0),
-            6 => (6, Some(2), false, 16),
-            _ => (8, Some(4), true, 0),
+        // Block bytes, where the codes start, where qh is (Q5), whether a min follows d, and the zero point.
+        let (bytes, codes_at, high_at, has_min, zero) = match ID {
+            8 => (34, 2, None, false, 0),
+            2 => (18, 2, None, false, 8),
+            3 => (20, 4, None, true, 0),
+            6 => (22, 6, Some(2), false, 16),
+            _ => (24, 8, Some(4), true, 0),
         };
+        let half = |b: &[u8], at: usize| halves[u16::from_le_bytes([b[at], b[at + 1]]) as usize];
         // SAFETY (all intrinsics below): the callers are compiled with AVX2 and FMA, which the CPU has; every load
         // reads from a slice of at least the bytes it loads.
         unsafe {
@@ -612,10 +644,10 @@ mod x86 {
                 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
             );
             let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-            let mut acc = _mm256_setzero_ps();
+            let (mut acc, mut other) = (_mm256_setzero_ps(), _mm256_setzero_ps());
             let mut offsets = 0.0;
-            for (((b, q), &dx), s) in row.chunks_exact(format.bytes).zip(q.chunks_exact(32)).zip(d).zip(sums) {
-                let wq = if format.id == 8 {
+            for (((b, q), &dx), s) in row.chunks_exact(bytes).zip(q.chunks_exact(32)).zip(d).zip(sums) {
+                let wq = if ID == 8 {
                     _mm256_loadu_si256(b[2..34].as_ptr().cast())
                 } else {
                     let raw = _mm_loadu_si128(b[codes_at..codes_at + 16].as_ptr().cast());
@@ -633,12 +665,14 @@ mod x86 {
                 };
                 let xq = _mm256_loadu_si256(q.as_ptr().cast());
                 let lanes = products(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(super::half(b, 0) * dx), acc);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(half(b, 0) * dx), acc);
+                // The next block adds into the other accumulator.
+                std::mem::swap(&mut acc, &mut other);
                 if has_min {
-                    offsets += super::half(b, 2) * (s[0] + s[1]);
+                    offsets += half(b, 2) * (s[0] + s[1]);
                 }
             }
-            horizontal_sum(acc) + offsets
+            horizontal_sum(_mm256_add_ps(acc, other)) + offsets
         }
     }
 
