@@ -48,22 +48,12 @@ impl Layout {
         self.parts.iter().map(|p| p.rows).sum()
     }
 
-    /// Row `row`'s format and its bytes' range in the blocks.
-    fn row(&self, row: usize) -> (Format, std::ops::Range<usize>) {
-        let (mut first, mut start) = (0, 0);
-        for part in &self.parts {
-            let len = part.format.row_bytes(self.cols).expect("whole blocks");
-            if row < first + part.rows {
-                let at = start + (row - first) * len;
-                return (part.format, at..at + len);
-            }
-            first += part.rows;
-            start += part.rows * len;
-        }
-        panic!("row {row} of {first}")
+    /// The bytes of all rows.
+    pub fn bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.rows * p.format.row_bytes(self.cols).expect("whole blocks")).sum()
     }
 
-    /// Rows `first..` in order, each as [`Layout::row`] gives it, walking the parts once.
+    /// Rows `first..` in order, each as its format and its bytes' range in the blocks, walking the parts once.
     fn rows_from(&self, first: usize) -> impl Iterator<Item = (Format, std::ops::Range<usize>)> + '_ {
         let (mut at, mut start) = (0, 0);
         self.parts.iter().flat_map(move |part| {
@@ -159,9 +149,7 @@ impl PackedLinear {
             );
             Tensor::<2>::from_dispatch(y)
         } else {
-            let ids: Vec<usize> = ids.into_data().iter::<i64>().map(|i| i as usize).collect();
-            let w = self.weight();
-            let values = ids.iter().flat_map(|&i| row_values(&w.bytes, &self.layout, i)).collect::<Vec<_>>();
+            let values = gather_rows(&self.weight().bytes, &self.layout, ids.into_data());
             Tensor::from_data(TensorData::new(values, [b * t, self.d_in()]), &device)
         };
         rows.reshape([b, t, self.d_in()])
@@ -176,13 +164,6 @@ pub fn layout(w: &Packed) -> Layout {
 /// Whether `device` multiplies by packed blocks itself: the CPU and wgpu; other devices take the dequantized weight.
 pub fn has_kernel(device: &Device) -> bool {
     on_cpu(device) || matches!(device.as_dispatch().clone().inner(), burn::backend::DispatchDevice::Cube(_))
-}
-
-impl Layout {
-    /// The bytes of all rows.
-    pub fn bytes(&self) -> usize {
-        self.parts.iter().map(|p| p.rows * p.format.row_bytes(self.cols).expect("whole blocks")).sum()
-    }
 }
 
 fn matmul_meta(x: &TensorSpec, _blocks: &TensorSpec, layout: &Layout) -> TensorSpec {
@@ -266,16 +247,15 @@ impl PackedOps for Flex {
 
     fn packed_rows(blocks: IntTensor<Self>, ids: IntTensor<Self>, layout: Layout) -> FloatTensor<Self> {
         let bytes = blocks.as_slice::<u8>().expect("packed blocks are bytes");
-        let ids: Vec<usize> = ids.into_data().iter::<i64>().map(|i| i as usize).collect();
-        let values = ids.iter().flat_map(|&i| row_values(bytes, &layout, i)).collect();
-        tensor(values, &[ids.len(), layout.cols])
+        let n = ids.layout().shape()[0];
+        tensor(gather_rows(bytes, &layout, ids.into_data()), &[n, layout.cols])
     }
 }
 
-/// Row `row` of the packed matrix `bytes`, dequantized.
-fn row_values(bytes: &[u8], layout: &Layout, row: usize) -> Vec<f32> {
-    let (format, range) = layout.row(row);
-    ggml::dequantize(format, &bytes[range])
+/// Rows `ids` of the packed matrix `bytes`, dequantized one after another.
+fn gather_rows(bytes: &[u8], layout: &Layout, ids: TensorData) -> Vec<f32> {
+    let row = |id: i64| layout.rows_from(id as usize).next().expect("a row of the matrix");
+    ids.iter::<i64>().map(row).flat_map(|(format, range)| ggml::dequantize(format, &bytes[range])).collect()
 }
 
 /// 32 weights w_i = a_h q_i + m_h, h = i / 16.
