@@ -26,6 +26,9 @@ use rayon::prelude::*;
 use crate::cpu::{Mat, contiguous, dot, floats, on_cpu, stay_awake, tensor};
 use crate::flash::cube::{Wgsl, empty, f32_contiguous, launch};
 
+#[cfg(target_arch = "x86_64")]
+mod tiles;
+
 /// x Wᵀ + b with W kept in ggml blocks (inference only: the blocks take no gradient).
 #[derive(Module, Debug)]
 pub struct PackedLinear {
@@ -306,36 +309,126 @@ crate::cpu::multiversion! {
     }
 }
 
-/// From this many rows of x on, each chunk of W's rows is dequantized once and multiplied by f32 matrix products
-/// (a prompt: every dequantized value serves `n` rows); below it, integer dot products (a decoded token).
-const TILED_ROWS: usize = 16;
+/// From this many rows of x on, each chunk of W's rows is unpacked once and multiplied with every row of x: into
+/// integer tiles with AVX-512 VNNI ([`tiles`]), else dequantized to f32 for f32 matrix products (every unpacked
+/// value serves `n` rows); below it, integer dot products row by row (a decoded token).
+const TILED_ROWS: usize = 4;
+
+/// How a product walks W: row by row with integer dots, chunks of rows dequantized for f32 products, or chunks
+/// unpacked into VNNI tiles (halves of a block with their own scales when `split`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Walk {
+    Dots,
+    Dequantized,
+    #[cfg(target_arch = "x86_64")]
+    Tiles {
+        split: bool,
+    },
+}
+
+impl Walk {
+    fn of(n: usize, layout: &Layout) -> Self {
+        if n < TILED_ROWS {
+            return Self::Dots;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if has_vnni() && layout.parts.iter().all(|p| p.format.block > 1) {
+            return Self::Tiles { split: layout.parts.iter().any(|p| p.format.id == 14) };
+        }
+        Self::Dequantized
+    }
+}
 
 /// y = x Wᵀ for x [n, k] row-major and W's rows in `bytes` as `layout` lays them out: [n, rows].
 pub(crate) fn matmul(x: &[f32], n: usize, bytes: &[u8], layout: &Layout) -> Vec<f32> {
+    product(x, n, bytes, layout, Walk::of(n, layout))
+}
+
+/// [`matmul`] walking W as `walk` says.
+fn product(x: &[f32], n: usize, bytes: &[u8], layout: &Layout, walk: Walk) -> Vec<f32> {
     let (k, m) = (layout.cols, layout.rows());
-    let tiled = n >= TILED_ROWS;
-    let quantized = !tiled && layout.parts.iter().any(|p| p.format.block > 1);
+    if n == 0 {
+        return Vec::new();
+    }
+    let quantized = walk != Walk::Dequantized && layout.parts.iter().any(|p| p.format.block > 1);
     let acts = quantized.then(|| Activations::quantize(x, k));
-    // yᵀ [m, n]: each core takes chunks of W's rows.
-    let mut y_t = vec![0.0f32; m * n];
-    // Eight chunks per core; a dequantized chunk at most 128 rows (~300 KiB at k = 576, in L2).
-    let chunk = m.div_ceil(8 * rayon::current_num_threads()).clamp(4, if tiled { 128 } else { usize::MAX });
-    y_t.par_chunks_mut(chunk * n.max(1)).enumerate().for_each(|(c, out)| {
-        let mut values = Vec::new();
-        if tiled {
-            // yᵀ[chunk] = W[chunk] xᵀ, W's chunk dequantized.
-            let rows = out.len() / n;
-            let mut codes = vec![Codes::default(); k / 32];
-            for (format, range) in layout.rows_from(c * chunk).take(rows) {
-                dequantize_row(format, &bytes[range], &mut codes, &mut values);
+    if walk == Walk::Dots {
+        return dots(x, n, bytes, layout, acts.as_ref());
+    }
+    #[cfg(target_arch = "x86_64")]
+    let xu = acts.as_ref().filter(|_| matches!(walk, Walk::Tiles { .. })).map(tiles::unsigned);
+    // Eight chunks of W's rows per core; an unpacked chunk at most 128 rows (~300 KiB at k = 576, in L2), whole
+    // tiles when it is tiled.
+    let chunk = m.div_ceil(8 * rayon::current_num_threads()).clamp(4, 128);
+    #[cfg(target_arch = "x86_64")]
+    let chunk = if matches!(walk, Walk::Tiles { .. }) { chunk.next_multiple_of(tiles::ROWS) } else { chunk };
+    let firsts: Vec<usize> = (0..m).step_by(chunk).collect();
+    // Each chunk's [n, rows] block of y.
+    let mut blocks: Vec<Vec<f32>> = firsts
+        .par_iter()
+        .map(|&first| {
+            let rows = chunk.min(m - first);
+            let mut out = vec![0.0f32; n * rows];
+            let w = layout.rows_from(first).take(rows).map(|(format, range)| (format, &bytes[range]));
+            match walk {
+                #[cfg(target_arch = "x86_64")]
+                Walk::Tiles { split } => {
+                    let (acts, xu) = (acts.as_ref().expect("x quantized"), xu.as_deref().expect("x's codes"));
+                    let mut packed = Vec::new();
+                    tiles::pack(w, k / 32, &mut packed);
+                    // SAFETY: `Walk::of` chose tiles only where the CPU has AVX-512 VNNI/VL, AVX2 and FMA.
+                    match split {
+                        true => unsafe { tiles::multiply::<true>(&packed, xu, acts, rows, &mut out) },
+                        false => unsafe { tiles::multiply::<false>(&packed, xu, acts, rows, &mut out) },
+                    }
+                }
+                _ => {
+                    let (mut values, mut codes) = (Vec::new(), vec![Codes::default(); k / 32]);
+                    for (format, w) in w {
+                        dequantize_row(format, w, &mut codes, &mut values);
+                    }
+                    crate::cpu::matmul(
+                        n,
+                        rows,
+                        k,
+                        &mut out,
+                        rows,
+                        Mat::rows(x, k),
+                        Mat::transposed(&values, k),
+                        1.0,
+                        false,
+                    );
+                }
             }
-            crate::cpu::matmul(rows, n, k, out, n, Mat::rows(&values, k), Mat::transposed(x, k), 1.0, false);
-            return;
+            out
+        })
+        .collect();
+    if blocks.len() == 1 {
+        return blocks.pop().expect("one block");
+    }
+    // y's columns first..first + rows from each chunk's block.
+    let mut y = vec![0.0f32; n * m];
+    for (&first, block) in firsts.iter().zip(&blocks) {
+        let rows = block.len() / n;
+        for (y, block) in y.chunks_exact_mut(m).zip(block.chunks_exact(rows)) {
+            y[first..first + rows].copy_from_slice(block);
         }
-        let mut codes = vec![Codes::default(); k / 32];
-        for (out, (format, range)) in out.chunks_mut(n.max(1)).zip(layout.rows_from(c * chunk)) {
+    }
+    y
+}
+
+/// y = x Wᵀ row of W by row of W with integer dots against x's codes `acts` (where W's format has blocks): yᵀ [m, n],
+/// each core taking chunks of W's rows, transposed at the end.
+fn dots(x: &[f32], n: usize, bytes: &[u8], layout: &Layout, acts: Option<&Activations>) -> Vec<f32> {
+    let (k, m) = (layout.cols, layout.rows());
+    let mut y_t = vec![0.0f32; m * n];
+    // Eight chunks per core.
+    let chunk = m.div_ceil(8 * rayon::current_num_threads()).max(4);
+    y_t.par_chunks_mut(chunk * n).enumerate().for_each(|(c, out)| {
+        let (mut values, mut codes) = (Vec::new(), vec![Codes::default(); k / 32]);
+        for (out, (format, range)) in out.chunks_mut(n).zip(layout.rows_from(c * chunk)) {
             let w = &bytes[range];
-            match &acts {
+            match acts {
                 #[cfg(target_arch = "x86_64")]
                 Some(acts) if x86::legacy(format.id) && crate::cpu::has_avx2_fma() => {
                     for (r, y) in out.iter_mut().enumerate() {
@@ -360,7 +453,7 @@ pub(crate) fn matmul(x: &[f32], n: usize, bytes: &[u8], layout: &Layout) -> Vec<
             }
         }
     });
-    if n <= 1 {
+    if n == 1 {
         return y_t;
     }
     (0..m * n).map(|e| y_t[(e % m) * n + e / m]).collect()
@@ -607,18 +700,17 @@ mod x86 {
     ) -> f32 {
         // Block bytes, where the codes start, where qh is (Q5), whether a min follows d, and the zero point.
         let (bytes, codes_at, high_at, has_min, zero) = match ID {
-            8 => (34, 2, None, false, 0),
-            2 => (18, 2, None, false, 8),
-            3 => (20, 4, None, true, 0),
-            6 => (22, 6, Some(2), false, 16),
-            _ => (24, 8, Some(4), true, 0),
+            8 => (34, 2, None, false, 0.0),
+            2 => (18, 2, None, false, 8.0),
+            3 => (20, 4, None, true, 0.0),
+            6 => (22, 6, Some(2), false, 16.0),
+            _ => (24, 8, Some(4), true, 0.0),
         };
         let half = |b: &[u8], at: usize| halves[u16::from_le_bytes([b[at], b[at + 1]]) as usize];
         // SAFETY (all intrinsics below): the callers are compiled with AVX2 and FMA, which the CPU has; every load
         // reads from a slice of at least the bytes it loads.
         unsafe {
             let low = _mm_set1_epi8(0x0f);
-            let zero = _mm256_set1_epi8(zero);
             // Byte i of the spread qh takes byte i / 8 of qh; bit i % 8 of it is tested.
             let spread = _mm256_setr_epi8(
                 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
@@ -627,9 +719,14 @@ mod x86 {
             let (mut acc, mut other) = (_mm256_setzero_ps(), _mm256_setzero_ps());
             let mut offsets = 0.0;
             for (((b, q), &dx), s) in row.chunks_exact(bytes).zip(q.chunks_exact(32)).zip(d).zip(sums) {
-                let wq = if ID == 8 {
-                    _mm256_loadu_si256(b[2..34].as_ptr().cast())
+                let xq = _mm256_loadu_si256(q.as_ptr().cast());
+                let d = half(b, 0);
+                let lanes = if ID == 8 {
+                    // Signed codes: |w| (unsigned) times x with w's sign, as u8 · i8 takes them.
+                    let wq = _mm256_loadu_si256(b[2..34].as_ptr().cast());
+                    products(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq))
                 } else {
+                    // Unsigned codes q ≥ 0 straight into u8 · i8; w = d (q − zero) + m takes (m − zero d) Σ x.
                     let raw = _mm_loadu_si128(b[codes_at..codes_at + 16].as_ptr().cast());
                     let nibbles = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
                     let codes = match high_at {
@@ -641,16 +738,13 @@ mod x86 {
                         }
                         None => nibbles,
                     };
-                    _mm256_sub_epi8(codes, zero)
+                    let m = if has_min { half(b, 2) } else { 0.0 };
+                    offsets += (m - zero * d) * (s[0] + s[1]);
+                    products(codes, xq)
                 };
-                let xq = _mm256_loadu_si256(q.as_ptr().cast());
-                let lanes = products(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(half(b, 0) * dx), acc);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(d * dx), acc);
                 // The next block adds into the other accumulator.
                 std::mem::swap(&mut acc, &mut other);
-                if has_min {
-                    offsets += half(b, 2) * (s[0] + s[1]);
-                }
             }
             horizontal_sum(_mm256_add_ps(acc, other)) + offsets
         }
@@ -702,10 +796,11 @@ mod tests {
     /// quantization, within 1% of Σ|x_i w_i| (x's step is 1/254 of its block's range; the sums cancel most of it).
     #[test]
     fn packed_products_equal_dequantized_ones_within_the_activation_rounding() {
-        let (k, m) = (256, 24);
+        // 28 rows: the last chunk of W ends inside a tile; 21 rows of x: groups of 4 and one left over.
+        let (k, m) = (256, 28);
         for name in ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16", "F32"] {
             let w = Packed::quantize(by_name(name).unwrap(), m, k, &values(m * k, 1)).unwrap();
-            for n in [1, 3, TILED_ROWS] {
+            for n in [1, 3, TILED_ROWS, 21] {
                 check(&values(n * k, 2), n, &w, name);
             }
         }
@@ -728,27 +823,44 @@ mod tests {
         bytes
     }
 
-    /// The K-quants (which Ember reads but does not write), from random blocks, against dequantize-then-f32.
+    /// The K-quants (which Ember reads but does not write), from random blocks, against dequantize-then-f32, alone
+    /// and as a Q4_K + Q6_K stack (a chunk of W whose halves of a block have their own scales in some rows only).
     #[test]
     fn k_quant_products_equal_dequantized_ones_within_the_activation_rounding() {
         let (k, m, mut rng) = (512, 12, ember_formats::Rng::new(6));
-        for id in [12u32, 13, 14] {
-            let format = ggml::format(id).unwrap();
-            let w = Packed::new(format, m, k, random_blocks(id, m * k / 256, &mut rng)).unwrap();
-            let x = values(2 * k, 7);
-            check(&x, 2, &w, format.name);
+        let mut random =
+            |id| Packed::new(ggml::format(id).unwrap(), m, k, random_blocks(id, m * k / 256, &mut rng)).unwrap();
+        let stack = Packed::stack(vec![random(12), random(14)]).unwrap();
+        for (w, name) in [(random(12), "Q4_K"), (random(13), "Q5_K"), (random(14), "Q6_K"), (stack, "Q4_K+Q6_K")] {
+            for n in [2, 5] {
+                check(&values(n * k, 7), n, &w, name);
+            }
         }
     }
 
-    /// y = x Wᵀ by the packed kernel within 1% of Σ|x_i w_i| of the dequantized product.
+    /// Every walk this CPU can take through W.
+    fn walks(layout: &Layout) -> Vec<Walk> {
+        let mut walks = vec![Walk::Dots, Walk::Dequantized];
+        #[cfg(target_arch = "x86_64")]
+        if has_vnni() && layout.parts.iter().all(|p| p.format.block > 1) {
+            walks.push(Walk::Tiles { split: true });
+            walks.push(Walk::of(TILED_ROWS, layout));
+        }
+        walks
+    }
+
+    /// y = x Wᵀ by the packed kernel, on every walk, within 1% of Σ|x_i w_i| of the dequantized product.
     fn check(x: &[f32], n: usize, w: &Packed, name: &str) {
-        let (k, m) = (w.cols, w.rows());
-        let (y, r) = (matmul(x, n, &w.bytes, &layout(w)), reference(x, n, w));
-        let dense = w.dequantize();
-        for (e, (a, b)) in y.iter().zip(&r).enumerate() {
-            let (i, j) = (e / m, e % m);
-            let scale: f32 = dense[j * k..][..k].iter().zip(&x[i * k..][..k]).map(|(a, b)| (a * b).abs()).sum();
-            assert!((a - b).abs() <= 1e-2 * scale, "{name} n={n} y[{i},{j}]: {a} vs {b} (Σ|xw| {scale})");
+        let (k, m, layout) = (w.cols, w.rows(), layout(w));
+        let (r, dense) = (reference(x, n, w), w.dequantize());
+        for walk in walks(&layout) {
+            let y = product(x, n, &w.bytes, &layout, walk);
+            assert_eq!(y.len(), r.len());
+            for (e, (a, b)) in y.iter().zip(&r).enumerate() {
+                let (i, j) = (e / m, e % m);
+                let scale: f32 = dense[j * k..][..k].iter().zip(&x[i * k..][..k]).map(|(a, b)| (a * b).abs()).sum();
+                assert!((a - b).abs() <= 1e-2 * scale, "{name} n={n} {walk:?} y[{i},{j}]: {a} vs {b} (Σ|xw| {scale})");
+            }
         }
     }
 
