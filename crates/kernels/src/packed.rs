@@ -8,8 +8,9 @@
 //! x·w = Σ_blocks d_x (a_0 Σ_{i<16} q_i q_x,i + a_1 Σ_{i≥16} q_i q_x,i) + m_0 d_x Σ_{i<16} q_x,i + m_1 d_x Σ_{i≥16} q_x,i.
 //! Every format fits that form (Q6_K's 16-value sub-blocks are the halves; Q4_K's and Q5_K's mins are the
 //! offsets), so one integer dot serves them all: AVX-512 VNNI's `vpdpbusd` where the CPU has it, AVX2's
-//! `vpmaddubsw` otherwise, and plain Rust elsewhere. Rows of W are split over the cores; each unpacks a row once and
-//! dots it with every row of x.
+//! `vpmaddubsw` otherwise, and plain Rust elsewhere. Rows of W are split over the cores. A decoded token dots each
+//! row of W with x; from [`TILED_ROWS`] rows of x on, each chunk of W is unpacked once, into integer tiles with VNNI
+//! ([`tiles`]) or into f32 for f32 matrix products.
 //!
 //! On wgpu the blocks live in a u32 buffer and `shaders/packed_matmul.wgsl` dequantizes each value in the shader, an
 //! invocation per output value; x stays f32.
