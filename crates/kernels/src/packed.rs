@@ -333,10 +333,17 @@ impl Walk {
             return Self::Dots;
         }
         #[cfg(target_arch = "x86_64")]
-        if has_vnni() && layout.parts.iter().all(|p| p.format.block > 1) {
-            return Self::Tiles { split: layout.parts.iter().any(|p| p.format.id == 14) };
+        if let Some(tiles) = Self::tiles(layout) {
+            return tiles;
         }
         Self::Dequantized
+    }
+
+    /// VNNI tiles, where the CPU has AVX-512 VNNI and every part of W has blocks; split where any part is Q6_K.
+    #[cfg(target_arch = "x86_64")]
+    fn tiles(layout: &Layout) -> Option<Self> {
+        (has_vnni() && layout.parts.iter().all(|p| p.format.block > 1))
+            .then(|| Self::Tiles { split: layout.parts.iter().any(|p| p.format.id == 14) })
     }
 }
 
@@ -843,9 +850,10 @@ mod tests {
     fn walks(layout: &Layout) -> Vec<Walk> {
         let mut walks = vec![Walk::Dots, Walk::Dequantized];
         #[cfg(target_arch = "x86_64")]
-        if has_vnni() && layout.parts.iter().all(|p| p.format.block > 1) {
+        if let Some(tiles) = Walk::tiles(layout) {
+            // Split tiles serve every format; the unsplit ones where the walk would choose them.
             walks.push(Walk::Tiles { split: true });
-            walks.push(Walk::of(TILED_ROWS, layout));
+            walks.push(tiles);
         }
         walks
     }
