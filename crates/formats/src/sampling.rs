@@ -180,28 +180,80 @@ pub fn sample(logits: &[f32], settings: &SampleConfig, history: &[u32], prompt_l
             .fold((0, f64::NEG_INFINITY), |best, (i, &v)| if v > best.1 { (i, v) } else { best })
             .0 as u32;
     }
-    let mut order: Vec<usize> = (0..z.len()).collect();
-    order.sort_by(|&a, &b| z[b].total_cmp(&z[a]));
-    order.truncate(settings.top_k.unwrap_or(z.len()).min(z.len()));
-    let z_max = z[order[0]];
-    let mut weights: Vec<f64> = order.iter().map(|&i| ((z[i] - z_max) / settings.temperature).exp()).collect();
+    let mut ranking = Ranking::new(&z, settings.top_k.unwrap_or(z.len()));
+    let z_max = z[ranking.at(0)];
+    let weight = |i: usize| ((z[i] - z_max) / settings.temperature).exp();
+    let total: f64 = ranking.order.iter().map(|&i| weight(i)).sum();
+    let mut kept = ranking.order.len();
     if let Some(p) = settings.top_p {
-        let total: f64 = weights.iter().sum();
         let mut mass = 0.0;
-        let keep = weights.iter().position(|w| {
-            mass += w / total;
-            mass >= p
-        });
-        weights.truncate(keep.map_or(weights.len(), |i| i + 1));
+        for rank in 0..kept {
+            mass += weight(ranking.at(rank)) / total;
+            if mass >= p {
+                kept = rank + 1;
+                break;
+            }
+        }
     }
-    let mut u = rng.uniform() * weights.iter().sum::<f64>();
-    for (&i, w) in order.iter().zip(&weights) {
-        if u < *w {
+    let kept_total = match kept == ranking.order.len() {
+        true => total,
+        false => (0..kept).map(|rank| weight(ranking.at(rank))).sum(),
+    };
+    let mut u = rng.uniform() * kept_total;
+    for rank in 0..kept {
+        let i = ranking.at(rank);
+        let w = weight(i);
+        if u < w {
             return i as u32;
         }
         u -= w;
     }
-    order[weights.len() - 1] as u32
+    ranking.at(kept - 1) as u32
+}
+
+/// How many of the most likely tokens are sorted before a draw: at usual temperatures they hold nearly all the
+/// mass, so the rest of the vocabulary (49,152 tokens for SmolLM2) is sorted only when a draw walks past them.
+const SORTED_FIRST: usize = 256;
+
+/// The `k` largest logits' ids, largest first and ties by id (a stable sort's order), sorted only as far as they
+/// are read.
+struct Ranking<'a> {
+    z: &'a [f64],
+    order: Vec<usize>,
+    sorted: usize,
+}
+
+/// Id a before id b when its logit is larger, or equal and a < b.
+fn by_rank(z: &[f64], a: usize, b: usize) -> std::cmp::Ordering {
+    z[b].total_cmp(&z[a]).then(a.cmp(&b))
+}
+
+impl<'a> Ranking<'a> {
+    fn new(z: &'a [f64], k: usize) -> Self {
+        let mut order: Vec<usize> = (0..z.len()).collect();
+        let by_rank = |a: &usize, b: &usize| by_rank(z, *a, *b);
+        let k = k.clamp(1, z.len());
+        if k < order.len() {
+            order.select_nth_unstable_by(k - 1, by_rank);
+            order.truncate(k);
+        }
+        let sorted = SORTED_FIRST.min(k);
+        if sorted < order.len() {
+            order.select_nth_unstable_by(sorted - 1, by_rank);
+        }
+        order[..sorted].sort_unstable_by(by_rank);
+        Self { z, order, sorted }
+    }
+
+    /// The id ranked `rank` (0: the largest logit), sorting the rest first when it lies past the sorted head.
+    fn at(&mut self, rank: usize) -> usize {
+        if rank >= self.sorted {
+            let z = self.z;
+            self.order[self.sorted..].sort_unstable_by(|a, b| by_rank(z, *a, *b));
+            self.sorted = self.order.len();
+        }
+        self.order[rank]
+    }
 }
 
 #[cfg(test)]
@@ -270,5 +322,57 @@ mod tests {
         // 2 − 1.5 = 0.5 whatever the count.
         assert_eq!(sample(&logits, &presence, &[3, 0], 1, &mut rng), 1);
         assert_eq!(sample(&logits, &presence, &[0, 3], 1, &mut rng), 0);
+    }
+    /// Draws through the partly sorted ranking equal draws through a full stable sort of the vocabulary (the order
+    /// before ranking was lazy), with ties, with and without top-k / top-p, at temperatures whose draws stop inside
+    /// the sorted head and far past it.
+    #[test]
+    fn lazily_ranked_draws_equal_fully_sorted_ones() {
+        let mut rng = Rng::new(9);
+        let logits: Vec<f32> = (0..5000).map(|i| if i % 97 == 0 { 3.0 } else { (rng.normal() * 2.0) as f32 }).collect();
+        let full = |settings: &SampleConfig, rng: &mut Rng| -> u32 {
+            let z: Vec<f64> = logits.iter().map(|&x| x as f64).collect();
+            let mut order: Vec<usize> = (0..z.len()).collect();
+            order.sort_by(|&a, &b| z[b].total_cmp(&z[a]));
+            order.truncate(settings.top_k.unwrap_or(z.len()).min(z.len()));
+            let mut weights: Vec<f64> =
+                order.iter().map(|&i| ((z[i] - z[order[0]]) / settings.temperature).exp()).collect();
+            if let Some(p) = settings.top_p {
+                let total: f64 = weights.iter().sum();
+                let mut mass = 0.0;
+                let keep = weights.iter().position(|w| {
+                    mass += w / total;
+                    mass >= p
+                });
+                weights.truncate(keep.map_or(weights.len(), |i| i + 1));
+            }
+            let mut u = rng.uniform() * weights.iter().sum::<f64>();
+            for (&i, w) in order.iter().zip(&weights) {
+                if u < *w {
+                    return i as u32;
+                }
+                u -= w;
+            }
+            order[weights.len() - 1] as u32
+        };
+        for (temperature, top_k, top_p) in [
+            (0.7, None, None),
+            (5.0, None, None),
+            (2.0, Some(1000), None),
+            (3.0, None, Some(0.95)),
+            (1.0, Some(40), Some(0.9)),
+        ] {
+            let settings = SampleConfig { temperature, top_k, top_p, ..Default::default() };
+            let (mut a, mut b) = (Rng::new(1), Rng::new(1));
+            let draws: Vec<(u32, u32)> =
+                (0..300).map(|_| (sample(&logits, &settings, &[], 0, &mut a), full(&settings, &mut b))).collect();
+            assert!(draws.iter().all(|(x, y)| x == y), "T={temperature} k={top_k:?} p={top_p:?}");
+            // The draws reach past the sorted head where the temperature spreads the mass.
+            if temperature >= 5.0 {
+                let ranks: Vec<usize> =
+                    draws.iter().map(|&(x, _)| logits.iter().filter(|&&l| l > logits[x as usize]).count()).collect();
+                assert!(ranks.iter().any(|&r| r >= SORTED_FIRST), "no draw past rank {SORTED_FIRST}");
+            }
+        }
     }
 }
