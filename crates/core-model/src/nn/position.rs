@@ -166,6 +166,24 @@ mod tests {
         assert!((score(&q, &k, 3, 8) - base).abs() > 1e-3, "a different offset must change the score");
     }
 
+    /// Rotate-half RoPE by its definition: pair i = (x_i, x_{i+d/2}) turns by p·θ_i, θ_i = theta^(−2i/d).
+    #[test]
+    fn rope_turns_each_pair_of_halves_by_its_angle() {
+        let dev = Device::flex();
+        let x = [0.5f32, -1.0, 2.0, 0.25, 1.5, -0.75];
+        let rotary = Rotary { theta: 100.0, dim: 6 };
+        let input = Tensor::<4>::from_data(TensorData::new(x.to_vec(), [1, 1, 1, 6]), &dev);
+        let y = Positions::span(5, 1, &dev).rope(rotary).apply(input).into_data().try_to_vec::<f32>().unwrap();
+        for i in 0..3 {
+            let angle = 5.0 * 100f64.powf(-2.0 * i as f64 / 6.0);
+            let (a, b) = (x[i] as f64, x[i + 3] as f64);
+            let want = [a * angle.cos() - b * angle.sin(), b * angle.cos() + a * angle.sin()];
+            for (got, want) in [y[i], y[i + 3]].into_iter().zip(want) {
+                assert!((got as f64 - want).abs() < 1e-5, "pair {i}: {got} vs {want}");
+            }
+        }
+    }
+
     #[test]
     fn sinusoidal_rows_are_sin_and_cos_of_the_position() {
         let row = sinusoidal(&[3], 4, &Device::flex()).into_data().try_to_vec::<f32>().unwrap();
