@@ -195,10 +195,8 @@ pub fn sample(logits: &[f32], settings: &SampleConfig, history: &[u32], prompt_l
             }
         }
     }
-    let kept_total = match kept == ranking.order.len() {
-        true => total,
-        false => (0..kept).map(|rank| weight(ranking.at(rank))).sum(),
-    };
+    let kept_total =
+        if kept == ranking.order.len() { total } else { (0..kept).map(|rank| weight(ranking.at(rank))).sum() };
     let mut u = rng.uniform() * kept_total;
     for rank in 0..kept {
         let i = ranking.at(rank);
@@ -323,6 +321,7 @@ mod tests {
         assert_eq!(sample(&logits, &presence, &[3, 0], 1, &mut rng), 1);
         assert_eq!(sample(&logits, &presence, &[0, 3], 1, &mut rng), 0);
     }
+
     /// Draws through the partly sorted ranking equal draws through a full stable sort of the vocabulary (the order
     /// before ranking was lazy), with ties, with and without top-k / top-p, at temperatures whose draws stop inside
     /// the sorted head and far past it.
