@@ -11,6 +11,8 @@
 #               8 heads at T 512..16384 and d 64, 32 heads at T 1024 and 4096 and d 64 and 128, batch 1 (each row's
 #               output and gradient checked against an f64 reference; paths whose T×T scores exceed the adapter's
 #               storage-binding limit are listed as not run)
+#               and in f16: the tiers with f16 tiles over f32 inputs, then every path on f16 inputs (32 heads, T 1024
+#               and 4096, d 64)
 #   pytorch     scripts/reference/attention.py on CUDA for the same shapes: SDPA in f32 and bf16, naive f32
 #   train       `ember --device wgpu bench train`: llama-tiny at block 1024 with Ember's attention and the naive
 #               path; GPT-2 124M at batch 8 × 1024 beside PyTorch on CUDA (f32 and bf16 autocast)
@@ -54,9 +56,9 @@ torch_device="${EMBER_BENCH_TORCH_DEVICE:-cuda}"
 # attention measurement (a child process: device start, shader compilation, autotuning, timing, the reference check)
 # takes about 5 s.
 if [ "$quick" = 1 ]; then
-  t_devices=60 t_attention=300 t_pytorch=300 t_train=300 t_decode=300 budget=0
+  t_devices=60 t_attention=300 t_f16=300 t_pytorch=300 t_train=300 t_decode=300 budget=0
 else
-  t_devices=30 t_attention=90 t_attention_main=130 t_dq=60 t_pytorch=60 t_train=40 t_gpt2=100 t_decode=80
+  t_devices=30 t_attention=90 t_attention_main=130 t_dq=60 t_f16=50 t_pytorch=60 t_train=40 t_gpt2=100 t_decode=80
   budget="${EMBER_BENCH_BUDGET:-570}"
 fi
 
@@ -291,6 +293,21 @@ if [ "$gpu" = 1 ]; then
     run "$t_dq" "$file" ember --device wgpu bench attention --lengths 1024,4096 --head-dims 64 --heads 8 \
       --iters "$iters" --calls "$calls" --impls subgroup,subgroup-2pass,portable,portable-2pass || true
   fi
+  # f16: the tiers with f16 tiles over f32 inputs beside their f32 selves, then every path on f16 inputs.
+  if [ "$quick" = 1 ]; then f16=(--lengths 64,128 --heads 2); else f16=(--lengths 1024,4096 --heads 32); fi
+  f16+=(--head-dims 64 --iters "$iters" --calls "$calls")
+  [ -z "$peak" ] || f16+=(--peak-gflops "$peak")
+  file="$out/attention-f16.md"
+  heading "$file" "Attention in f16 on wgpu" \
+    "Causal, d 64, batch 1. First f32 inputs, each tier with f32 and with f16 tiles (portable-f16, subgroup-f16); then f16 inputs (Ember's tiers, whose tiles are then f16, Burn's built-in and the naive path, all on f16 tensors). Arithmetic in Ember's kernels stays f32; the percentages are of the FP32 peak."
+  if run "$t_f16" "$file" ember --device wgpu bench attention "${f16[@]}" \
+    --impls portable,portable-f16,subgroup,subgroup-f16; then
+    expect "$file" '^\| [0-9]+ \| [0-9]+ \| portable-f16 \| [0-9.]+ ' "timed portable-f16 row"
+  fi
+  if run "$t_f16" "$file" ember --device wgpu bench attention "${f16[@]}" --dtype f16 --impls portable,subgroup,burn,naive; then
+    expect "$file" 'causal, f16;' "f16-input table"
+  fi
+  if [ "$quick" = 1 ] && grep -q "failed:" "$file"; then fail "a measurement failed in $(basename "$file")"; fi
 else
   skip "no GPU adapter"
 fi

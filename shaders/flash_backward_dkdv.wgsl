@@ -10,15 +10,19 @@
 // chunk of the tile (barriers in uniform control flow) and scoring those its rows see. The first key blocks see the
 // most queries and run first. Runtime loops step over tiles and chunks only (the sum over the block is unrolled):
 // llvmpipe stops an invocation after 65,535 loop iterations in all.
+// Q rows are tiled as `Shared` and dO rows as `Elem`; with f16 tiles the k and v rows are rounded to f16 as the
+// forward's tiles were, so that dO · v and D = rowsum(dO ⊙ o) agree where ds cancels.
 
-@group(0) @binding(0) var<storage, read_write> q: array<vec4<f32>>;     // [B, Hq, Tq, D]
-@group(0) @binding(1) var<storage, read_write> k: array<vec4<f32>>;     // [B, Hkv, Tk, D]
-@group(0) @binding(2) var<storage, read_write> v: array<vec4<f32>>;     // [B, Hkv, Tk, D]
-@group(0) @binding(3) var<storage, read_write> d_o: array<vec4<f32>>;   // [B, Hq, Tq, D]
+{{ types }}
+
+@group(0) @binding(0) var<storage, read_write> q: array<vec4<Elem>>;     // [B, Hq, Tq, D]
+@group(0) @binding(1) var<storage, read_write> k: array<vec4<Elem>>;     // [B, Hkv, Tk, D]
+@group(0) @binding(2) var<storage, read_write> v: array<vec4<Elem>>;     // [B, Hkv, Tk, D]
+@group(0) @binding(3) var<storage, read_write> d_o: array<vec4<Elem>>;   // [B, Hq, Tq, D]
 @group(0) @binding(4) var<storage, read_write> lse: array<f32>;         // [B, Hq, Tq]
 @group(0) @binding(5) var<storage, read_write> delta: array<f32>;       // [B, Hq, Tq]
-@group(0) @binding(6) var<storage, read_write> dk: array<vec4<f32>>;    // [B, Hkv, Tk, D]
-@group(0) @binding(7) var<storage, read_write> dv: array<vec4<f32>>;    // [B, Hkv, Tk, D]
+@group(0) @binding(6) var<storage, read_write> dk: array<vec4<Elem>>;    // [B, Hkv, Tk, D]
+@group(0) @binding(7) var<storage, read_write> dv: array<vec4<Elem>>;    // [B, Hkv, Tk, D]
 {{ outputs }}
 
 {{ common }}
@@ -31,8 +35,8 @@ const TILE: u32 = {{ tile }}u;
 const CHUNK: u32 = {{ chunk }}u;
 const V: u32 = {{ vec4s }}u;
 
-var<workgroup> q_tile: array<vec4<f32>, {{ tile_vec4s }}>;
-var<workgroup> do_tile: array<vec4<f32>, {{ tile_vec4s }}>;
+var<workgroup> q_tile: array<vec4<Shared>, {{ tile_vec4s }}>;
+var<workgroup> do_tile: array<vec4<Elem>, {{ tile_vec4s }}>;
 var<workgroup> lse_tile: array<vec4<f32>, {{ tile_quads }}>;
 var<workgroup> delta_tile: array<vec4<f32>, {{ tile_quads }}>;
 var<workgroup> block_queries: vec2<u32>;
@@ -65,8 +69,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
         for (var idx = lid; idx < TILE * V; idx += THREADS) {
             let i = idx / V;
             let e = packed_row(c, b, kvh, t0 + min(i, n - 1u)).x * V + idx % V;
-            q_tile[idx] = select(vec4<f32>(0.0), q[e], i < n);
-            do_tile[idx] = select(vec4<f32>(0.0), d_o[e], i < n);
+            q_tile[idx] = select(vec4<Shared>(0.0), vec4<Shared>(q[e]), i < n);
+            do_tile[idx] = select(vec4<Elem>(0.0), d_o[e], i < n);
         }
         for (var i = lid; i < TILE; i += THREADS) {
             let row = packed_row(c, b, kvh, t0 + min(i, n - 1u)).x;

@@ -4,13 +4,15 @@
 // in workgroup memory, per-row code unrolled at build time. Launched only where dq is not folded into the dk/dv pass
 // (adapters without f32 atomics, or `AttentionImpl::FoldDq(_, false)`).
 
-@group(0) @binding(0) var<storage, read_write> q: array<vec4<f32>>;     // [B, Hq, Tq, D]
-@group(0) @binding(1) var<storage, read_write> k: array<vec4<f32>>;     // [B, Hkv, Tk, D]
-@group(0) @binding(2) var<storage, read_write> v: array<vec4<f32>>;     // [B, Hkv, Tk, D]
-@group(0) @binding(3) var<storage, read_write> d_o: array<vec4<f32>>;   // [B, Hq, Tq, D]
+{{ types }}
+
+@group(0) @binding(0) var<storage, read_write> q: array<vec4<Elem>>;     // [B, Hq, Tq, D]
+@group(0) @binding(1) var<storage, read_write> k: array<vec4<Elem>>;     // [B, Hkv, Tk, D]
+@group(0) @binding(2) var<storage, read_write> v: array<vec4<Elem>>;     // [B, Hkv, Tk, D]
+@group(0) @binding(3) var<storage, read_write> d_o: array<vec4<Elem>>;   // [B, Hq, Tq, D]
 @group(0) @binding(4) var<storage, read_write> lse: array<f32>;         // [B, Hq, Tq]
 @group(0) @binding(5) var<storage, read_write> delta: array<f32>;       // [B, Hq, Tq]: D_i
-@group(0) @binding(6) var<storage, read_write> dq: array<vec4<f32>>;    // [B, Hq, Tq, D]
+@group(0) @binding(6) var<storage, read_write> dq: array<vec4<Elem>>;    // [B, Hq, Tq, D]
 @group(0) @binding(7) var<storage, read_write> info: array<u32>;
 
 {{ common }}
@@ -23,8 +25,8 @@ const TILE: u32 = {{ tile }}u;
 const CHUNK: u32 = {{ chunk }}u;
 const V: u32 = {{ vec4s }}u;
 
-var<workgroup> k_tile: array<vec4<f32>, {{ tile_vec4s }}>;
-var<workgroup> v_tile: array<vec4<f32>, {{ tile_vec4s }}>;
+var<workgroup> k_tile: array<vec4<Shared>, {{ tile_vec4s }}>;
+var<workgroup> v_tile: array<vec4<Shared>, {{ tile_vec4s }}>;
 var<workgroup> block_keys: vec2<u32>;
 {{ exchange_memory }}
 
@@ -52,8 +54,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
         let n = min(TILE, keys.y - t0);
         for (var idx = lid; idx < TILE * V; idx += THREADS) {
             let e = kv + t0 * V + min(idx, n * V - 1u);
-            k_tile[idx] = select(vec4<f32>(0.0), k[e], idx < n * V);
-            v_tile[idx] = select(vec4<f32>(0.0), v[e], idx < n * V);
+            k_tile[idx] = select(vec4<Shared>(0.0), vec4<Shared>(k[e]), idx < n * V);
+            v_tile[idx] = select(vec4<Shared>(0.0), vec4<Shared>(v[e]), idx < n * V);
         }
         workgroupBarrier();
         let c_hi = min(max(hi, t0), t0 + n) - t0;

@@ -11,13 +11,16 @@
 // (x, part) rescales its vec4 x of every row's u once and adds p·v over the tile's keys j ≡ part mod P, reading each
 // v vec4 once for all rows. At the end the P parts of u are summed in workgroup memory and written out.
 // Rows in workgroup memory are S = V rounded up to odd vec4s long, so vec4 reads across rows fall on distinct banks.
-// Keys and values come from the source pasted in below (kv_source): contiguous or paged f32 (flash_kv_f32.wgsl), or
-// int8 codes with per-group scales, dequantized as they are read (flash_kv_int8.wgsl).
+// Keys and values come from the source pasted in below (kv_source): contiguous or paged f32 or f16
+// (flash_kv_float.wgsl), or int8 codes with per-group scales, dequantized as they are read (flash_kv_int8.wgsl).
+// The K and V tiles hold `Shared` (f32, or f16 in the half tier); scores, p and u are f32.
 // Every runtime loop runs over tiles, vec4s of a row or rows (llvmpipe stops an invocation after 65,535 loop
 // iterations in all); no subgroup operations, at most 16 KiB of workgroup memory (WebGPU's portable limit).
 // Bindings are all read_write: cubecl sub-allocates tensors from shared buffers, which may alias.
 
-@group(0) @binding(0) var<storage, read_write> q: array<vec4<f32>>;        // [B, Hq, Tq, D]
+{{ types }}
+
+@group(0) @binding(0) var<storage, read_write> q: array<vec4<Elem>>;        // [B, Hq, Tq, D]
 @group(0) @binding(1) var<storage, read_write> part_m: array<f32>;         // [B·Hq·Tq, splits]
 @group(0) @binding(2) var<storage, read_write> part_l: array<f32>;         // [B·Hq·Tq, splits]
 @group(0) @binding(3) var<storage, read_write> part_u: array<vec4<f32>>;   // [B·Hq·Tq, splits, D]
@@ -38,8 +41,8 @@ const P: u32 = {{ key_parts }}u;          // invocations per vec4 of u, P · V �
 const MASKED: f32 = -3.0e38;
 
 var<workgroup> q_tile: array<vec4<f32>, {{ row_vec4s }}>;     // R × S: the block's q rows, scaled; at the end u
-var<workgroup> k_tile: array<vec4<f32>, {{ tile_vec4s }}>;    // TILE × S
-var<workgroup> v_tile: array<vec4<f32>, {{ tile_vec4s }}>;    // TILE × S
+var<workgroup> k_tile: array<vec4<Shared>, {{ tile_vec4s }}>; // TILE × S
+var<workgroup> v_tile: array<vec4<Shared>, {{ tile_vec4s }}>; // TILE × S
 var<workgroup> slices: array<f32, {{ slice_count }}>;         // R × TILE × QD partial scores
 var<workgroup> scores: array<f32, {{ score_count }}>;         // R × TILE: scores, then p
 var<workgroup> ranges: array<vec2<u32>, {{ rows }}>;          // the keys each row sees
@@ -64,7 +67,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
         let r = i / S;
         let x = i % S;
         var value = vec4<f32>(0.0);
-        if (r < count && x < V) { value = q[packed_row(c, b, kvh, n0 + r).x * V + x] * c.scale; }
+        if (r < count && x < V) { value = vec4<f32>(q[packed_row(c, b, kvh, n0 + r).x * V + x]) * c.scale; }
         q_tile[i] = value;
     }
     // Each row's key range (rows past count see none).
@@ -103,8 +106,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
                 kx = key_vec4(row, e);
                 vx = value_vec4(row, e);
             }
-            k_tile[j * S + e] = kx;
-            v_tile[j * S + e] = vx;
+            k_tile[j * S + e] = vec4<Shared>(kx);
+            v_tile[j * S + e] = vec4<Shared>(vx);
         }
         workgroupBarrier();
         // (2) Slice `i mod QD` of the score of pair (r, j) = ⌊i / QD⌋: q_r · k_j over vec4s slice, slice + QD, ….
@@ -114,7 +117,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
             let qr = pair / TILE * S;
             let kj = pair % TILE * S;
             var s = 0.0;
-            for (var y = slice; y < V; y += QD) { s += dot(q_tile[qr + y], k_tile[kj + y]); }
+            for (var y = slice; y < V; y += QD) { s += dot(q_tile[qr + y], vec4<f32>(k_tile[kj + y])); }
             slices[i] = s;
         }
         workgroupBarrier();
@@ -149,7 +152,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
         if (part < P) {
             for (var r = 0u; r < R; r++) { u[r] *= rescale[r]; }
             for (var j = part; j < n; j += P) {
-                let w = v_tile[j * S + x];
+                let w = vec4<f32>(v_tile[j * S + x]);
                 for (var r = 0u; r < R; r++) { u[r] += scores[r * TILE + j] * w; }
             }
         }

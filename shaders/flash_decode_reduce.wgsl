@@ -4,10 +4,12 @@
 // vec4 of o.
 // Bindings are all read_write: cubecl sub-allocates tensors from shared buffers, which may alias.
 
+{{ types }}
+
 @group(0) @binding(0) var<storage, read_write> part_m: array<f32>;          // [rows, splits]
 @group(0) @binding(1) var<storage, read_write> part_l: array<f32>;          // [rows, splits]
 @group(0) @binding(2) var<storage, read_write> part_u: array<vec4<f32>>;    // [rows, splits, D]
-@group(0) @binding(3) var<storage, read_write> o: array<vec4<f32>>;         // [rows, D]
+@group(0) @binding(3) var<storage, read_write> o: array<vec4<Elem>>;         // [rows, D]
 @group(0) @binding(4) var<storage, read_write> lse: array<f32>;             // [rows]
 @group(0) @binding(5) var<storage, read_write> info: array<u32>;
 
@@ -31,7 +33,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
     for (var e = lid; e < v4; e += WG) {
         var acc = vec4<f32>(0.0);
         for (var s = 0u; s < splits; s++) { acc += part_u[(first + s) * v4 + e] * exp(part_m[first + s] - big_m); }
-        o[row * v4 + e] = select(vec4<f32>(0.0), acc / l, seen);
+        o[row * v4 + e] = vec4<Elem>(select(vec4<f32>(0.0), acc / l, seen));
     }
     if (lid == 0u) { lse[row] = select(0.0, big_m + log(l), seen); }
 }

@@ -12,11 +12,15 @@
 // past the key length) are skipped. Causal blocks run longest first.
 // The per-row code is unrolled at build time (the placeholders): llvmpipe stops an invocation after 65,535 loop
 // iterations in all, and private arrays indexed at run time would live in memory rather than registers.
+// K and V tiles hold `Shared`, q, k, v and o are `Elem` in memory, all arithmetic is f32; with f16 tiles q is rounded
+// to f16 as well, so that every pass computes attention of the same rounded q, k and v.
 // Bindings are all read_write: cubecl sub-allocates tensors from shared buffers, which may alias.
 
-@group(0) @binding(0) var<storage, read_write> q: array<vec4<f32>>;   // [B, Hq, Tq, D]
-@group(0) @binding(1) var<storage, read_write> k: array<vec4<f32>>;   // [B, Hkv, Tk, D]
-@group(0) @binding(2) var<storage, read_write> v: array<vec4<f32>>;   // [B, Hkv, Tk, D]
+{{ types }}
+
+@group(0) @binding(0) var<storage, read_write> q: array<vec4<Elem>>;   // [B, Hq, Tq, D]
+@group(0) @binding(1) var<storage, read_write> k: array<vec4<Elem>>;   // [B, Hkv, Tk, D]
+@group(0) @binding(2) var<storage, read_write> v: array<vec4<Elem>>;   // [B, Hkv, Tk, D]
 {{ outputs }}
 
 {{ common }}
@@ -29,8 +33,8 @@ const TILE: u32 = {{ tile }}u;            // keys per tile, a multiple of CHUNK
 const CHUNK: u32 = {{ chunk }}u;
 const V: u32 = {{ vec4s }}u;              // D / 4
 
-var<workgroup> k_tile: array<vec4<f32>, {{ tile_vec4s }}>;
-var<workgroup> v_tile: array<vec4<f32>, {{ tile_vec4s }}>;
+var<workgroup> k_tile: array<vec4<Shared>, {{ tile_vec4s }}>;
+var<workgroup> v_tile: array<vec4<Shared>, {{ tile_vec4s }}>;
 var<workgroup> block_keys: vec2<u32>;
 {{ exchange_memory }}
 
@@ -64,8 +68,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
         // The tile's tail is zeroed: masked keys then add 0 · 0.
         for (var idx = lid; idx < TILE * V; idx += THREADS) {
             let e = kv + t0 * V + min(idx, n * V - 1u);
-            k_tile[idx] = select(vec4<f32>(0.0), k[e], idx < n * V);
-            v_tile[idx] = select(vec4<f32>(0.0), v[e], idx < n * V);
+            k_tile[idx] = select(vec4<Shared>(0.0), vec4<Shared>(k[e]), idx < n * V);
+            v_tile[idx] = select(vec4<Shared>(0.0), vec4<Shared>(v[e]), idx < n * V);
         }
         workgroupBarrier();
         // Chunks the group's rows see; the group's lanes share them, so its shuffles run together.

@@ -40,6 +40,18 @@ fn the_quick_gpu_benchmark_fills_every_table() {
             assert!(figure(&attention, &row) > 0.0, "{row} has no forward time:\n{attention}");
         }
     }
+    // f16: f32 inputs through f16 tiles, then f16 inputs through every path.
+    let f16 = read("attention-f16.md");
+    assert!(!f16.contains("failed"), "{f16}");
+    let (f32_inputs, f16_inputs) = f16.split_once("causal, f16;").expect("an f16-input table");
+    for (table, paths) in
+        [(f32_inputs, &["portable-f16", "subgroup-f16"][..]), (f16_inputs, &["portable", "burn", "naive"])]
+    {
+        for path in paths {
+            let row = format!("| 128 | 64 | {path} | ");
+            assert!(figure(table, &row) > 0.0, "{row} has no forward time:\n{f16}");
+        }
+    }
     for table in ["train-llama-tiny-auto.md", "train-gpt2-124m.md"] {
         assert!(figure(&read(table), "ember median: ") > 0.0, "{table}");
     }

@@ -69,6 +69,9 @@ pub enum AttentionImpl {
     /// As `Tier`, with the WGSL backward's dq folded into the dk/dv pass with f32 atomic adds (true: the adapter must
     /// have wgpu `SHADER_FLOAT32_ATOMIC`) or run as a pass of its own (false); `Tier` folds where the adapter has them.
     FoldDq(KernelTier, bool),
+    /// As `Tier`, with f16 tiles in workgroup memory and f32 arithmetic (the adapter must have wgpu `SHADER_F16`);
+    /// `Tier` and `Auto` use them where q, k and v are f16.
+    Half(KernelTier),
     /// The T×T score matrix, masked and soft-maxed with ordinary tensor ops.
     Naive,
     /// Burn's `attention` module op (fused kernels where the backend has them).
@@ -78,7 +81,7 @@ pub enum AttentionImpl {
 impl AttentionImpl {
     /// Ember's own kernels, whichever tier.
     pub fn is_ember(self) -> bool {
-        matches!(self, Self::Auto | Self::Tier(_) | Self::FoldDq(..))
+        matches!(self, Self::Auto | Self::Tier(_) | Self::FoldDq(..) | Self::Half(_))
     }
 }
 
@@ -92,7 +95,11 @@ impl std::str::FromStr for AttentionImpl {
             "burn" => Ok(Self::Burn),
             "portable" => Ok(Self::Tier(KernelTier::Portable)),
             "subgroup" => Ok(Self::Tier(KernelTier::Subgroup)),
-            _ => Err(format!("unknown attention {s:?}: expected auto, portable, subgroup, naive or burn")),
+            "portable-f16" => Ok(Self::Half(KernelTier::Portable)),
+            "subgroup-f16" => Ok(Self::Half(KernelTier::Subgroup)),
+            _ => Err(format!(
+                "unknown attention {s:?}: expected auto, portable, subgroup, portable-f16, subgroup-f16, naive or burn"
+            )),
         }
     }
 }
@@ -189,11 +196,12 @@ fn probabilities(q: Tensor<4>, k: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> 
     if spec.key_lengths.is_none() {
         return softmax(s, 3);
     }
-    // Padding can mask a whole row: p = e^(s − m) / max(ℓ, tiny) with m = 0 where the row max is −∞.
+    // Padding can mask a whole row: p = e^(s − m) / max(ℓ, 1) with m = 0 where the row max is −∞ (ℓ ≥ 1 wherever a
+    // key is seen, e^0 at the maximum; 1 keeps the masked row at 0 in f16 too, where f32::MIN_POSITIVE is 0).
     let m = s.clone().max_dim(3);
     let m = m.clone().mask_fill(m.equal_elem(f32::NEG_INFINITY), 0.0);
     let e = (s - m).exp();
-    let l = e.clone().sum_dim(3).clamp_min(f32::MIN_POSITIVE);
+    let l = e.clone().sum_dim(3).clamp_min(1.0);
     e / l
 }
 

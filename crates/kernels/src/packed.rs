@@ -221,7 +221,7 @@ impl PackedOps for CubeBackend {
     fn packed_matmul(x: CubeTensor, blocks: CubeTensor, layout: Layout) -> CubeTensor {
         let x = f32_contiguous(x);
         let n = x.meta.shape()[0];
-        let y = empty(&x, &[n, layout.rows()]);
+        let y = empty(&x, &[n, layout.rows()], DType::F32);
         if n * layout.rows() > 0 {
             launch(&x, shader(false), 64, grid(n * layout.rows()), &[&x, &blocks, &y], &shader_info(n, &layout));
         }
@@ -232,7 +232,7 @@ impl PackedOps for CubeBackend {
         assert_eq!(ids.dtype.size(), 4, "token ids on wgpu are 32-bit");
         let ids = into_contiguous(ids);
         let n = ids.meta.shape()[0];
-        let y = empty(&blocks, &[n, layout.cols]);
+        let y = empty(&blocks, &[n, layout.cols], DType::F32);
         if n > 0 {
             launch(&blocks, shader(true), 64, grid(n), &[&ids, &blocks, &y], &shader_info(n, &layout));
         }

@@ -14,7 +14,7 @@ use burn::backend::fusion::custom::TensorSpec;
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::wgpu::{CubeBackend, CubeTensor};
 use burn::backend::{Backend, Dispatch, backend_extension, tensor::FloatTensor};
-use burn::tensor::Tensor;
+use burn::tensor::{DType, Tensor};
 
 use crate::flash::cube::{Wgsl, empty, f32_contiguous, launch};
 use crate::flash::{on_flex, on_wgpu};
@@ -47,7 +47,7 @@ impl ScanOps for CubeBackend {
         let x = f32_contiguous(x);
         let dims = x.meta.shape().as_slice().to_vec();
         let (outer, chunks, inner) = (dims[0], dims[1], dims[2..].iter().product::<usize>());
-        let y = empty(&x, &dims);
+        let y = empty(&x, &dims, DType::F32);
         let groups = (outer * inner).div_ceil(WORKGROUP);
         if groups * chunks > 0 {
             let kernel =

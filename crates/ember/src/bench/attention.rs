@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use burn::tensor::{Device, Distribution, Tensor};
+use burn::tensor::{Device, Distribution, FloatDType, Tensor};
 use clap::{Args, ValueEnum};
 use ember_kernels::{AttentionImpl, AttentionSpec, KernelTier, device_memory};
 
@@ -34,10 +34,14 @@ pub struct BenchAttentionArgs {
     calls: usize,
     /// Implementations to measure, in this order: ember (the default tier), portable, subgroup (a WGSL tier
     /// forced), portable-2pass, subgroup-2pass (the tier with dq in a backward pass of its own, not folded into the
-    /// dk/dv pass), burn, naive. Default: on wgpu each tier the adapter runs, then burn and naive; on the CPU ember,
-    /// burn, naive.
+    /// dk/dv pass), portable-f16, subgroup-f16 (the tier with f16 tiles in workgroup memory; with `--dtype f16`
+    /// every tier has them), burn, naive. Default: on wgpu each tier the adapter runs, then burn and naive; on the
+    /// CPU ember, burn, naive.
     #[arg(long, value_delimiter = ',')]
     impls: Vec<String>,
+    /// q, k and v (and so o and the gradients) in f32 or f16 (wgpu adapters with `SHADER_F16`).
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: Precision,
     /// The device's peak rate in GFLOP/s (the FP32 figure of its datasheet, say): adds each rate's percentage of it.
     #[arg(long)]
     peak_gflops: Option<f64>,
@@ -46,12 +50,53 @@ pub struct BenchAttentionArgs {
     one: Option<String>,
 }
 
-const IMPLS: [(&str, AttentionImpl); 7] = [
+/// The inputs' float type.
+#[derive(Clone, Copy, ValueEnum)]
+enum Precision {
+    F32,
+    F16,
+}
+
+impl Precision {
+    fn dtype(self) -> FloatDType {
+        match self {
+            Self::F32 => FloatDType::F32,
+            Self::F16 => FloatDType::F16,
+        }
+    }
+
+    fn bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 => 2,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+        }
+    }
+
+    /// The largest |Δ| / (1 + |reference|) that [`sampled_error`] allows: f32 accumulation over 16k keys stays near
+    /// 1e-5; f16 rounds o and dq to 11 significant bits (4.9e-4 relative) and D = rowsum(dO ⊙ o) through o.
+    fn tolerance(self) -> f64 {
+        match self {
+            Self::F32 => 1e-3,
+            Self::F16 => 5e-3,
+        }
+    }
+}
+
+const IMPLS: [(&str, AttentionImpl); 9] = [
     ("ember", AttentionImpl::Auto),
     ("portable", AttentionImpl::Tier(KernelTier::Portable)),
     ("subgroup", AttentionImpl::Tier(KernelTier::Subgroup)),
     ("portable-2pass", AttentionImpl::FoldDq(KernelTier::Portable, false)),
     ("subgroup-2pass", AttentionImpl::FoldDq(KernelTier::Subgroup, false)),
+    ("portable-f16", AttentionImpl::Half(KernelTier::Portable)),
+    ("subgroup-f16", AttentionImpl::Half(KernelTier::Subgroup)),
     ("burn", AttentionImpl::Burn),
     ("naive", AttentionImpl::Naive),
 ];
@@ -81,13 +126,18 @@ pub fn bench_attention(args: BenchAttentionArgs, choice: DeviceChoice) -> Result
     let per_peak = peak.map_or(String::new(), |p| format!("; % peak: the rate as a percentage of {p:.0} GFLOP/s"));
     let (_, description) = devices::select(choice)?;
     println!(
-        "bench attention on {description}: batch {}, {} heads, causal, f32; per call, median (minimum) of {} \
+        "bench attention on {description}: batch {}, {} heads, causal, {}; per call, median (minimum) of {} \
          repetitions of {} back-to-back calls and one device sync, after 2 untimed calls (shader compilation, \
          autotuning); implementations in turn; GFLOP/s of the median count 4·B·h·T²·d / 2 for the forward and 3.5× \
          that for forward+backward{per_peak}; each path's output and dq checked against an f64 reference on four query \
-         rows (a row fails past a relative error of {TOLERANCE:e}); the largest allocation of the forward alone and of forward+backward \
+         rows (a row fails past a relative error of {:e}); the largest allocation of the forward alone and of forward+backward \
          (under autodiff Burn's built-in materialises the T×T scores by design)",
-        args.batch, args.heads, args.iters, args.calls
+        args.batch,
+        args.heads,
+        args.dtype.name(),
+        args.iters,
+        args.calls,
+        args.dtype.tolerance()
     );
     // With a peak rate, each GFLOP/s column is followed by its percentage of the peak.
     let (pct_head, pct_rule) = if peak.is_some() { (" % peak |", "---:|") } else { ("", "") };
@@ -160,6 +210,7 @@ fn child(args: &BenchAttentionArgs, choice: DeviceChoice, name: &str, t: usize, 
         .args(["bench", "attention", "--one", &format!("{name}:{t}:{d}")])
         .args(["--heads", &args.heads.to_string(), "--batch", &args.batch.to_string()])
         .args(["--iters", &args.iters.to_string(), "--calls", &args.calls.to_string()])
+        .args(["--dtype", args.dtype.name()])
         .output()
         .context("running a measurement")?;
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -173,7 +224,7 @@ fn child(args: &BenchAttentionArgs, choice: DeviceChoice, name: &str, t: usize, 
     let timing = |i: usize| Some(Timing { median: value(i)?, min: value(i + 1)? });
     for (i, pass) in [(6, "output"), (7, "dq")] {
         let error = value(i).context("a sampled error")?;
-        if error.is_nan() || error > TOLERANCE {
+        if error.is_nan() || error > args.dtype.tolerance() {
             bail!("wrong {pass}: |Δ|/(1+|ref|) {error:.1e} on sampled rows against an f64 reference");
         }
     }
@@ -193,7 +244,7 @@ fn measure_one(args: &BenchAttentionArgs, one: &str, choice: DeviceChoice) -> Re
     let (device, _) = devices::select(choice)?;
     // The naive path, and Burn's built-in under autodiff, hold the B·h·T×T scores in one buffer: past the adapter's
     // storage-binding limit wgpu refuses the dispatch, and the timings would be of nothing.
-    let scores = (args.batch * args.heads * t * t * size_of::<f32>()) as u64;
+    let scores = (args.batch * args.heads * t * t * args.dtype.bytes()) as u64;
     let binding = devices::adapter(choice).map(|a| a.limits.max_storage_buffer_binding_size);
     if let Some(limit) = binding.filter(|&l| scores > l && matches!(imp, AttentionImpl::Naive | AttentionImpl::Burn)) {
         bail!(
@@ -204,7 +255,8 @@ fn measure_one(args: &BenchAttentionArgs, one: &str, choice: DeviceChoice) -> Re
     }
     let shape = [args.batch, args.heads, t, d];
     let spec = AttentionSpec::causal(d).with_implementation(imp);
-    let x = |device: &Device| Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), device);
+    let x =
+        |device: &Device| Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(args.dtype.dtype());
     let (q, k, v) = (x(&device), x(&device), x(&device));
     let forward = time(args, &device, || ember_kernels::attention(q.clone(), k.clone(), v.clone(), &spec))?;
     let largest = || device_memory(&device).map_or(0, |m| m.largest_allocation);
@@ -228,9 +280,6 @@ fn measure_one(args: &BenchAttentionArgs, one: &str, choice: DeviceChoice) -> Re
     );
     Ok(())
 }
-
-/// The largest |Δ| / (1 + |reference|) that [`sampled_error`] allows: f32 accumulation over 16k keys stays near 1e-5.
-const TOLERANCE: f64 = 1e-3;
 
 /// The last batch element's last head of a [B, h, T, d] tensor, read back as T·d values.
 fn last_head(x: &Tensor<4>) -> Result<Vec<f32>> {

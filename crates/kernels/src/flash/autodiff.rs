@@ -12,6 +12,8 @@ use burn::backend::{
     tensor::{FloatTensor, IntTensor},
 };
 
+use burn::tensor::FloatDType;
+
 use super::{FlashOps, FlashParams, KvLayout, PackedAttentionOps, PackedHeads};
 
 #[derive(Debug)]
@@ -27,9 +29,10 @@ impl<B: FlashOps> Backward<B, 3> for FlashBackward {
         let q: FloatTensor<B> = checkpointer.retrieve_node_output(qs);
         let k: FloatTensor<B> = checkpointer.retrieve_node_output(ks);
         let v: FloatTensor<B> = checkpointer.retrieve_node_output(vs);
-        // D_i = Σ_e dO_ie o_ie, [B, Hq, Tq].
+        // D_i = Σ_e dO_ie o_ie, [B, Hq, Tq], summed in f32 whatever the inputs' dtype.
         let [b, h, t, _] = <[usize; 4]>::try_from(o.shape().as_slice()).expect("rank 4");
-        let delta = B::float_reshape(B::float_sum_dim(B::float_mul(d_o.clone(), o), 3), [b, h, t].into());
+        let f32 = |x| B::float_cast(x, FloatDType::F32);
+        let delta = B::float_reshape(B::float_sum_dim(B::float_mul(f32(d_o.clone()), f32(o)), 3), [b, h, t].into());
         let (d_q, d_k, d_v) = B::flash_backward(q, k, v, d_o, lse, delta, params);
         for (node, grad) in [(node_q, d_q), (node_k, d_k), (node_v, d_v)] {
             if let Some(node) = node {

@@ -47,6 +47,29 @@ fn fold_dq(like: &CubeTensor, params: &FlashParams) -> bool {
     fold
 }
 
+/// Whether the tiles in workgroup memory hold f16: as `params` forces, else where the inputs (of dtype `elem`) are
+/// f16.
+fn half_tiles(like: &CubeTensor, params: &FlashParams, elem: DType) -> bool {
+    let half = params.half.unwrap_or(elem == DType::F16);
+    let f16 = like.client.properties().supports_type(ElemType::Float(FloatKind::F16));
+    assert!(f16 || !(half || elem == DType::F16), "f16 attention needs an adapter with wgpu SHADER_F16");
+    half
+}
+
+/// The `types` placeholder: `Elem`, the element of q, k, v, o and their gradients in memory, and `Shared`, that of
+/// the tiles in workgroup memory (with `enable f16` where either is f16).
+fn types(elem: DType, half: bool) -> String {
+    let name = |f16: bool| if f16 { "f16" } else { "f32" };
+    let f16 = elem == DType::F16;
+    let enable = if f16 || half { "enable f16;\n" } else { "" };
+    format!("{enable}alias Elem = {};\nalias Shared = {};", name(f16), name(half))
+}
+
+/// Bytes of a value in workgroup tiles: 2 for f16, else 4.
+fn shared_bytes(half: bool) -> usize {
+    if half { 2 } else { 4 }
+}
+
 /// A WGSL file with its `{{ name }}` placeholders filled.
 #[derive(Debug)]
 pub(crate) struct Wgsl {
@@ -71,8 +94,8 @@ impl KernelSource for Wgsl {
 
 /// The decoding kernel's layout for head width d and `packed` query rows per (batch row, KV head) (its GQA group's
 /// heads × Tq): blocks of `rows` query rows, tiles of `tile` keys, rows `stride` vec4s long in workgroup memory (V
-/// rounded up to odd: no bank conflicts across rows), each score split over `dot_parts` invocations and each vec4 of
-/// u over `key_parts`.
+/// rounded up to odd: no bank conflicts across rows; K and V at `shared` bytes a value), each score split over
+/// `dot_parts` invocations and each vec4 of u over `key_parts`.
 #[derive(Clone, Copy, Debug)]
 struct DecodeGeometry {
     rows: usize,
@@ -85,7 +108,7 @@ struct DecodeGeometry {
 }
 
 impl DecodeGeometry {
-    fn new(d: usize, packed: usize) -> Self {
+    fn new(d: usize, packed: usize, shared: usize) -> Self {
         let (wg, packed) = (DECODE_WG as usize, packed.max(1));
         let vec4s = (d / 4).max(1);
         let stride = vec4s | 1;
@@ -100,7 +123,8 @@ impl DecodeGeometry {
         // variable rounded up to 16 bytes, its possible alignment); the split's range.
         let bytes = |tile: usize| {
             let words = [rows * tile * dot_parts(tile), rows * tile, 2 * rows, rows];
-            16 * stride * (rows + 2 * tile) + words.map(|n| (4 * n).next_multiple_of(16)).iter().sum::<usize>() + 16
+            let rows_bytes = 16 * stride * rows + 2 * 4 * shared * stride * tile;
+            rows_bytes + words.map(|n| (4 * n).next_multiple_of(16)).iter().sum::<usize>() + 16
         };
         let mut tile = (1..=32).rev().find(|&t| bytes(t) <= DECODE_BYTES).unwrap_or(1);
         // Whole rounds of the key parts, where the tile holds one.
@@ -166,15 +190,25 @@ fn launch_with_info_at(
     );
 }
 
-pub(crate) fn empty(like: &CubeTensor, dims: &[usize]) -> CubeTensor {
+pub(crate) fn empty(like: &CubeTensor, dims: &[usize], dtype: DType) -> CubeTensor {
     let shape = Shape::from(dims.to_vec());
-    let handle = like.client.empty(shape.num_elements().max(1) * DType::F32.size());
-    CubeTensor::new_contiguous(like.client.clone(), like.device.clone(), shape, handle, DType::F32)
+    let handle = like.client.empty(shape.num_elements().max(1) * dtype.size());
+    CubeTensor::new_contiguous(like.client.clone(), like.device.clone(), shape, handle, dtype)
 }
 
 pub(crate) fn f32_contiguous(t: CubeTensor) -> CubeTensor {
-    assert_eq!(t.dtype, DType::F32, "the WGSL attention kernels take f32 tensors");
+    assert_eq!(t.dtype, DType::F32, "the WGSL kernels take f32 tensors here");
     into_contiguous(t)
+}
+
+/// q, k, v (or dO) contiguous, all f32 or all f16; their dtype.
+fn float_contiguous<const N: usize>(tensors: [CubeTensor; N]) -> ([CubeTensor; N], DType) {
+    let dtype = tensors[0].dtype;
+    assert!(
+        tensors.iter().all(|t| t.dtype == dtype) && matches!(dtype, DType::F32 | DType::F16),
+        "the WGSL attention kernels take q, k and v all f32 or all f16"
+    );
+    (tensors.map(into_contiguous), dtype)
 }
 
 /// The `info` words every kernel reads (layout in `flash_common.wgsl`), for queries q and Hkv KV heads.
@@ -209,7 +243,7 @@ fn info(params: &FlashParams, q: &Shape, hkv: usize, tk: usize) -> Vec<u32> {
     words
 }
 
-const DECODE_F32: &str = include_str!("../../../../shaders/flash_kv_f32.wgsl");
+const DECODE_FLOAT: &str = include_str!("../../../../shaders/flash_kv_float.wgsl");
 const DECODE_INT8: &str = include_str!("../../../../shaders/flash_kv_int8.wgsl");
 
 /// Cuts the tk keys into about `splits` splits of equal length (at least one key each) and records the split length
@@ -223,63 +257,68 @@ fn split_keys(words: &mut [u32], tk: usize, splits: usize) -> usize {
 
 /// Flash-decoding: the split kernel reading keys and values through `kv_source` (WGSL binding `kv` from 5 on), a
 /// workgroup per (split, (batch row, KV head, block of its GQA group's query rows)), then the merge into o and lse, a
-/// workgroup per query row.
-fn decode(q: &CubeTensor, kv_source: String, kv: &[&CubeTensor], words: Vec<u32>, o: &CubeTensor, lse: &CubeTensor) {
+/// workgroup per query row. `half`: K and V tiles in f16.
+fn decode(q: &CubeTensor, kv_source: String, kv: &[&CubeTensor], words: Vec<u32>, half: bool, out: [&CubeTensor; 2]) {
     let mut words = words;
     let [b, hq, hkv, tq, tk, d] = [0usize, 1, 2, 3, 4, 5].map(|i| words[i] as usize);
-    let geometry = DecodeGeometry::new(d, hq / hkv * tq);
+    let geometry = DecodeGeometry::new(d, hq / hkv * tq, shared_bytes(half));
     // Splits: enough for FILL_WORKGROUPS workgroups over the (batch row, KV head, row block)s, within SPLIT_MIN and
     // SPLIT_MAX keys each.
     let wanted = FILL_WORKGROUPS.div_ceil(b * hkv * geometry.blocks);
     let splits = split_keys(&mut words, tk, wanted.min(tk / SPLIT_MIN).max(tk.div_ceil(SPLIT_MAX)));
     let rows = b * hq * tq;
-    let (part_m, part_l) = (empty(q, &[rows, splits]), empty(q, &[rows, splits]));
-    let part_u = empty(q, &[rows, splits, d]);
+    let parts = partial_states(q, rows, splits, d);
     let mut values = geometry.values();
-    values.push(("kv_source", kv_source));
+    values.extend([("kv_source", kv_source), ("types", types(q.dtype, half))]);
     let split = Wgsl { name: "flash_decode", text: include_str!("../../../../shaders/flash_decode.wgsl"), values };
-    let mut tensors = vec![q, &part_m, &part_l, &part_u];
+    let mut tensors = vec![q, &parts[0], &parts[1], &parts[2]];
     tensors.extend(kv);
     let count = (splits as u32, (b * hkv * geometry.blocks) as u32);
     launch_with_info_at(q, split, DECODE_WG, [count.0, count.1, 1], &tensors, 4, &words);
-    merge(q, &words, [&part_m, &part_l, &part_u], o, lse);
+    merge(q, &words, parts, out);
 }
 
-/// The merge of split partial states [rows, splits] (m, ℓ, and u with D per entry) into o and lse, a workgroup per
-/// query row.
-fn merge(q: &CubeTensor, words: &[u32], parts: [&CubeTensor; 3], o: &CubeTensor, lse: &CubeTensor) {
+/// Split partial states of `rows` query rows: m and ℓ [rows, splits], u [rows, splits, d], all f32.
+fn partial_states(like: &CubeTensor, rows: usize, splits: usize, d: usize) -> [CubeTensor; 3] {
+    [&[rows, splits][..], &[rows, splits], &[rows, splits, d]].map(|dims| empty(like, dims, DType::F32))
+}
+
+/// The merge of split partial states [rows, splits] (m, ℓ, and u with D per entry) into o (of o's dtype) and lse, a
+/// workgroup per query row.
+fn merge(q: &CubeTensor, words: &[u32], parts: [CubeTensor; 3], [o, lse]: [&CubeTensor; 2]) {
     let rows = (words[0] * words[1] * words[3]) as usize;
     let reduce = Wgsl {
         name: "flash_decode_reduce",
         text: include_str!("../../../../shaders/flash_decode_reduce.wgsl"),
-        values: vec![("workgroup", REDUCE_WG.to_string())],
+        values: vec![("workgroup", REDUCE_WG.to_string()), ("types", types(o.dtype, false))],
     };
     // Rows past the grid's 65,535 per dimension wrap into y (the merge kernel's row = x + y · min(rows, 65,535)).
     let across = rows.min(65535);
     let count = (across as u32, rows.div_ceil(across) as u32);
-    let [part_m, part_l, part_u] = parts;
+    let [part_m, part_l, part_u] = &parts;
     launch(q, reduce, REDUCE_WG, count, &[part_m, part_l, part_u, o, lse], words);
 }
 
 impl FlashOps for CubeBackend {
     fn flash_forward(q: CubeTensor, k: CubeTensor, v: CubeTensor, params: FlashParams) -> (CubeTensor, CubeTensor) {
-        let (q, k, v) = (f32_contiguous(q), f32_contiguous(k), f32_contiguous(v));
+        let ([q, k, v], dtype) = float_contiguous([q, k, v]);
+        let half = half_tiles(&q, &params, dtype);
         let (qs, ks) = (q.meta.shape().clone(), k.meta.shape().clone());
         let (b, hq, tq, d) = (qs[0], qs[1], qs[2], qs[3]);
         assert!(hq % ks[1] == 0, "query heads ({hq}) must be a multiple of KV heads ({})", ks[1]);
-        let o = empty(&q, &[b, hq, tq, d]);
-        let lse = empty(&q, &[b, hq, tq]);
+        let o = empty(&q, &[b, hq, tq, d], dtype);
+        let lse = empty(&q, &[b, hq, tq], DType::F32);
         if b * hq * tq == 0 {
             return (o, lse);
         }
         if let KvLayout::Paged(p) = &params.layout {
             let words = info(&params, &qs, ks[1], p.keys);
-            decode(&q, DECODE_F32.into(), &[&k, &v], words, &o, &lse);
+            decode(&q, DECODE_FLOAT.into(), &[&k, &v], words, half, [&o, &lse]);
         } else if tq <= DECODE_ROWS {
-            decode(&q, DECODE_F32.into(), &[&k, &v], info(&params, &qs, ks[1], ks[2]), &o, &lse);
+            decode(&q, DECODE_FLOAT.into(), &[&k, &v], info(&params, &qs, ks[1], ks[2]), half, [&o, &lse]);
         } else {
             let workgroup_bytes = q.client.properties().hardware.max_shared_memory_size;
-            let geometry = Geometry::queries(tier(&q, &params), d, workgroup_bytes);
+            let geometry = Geometry::queries(tier(&q, &params), d, shared_bytes(half), workgroup_bytes);
             let (hkv, tk) = (ks[1], ks[2]);
             let count = (((hq / hkv * tq) as u32).div_ceil(geometry.block()), (b * hkv) as u32);
             let mut words = info(&params, &qs, hkv, tk);
@@ -287,16 +326,16 @@ impl FlashOps for CubeBackend {
             let workgroups = (count.0 * count.1) as usize;
             let splits = FILL_WORKGROUPS.div_ceil(workgroups).min(tk / SPLIT_KEYS);
             let text = include_str!("../../../../shaders/flash_forward.wgsl");
-            let kernel = Wgsl { name: "flash_forward", text, values: geometry.forward(splits > 1) };
+            let mut values = geometry.forward(splits > 1);
+            values.push(("types", types(dtype, half)));
+            let kernel = Wgsl { name: "flash_forward", text, values };
             if splits > 1 {
                 let splits = split_keys(&mut words, tk, splits);
-                let rows = b * hq * tq;
-                let (part_m, part_l) = (empty(&q, &[rows, splits]), empty(&q, &[rows, splits]));
-                let part_u = empty(&q, &[rows, splits, d]);
-                let tensors = [&q, &k, &v, &part_m, &part_l, &part_u];
+                let parts = partial_states(&q, b * hq * tq, splits, d);
+                let tensors = [&q, &k, &v, &parts[0], &parts[1], &parts[2]];
                 let grid = [count.0, count.1, splits as u32];
                 launch_with_info_at(&q, kernel, geometry.threads, grid, &tensors, tensors.len(), &words);
-                merge(&q, &words, [&part_m, &part_l, &part_u], &o, &lse);
+                merge(&q, &words, parts, [&o, &lse]);
             } else {
                 launch(&q, kernel, geometry.threads, count, &[&q, &k, &v, &o, &lse], &words);
             }
@@ -313,20 +352,21 @@ impl FlashOps for CubeBackend {
         params: FlashParams,
     ) -> CubeTensor {
         let KvLayout::Int8 { group, keys } = params.layout else { panic!("int8 decoding takes an int8 layout") };
-        let q = f32_contiguous(q);
+        let ([q], dtype) = float_contiguous([q]);
+        let half = half_tiles(&q, &params, dtype);
         let (k_scales, v_scales) = (f32_contiguous(k_scales), f32_contiguous(v_scales));
         let (k_codes, v_codes) = (into_contiguous(k_codes), into_contiguous(v_codes));
         assert_eq!(k_codes.dtype.size(), 4, "int8 codes come packed in 32-bit words");
         let qs = q.meta.shape().clone();
         let (b, hq, tq, d) = (qs[0], qs[1], qs[2], qs[3]);
         let hkv = k_codes.meta.shape()[2] * 4 / d;
-        let o = empty(&q, &[b, hq, tq, d]);
-        let lse = empty(&q, &[b, hq, tq]);
+        let o = empty(&q, &[b, hq, tq, d], dtype);
+        let lse = empty(&q, &[b, hq, tq], DType::F32);
         if b * hq * tq > 0 {
             let words = info(&params, &qs, hkv, keys);
             // The source is pasted into the kernel after its placeholders are filled: fill its own first.
             let source = DECODE_INT8.replace("{{ group }}", &group.to_string());
-            decode(&q, source, &[&k_codes, &k_scales, &v_codes, &v_scales], words, &o, &lse);
+            decode(&q, source, &[&k_codes, &k_scales, &v_codes, &v_scales], words, half, [&o, &lse]);
         }
         o
     }
@@ -340,35 +380,40 @@ impl FlashOps for CubeBackend {
         delta: CubeTensor,
         params: FlashParams,
     ) -> (CubeTensor, CubeTensor, CubeTensor) {
-        let (q, k, v) = (f32_contiguous(q), f32_contiguous(k), f32_contiguous(v));
-        let (d_o, lse, delta) = (f32_contiguous(d_o), f32_contiguous(lse), f32_contiguous(delta));
+        let ([q, k, v, d_o], dtype) = float_contiguous([q, k, v, d_o]);
+        let (lse, delta) = (f32_contiguous(lse), f32_contiguous(delta));
+        let half = half_tiles(&q, &params, dtype);
         let (qs, ks) = (q.meta.shape().clone(), k.meta.shape().clone());
         let (b, hq, tq, d) = (qs[0], qs[1], qs[2], qs[3]);
         let (hkv, tk) = (ks[1], ks[2]);
         let fold = fold_dq(&q, &params);
-        // Folded, the dk/dv pass adds into dq: zeros first.
+        // Folded, the dk/dv pass adds into dq, f32 zeros first.
         let dq = if fold && b * hq * tq > 0 {
             let zeros = CubeBackend::float_zeros(Shape::from(vec![b, hq, tq, d]), &q.device, FloatDType::F32);
-            f32_contiguous(zeros)
+            into_contiguous(zeros)
         } else {
-            empty(&q, &[b, hq, tq, d])
+            empty(&q, &[b, hq, tq, d], dtype)
         };
-        let dk = empty(&q, &[b, hkv, tk, d]);
-        let dv = empty(&q, &[b, hkv, tk, d]);
+        let dk = empty(&q, &[b, hkv, tk, d], dtype);
+        let dv = empty(&q, &[b, hkv, tk, d], dtype);
         let words = info(&params, &qs, hkv, tk);
         let workgroup_bytes = q.client.properties().hardware.max_shared_memory_size;
-        let tier = tier(&q, &params);
+        let (tier, shared) = (tier(&q, &params), shared_bytes(half));
         if b * hq * tq > 0 && !fold {
-            let geometry = Geometry::queries(tier, d, workgroup_bytes);
+            let geometry = Geometry::queries(tier, d, shared, workgroup_bytes);
             let text = include_str!("../../../../shaders/flash_backward_dq.wgsl");
-            let kernel = Wgsl { name: "flash_backward_dq", text, values: geometry.dq() };
+            let mut values = geometry.dq();
+            values.push(("types", types(dtype, half)));
+            let kernel = Wgsl { name: "flash_backward_dq", text, values };
             let count = (((hq / hkv * tq) as u32).div_ceil(geometry.block()), (b * hkv) as u32);
             launch(&q, kernel, geometry.threads, count, &[&q, &k, &v, &d_o, &lse, &delta, &dq], &words);
         }
         if b * hkv * tk > 0 {
-            let geometry = Geometry::keys(tier, d, workgroup_bytes, fold);
+            let geometry = Geometry::keys(tier, d, shared + dtype.size(), workgroup_bytes, fold);
             let text = include_str!("../../../../shaders/flash_backward_dkdv.wgsl");
-            let kernel = Wgsl { name: "flash_backward_dkdv", text, values: geometry.dkdv() };
+            let mut values = geometry.dkdv();
+            values.push(("types", types(dtype, half)));
+            let kernel = Wgsl { name: "flash_backward_dkdv", text, values };
             let count = ((tk as u32).div_ceil(geometry.block()), (b * hkv) as u32);
             let mut tensors = vec![&q, &k, &v, &d_o, &lse, &delta, &dk, &dv];
             if fold {
@@ -376,6 +421,7 @@ impl FlashOps for CubeBackend {
             }
             launch(&q, kernel, geometry.threads, count, &tensors, &words);
         }
-        (dq, dk, dv)
+        // dq accumulated atomically in f32 is handed back in the inputs' dtype.
+        (CubeBackend::float_cast(dq, dtype.into()), dk, dv)
     }
 }

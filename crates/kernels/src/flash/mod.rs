@@ -39,6 +39,10 @@ pub struct FlashParams {
     /// Whether the WGSL backward folds dq into the dk/dv pass with f32 atomic adds (true: the adapter must have wgpu
     /// `SHADER_FLOAT32_ATOMIC`) or runs it as a pass of its own (None: folded where the adapter has them).
     pub fold_dq: Option<bool>,
+    /// Whether the tiles in workgroup memory (K and V; Q and dO in the dk/dv pass) hold f16, twice the rows per tile,
+    /// with every product and sum still in f32 (true: the adapter must have wgpu `SHADER_F16`; None: where q, k and v
+    /// are f16 themselves).
+    pub half: Option<bool>,
 }
 
 /// How the WGSL kernels spread query (or key) rows over lanes.
@@ -82,13 +86,16 @@ impl FlashParams {
             key_lengths: spec.key_lengths.clone().unwrap_or_default(),
             layout: KvLayout::Contiguous,
             tier: match spec.implementation {
-                crate::AttentionImpl::Tier(tier) | crate::AttentionImpl::FoldDq(tier, _) => Some(tier),
+                crate::AttentionImpl::Tier(tier)
+                | crate::AttentionImpl::FoldDq(tier, _)
+                | crate::AttentionImpl::Half(tier) => Some(tier),
                 _ => None,
             },
             fold_dq: match spec.implementation {
                 crate::AttentionImpl::FoldDq(_, fold) => Some(fold),
                 _ => None,
             },
+            half: matches!(spec.implementation, crate::AttentionImpl::Half(_)).then_some(true),
         }
     }
 }

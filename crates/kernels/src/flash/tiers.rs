@@ -12,7 +12,7 @@ const SUBGROUP_BYTES: usize = 32768;
 
 /// The forward's output bindings: o and lse, or a split's partial states for the merge kernel.
 const OUTPUTS: &str = "\
-@group(0) @binding(3) var<storage, read_write> o: array<vec4<f32>>;        // [B, Hq, Tq, D]
+@group(0) @binding(3) var<storage, read_write> o: array<vec4<Elem>>;       // [B, Hq, Tq, D]
 @group(0) @binding(4) var<storage, read_write> lse: array<f32>;            // [B, Hq, Tq]
 @group(0) @binding(5) var<storage, read_write> info: array<u32>;";
 const SPLIT_OUTPUTS: &str = "\
@@ -51,16 +51,16 @@ enum KRows {
 
 impl Geometry {
     /// The forward's (and dq's) layout in `tier` for head width d on an adapter with `workgroup_bytes` of workgroup
-    /// memory: query rows over lanes, K and V tiles.
-    pub fn queries(tier: KernelTier, d: usize, workgroup_bytes: usize) -> Self {
-        Self::new(tier, d, workgroup_bytes, 2, 8 * d, 0)
+    /// memory: query rows over lanes, K and V tiles of `shared` bytes per value (2: f16, twice the keys per tile).
+    pub fn queries(tier: KernelTier, d: usize, shared: usize, workgroup_bytes: usize) -> Self {
+        Self::new(tier, d, workgroup_bytes, 2, 2 * shared * d, 0)
     }
 
     /// dk/dv's layout: one key row per group of lanes (it holds k, v, dk and dv), Q and dO tiles with lse and D. With
     /// `fold`, dq too: a chunk's ds for each key row in workgroup memory, and the block's K rows where a tile of 16
-    /// query rows still fits beside them.
-    pub fn keys(tier: KernelTier, d: usize, workgroup_bytes: usize, fold: bool) -> Self {
-        let tiles = |per_key: usize| Self::new(tier, d, workgroup_bytes, 1, 8 * d + 8, per_key);
+    /// query rows still fits beside them. A Q row and a dO row take `pair` bytes per value together.
+    pub fn keys(tier: KernelTier, d: usize, pair: usize, workgroup_bytes: usize, fold: bool) -> Self {
+        let tiles = |per_key: usize| Self::new(tier, d, workgroup_bytes, 1, pair * d + 8, per_key);
         if !fold {
             return tiles(0);
         }
@@ -157,12 +157,13 @@ impl Geometry {
     }
 
     /// `let {name}{r}_{x} = {buffer}[…]{suffix};`: the lane's share of each of the group's rows (`row{r}.x` their
-    /// row index).
-    fn load(&self, code: &mut String, name: &str, buffer: &str, suffix: &str) {
+    /// row index) in f32; `shared`: rounded to the tiles' type first, as the other pass read the same rows.
+    fn load(&self, code: &mut String, name: &str, buffer: &str, suffix: &str, shared: bool) {
         for r in 0..self.rows {
             for x in 0..self.per_lane() {
                 let at = self.at(&format!("row{r}.x * V"), x);
-                let _ = writeln!(code, "let {name}{r}_{x} = {buffer}[{at}]{suffix};");
+                let value = if shared { format!("vec4<Shared>({buffer}[{at}])") } else { format!("{buffer}[{at}]") };
+                let _ = writeln!(code, "let {name}{r}_{x} = vec4<f32>({value}){suffix};");
             }
         }
     }
@@ -195,7 +196,7 @@ impl Geometry {
         for j in 0..self.chunk {
             for x in 0..self.per_lane() {
                 let at = self.at(&format!("(j0 + {j}u) * V"), x);
-                let _ = writeln!(code, "let {out}t{j}_{x} = {tile}[{at}];");
+                let _ = writeln!(code, "let {out}t{j}_{x} = vec4<f32>({tile}[{at}]);");
             }
             for r in 0..self.rows {
                 let terms = (0..self.per_lane()).map(|x| format!("dot({held}{r}_{x}, {out}t{j}_{x})"));
@@ -251,7 +252,7 @@ impl Geometry {
             for x in 0..self.per_lane() {
                 let at = self.at(&format!("(j0 + {j}u) * V"), x);
                 for &(acc, coef, tile) in terms {
-                    let _ = write!(code, "{{ let w = {tile}[{at}];");
+                    let _ = write!(code, "{{ let w = vec4<f32>({tile}[{at}]);");
                     for r in 0..self.rows {
                         let e = ["x", "y", "z", "w"][j as usize % 4];
                         let _ = write!(code, " {acc}{r}_{x} += {coef}{r}_{}.{e} * w;", j / 4);
@@ -270,7 +271,7 @@ impl Geometry {
             for x in 0..self.per_lane() {
                 let at = self.at(&format!("row{r}.x * V"), x);
                 let value = value.replace('#', &format!("{r}_{x}")).replace('@', &r.to_string());
-                let _ = writeln!(code, "    {buffer}[{at}] = {value};");
+                let _ = writeln!(code, "    {buffer}[{at}] = vec4<Elem>({value});");
             }
             let _ = writeln!(code, "    {}", after.replace('@', &r.to_string()));
             let _ = writeln!(code, "}}");
@@ -302,7 +303,7 @@ impl Geometry {
         for r in 0..self.rows {
             let _ = writeln!(setup, "var m{r} = -3.0e38; var l{r} = 0.0;");
         }
-        self.load(&mut setup, "q", "q", " * c.scale");
+        self.load(&mut setup, "q", "q", " * c.scale", true);
         self.zero(&mut setup, "u");
         self.union(&mut setup);
 
@@ -361,8 +362,8 @@ impl Geometry {
     pub fn dq(&self) -> Vec<(&'static str, String)> {
         let mut setup = String::new();
         self.query_rows(&mut setup, false);
-        self.load(&mut setup, "q", "q", " * c.scale");
-        self.load(&mut setup, "g", "d_o", "");
+        self.load(&mut setup, "q", "q", " * c.scale", true);
+        self.load(&mut setup, "g", "d_o", "", false);
         self.zero(&mut setup, "a");
         for r in 0..self.rows {
             let _ = writeln!(setup, "let lse{r} = lse[row{r}.x]; let dl{r} = delta[row{r}.x];");
@@ -405,7 +406,7 @@ impl Geometry {
             let _ = writeln!(setup, "let row{r} = vec2<u32>(kv + key{r}, 0u);");
             let _ = writeln!(setup, "let range{r} = key_queries(c, b, key{r}) * g;");
         }
-        self.load(&mut setup, "k", "k", " * c.scale");
+        self.load(&mut setup, "k", "k", " * c.scale", true);
         if self.fold == Some(KRows::Shared) {
             for r in 0..self.rows {
                 for x in 0..self.per_lane() {
@@ -413,7 +414,7 @@ impl Geometry {
                 }
             }
         }
-        self.load(&mut setup, "v", "v", "");
+        self.load(&mut setup, "v", "v", "", true);
         self.zero(&mut setup, "dk");
         self.zero(&mut setup, "dv");
         self.union(&mut setup);
@@ -473,7 +474,7 @@ impl Geometry {
         let shared_column = self.threads.is_multiple_of(self.vec4s);
         let key = |j: u32, s: u32| match k_rows {
             KRows::Shared => format!("k_block[{j}u * V + qx{s}]"),
-            KRows::Buffer => format!("k[(kv + min(n0 + {j}u, rows - 1u)) * V + qx{s}]"),
+            KRows::Buffer => format!("vec4<f32>(vec4<Shared>(k[(kv + min(n0 + {j}u, rows - 1u)) * V + qx{s}]))"),
         };
         let mut end = String::from("workgroupBarrier();\n{\n");
         for s in 0..slots {
