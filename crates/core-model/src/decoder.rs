@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Embedding};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 use ember_formats::packed::Packed;
 use ember_kernels::{AttentionImpl, Similarity};
 
@@ -248,7 +248,8 @@ impl Gpt {
             (Some(wpe), _) => e + wpe.forward(positions.ids()),
             (None, PositionKind::Sinusoidal) => {
                 let d = self.config.d_model;
-                e * (d as f64).sqrt() + positions.sinusoidal(d)
+                let dtype = FloatDType::from(e.dtype());
+                e * (d as f64).sqrt() + positions.sinusoidal(d, dtype)
             }
             _ => e,
         };

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{FloatDType, Tensor, TensorData};
 
 /// A parameter's path, identity and shape.
 #[derive(Clone, Debug, PartialEq)]
@@ -138,4 +138,19 @@ pub fn load_state_dict<M: Module>(module: M, tensors: &HashMap<String, TensorDat
         return Err(Mismatch::Unused(unused));
     }
     Ok(module)
+}
+
+/// Casts every float parameter to `dtype`.
+struct Caster(FloatDType);
+
+impl ModuleMapper for Caster {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let (id, tensor, mapper) = param.consume();
+        Param::from_mapped_value(id, tensor.cast(self.0), mapper)
+    }
+}
+
+/// The module with every float parameter in `dtype` (f16 on a wgpu adapter with `SHADER_F16`, say).
+pub fn cast_params<M: Module>(module: M, dtype: FloatDType) -> M {
+    module.map(&mut Caster(dtype))
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Embedding, Linear};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 use ember_kernels::{AttentionImpl, AttentionSpec, linear};
 
 use crate::ModelConfig;
@@ -227,7 +227,10 @@ impl Seq2Seq {
         let d = self.config.model.d_model;
         let x = embedding.forward(tokens) * (d as f64).sqrt();
         let x = match self.config.model.positions {
-            PositionKind::Sinusoidal => x + positions.sinusoidal(d),
+            PositionKind::Sinusoidal => {
+                let dtype = FloatDType::from(x.dtype());
+                x + positions.sinusoidal(d, dtype)
+            }
             _ => x,
         };
         self.drop.forward(x)

@@ -3,7 +3,7 @@
 
 use burn::tensor::activation::softmax;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{Bool, Device, Distribution, Int, Tensor, TensorData};
+use burn::tensor::{Bool, Device, Distribution, FloatDType, Int, Tensor, TensorData};
 
 use crate::flash::{
     KernelTier, PackedHeads, flash_attention, on_flex, on_wgpu, packed_flash_attention, supports_head_dim,
@@ -108,7 +108,10 @@ impl std::str::FromStr for AttentionImpl {
 /// ([`similarity_attention`]).
 pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> {
     if spec.similarity != Similarity::Softmax {
-        return similarity_attention(q, k, v, spec);
+        // Feature maps (e^(w·x − |x|²/2), elu + 1) and their running sums overflow or lose f16: f32 whatever q's dtype.
+        let dtype = FloatDType::from(q.dtype());
+        let f32 = |x: Tensor<4>| x.cast(FloatDType::F32);
+        return similarity_attention(f32(q), f32(k), f32(v), spec).cast(dtype);
     }
     let [_, hq, _, d] = q.dims();
     let width = d.max(v.dims()[3]);
@@ -231,7 +234,7 @@ fn zero_pad(x: Tensor<4>, width: usize) -> Tensor<4> {
     if d == width {
         return x;
     }
-    let zeros = Tensor::zeros([b, h, t, width - d], &x.device());
+    let zeros = Tensor::zeros([b, h, t, width - d], (&x.device(), x.dtype()));
     Tensor::cat(vec![x, zeros], 3)
 }
 

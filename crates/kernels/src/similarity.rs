@@ -228,7 +228,11 @@ fn chunked_causal(fq: Tensor<4>, fk: Tensor<4>, v: Tensor<4>, prior: Option<(Ten
     // Padded keys have zero features, so they add nothing; padded queries are cut off at the end.
     let pad = |x: Tensor<4>| {
         let [b, h, t, w] = x.dims();
-        if t == padded { x } else { Tensor::cat(vec![x.clone(), Tensor::zeros([b, h, padded - t, w], &x.device())], 2) }
+        if t == padded {
+            x
+        } else {
+            Tensor::cat(vec![x.clone(), Tensor::zeros([b, h, padded - t, w], (&x.device(), x.dtype()))], 2)
+        }
     };
     let chunks = |x: Tensor<4>, w: usize| pad(x).reshape([b * h, n, chunk, w]);
     let (fq, fk, v) = (chunks(fq, r), chunks(fk, r), chunks(v, dv));

@@ -3,7 +3,7 @@
 
 use std::cell::OnceCell;
 
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 
 /// Rows of the 2017 table at `positions`, [n, d]: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(p / 10000^(2i/d)).
 pub fn sinusoidal(positions: &[usize], d: usize, device: &Device) -> Tensor<2> {
@@ -82,10 +82,10 @@ impl Positions {
         }
     }
 
-    /// The 2017 table at these positions, [1, T, d] or [B, 1, d].
-    pub fn sinusoidal(&self, d: usize) -> Tensor<3> {
+    /// The 2017 table at these positions, [1, T, d] or [B, 1, d], in `dtype`.
+    pub fn sinusoidal(&self, d: usize, dtype: FloatDType) -> Tensor<3> {
         let (positions, [rows, tokens]) = self.listed();
-        sinusoidal(&positions, d, &self.device).reshape([rows, tokens, d])
+        sinusoidal(&positions, d, &self.device).reshape([rows, tokens, d]).cast(dtype)
     }
 
     /// The rotation tables of `rotary` at these positions.
@@ -135,7 +135,9 @@ impl Rope {
         let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..d / 2]);
         let x2 = x.clone().slice([0..b, 0..h, 0..t, d / 2..d]);
         let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
-        x * self.cos.clone() + rotated * self.sin.clone()
+        // The tables are f32; a model in f16 multiplies by them in f16.
+        let dtype = FloatDType::from(x.dtype());
+        x * self.cos.clone().cast(dtype) + rotated * self.sin.clone().cast(dtype)
     }
 }
 
