@@ -97,7 +97,7 @@ pub fn append_rows(
         if t == longest {
             a
         } else {
-            Tensor::cat(vec![a.clone(), Tensor::zeros([1, n, longest - t, w], &a.device())], 2)
+            Tensor::cat(vec![a.clone(), Tensor::zeros([1, n, longest - t, w], (&a.device(), a.dtype()))], 2)
         }
     };
     let (mut first, mut second) = (Vec::new(), Vec::new());

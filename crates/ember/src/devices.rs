@@ -1,9 +1,9 @@
 //! `--device cpu|ndarray|flex|wgpu|auto`: which Burn device a command runs on.
 
 use anyhow::{Result, bail};
-use burn::tensor::{Device, DeviceKind};
+use burn::tensor::{Device, DeviceKind, FloatDType};
 use clap::ValueEnum;
-use ember_kernels::adapters::DeviceType;
+use ember_kernels::adapters::{DeviceType, Features};
 use ember_kernels::{Adapter, wgpu_adapters};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -88,4 +88,55 @@ pub fn adapter(choice: DeviceChoice) -> Option<Adapter> {
 fn describe(adapter: &Adapter) -> String {
     let driver = if adapter.driver.is_empty() { String::new() } else { format!(", driver {}", adapter.driver) };
     format!("wgpu ({}, {:?}{driver}; cubecl-wgpu runtime, WGSL)", adapter.name, adapter.backend)
+}
+
+/// `--dtype`: the float type of a model's weights, activations and KV store (of attention's inputs in `bench`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Precision {
+    F32,
+    /// wgpu adapters with `SHADER_F16` only.
+    F16,
+}
+
+impl Precision {
+    pub fn dtype(self) -> FloatDType {
+        match self {
+            Self::F32 => FloatDType::F32,
+            Self::F16 => FloatDType::F16,
+        }
+    }
+
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+        }
+    }
+
+    /// What `choice` runs: f16 where it is a wgpu adapter with `SHADER_F16`; elsewhere f32, with a note on stderr when
+    /// f16 was asked (the CPU kernels are f32).
+    pub fn on(self, choice: DeviceChoice) -> Self {
+        if self == Self::F32 {
+            return self;
+        }
+        let adapter = if on_host(choice) { None } else { adapter(choice) };
+        match adapter {
+            Some(a) if a.features.contains(Features::SHADER_F16) => self,
+            Some(a) => {
+                eprintln!("note: {} has no f16 shaders (wgpu SHADER_F16); running in f32", a.name);
+                Self::F32
+            }
+            None => {
+                eprintln!("note: f16 runs on wgpu adapters with SHADER_F16; the CPU runs in f32");
+                Self::F32
+            }
+        }
+    }
 }

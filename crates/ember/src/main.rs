@@ -26,7 +26,7 @@ use ember_core_model::{bundle, import};
 use ember_serve::SampleConfig;
 use ember_train::collective::Collective;
 
-use crate::devices::DeviceChoice;
+use crate::devices::{DeviceChoice, Precision};
 
 #[global_allocator]
 static ALLOCATOR: allocator::Recycling = allocator::Recycling::new();
@@ -121,6 +121,10 @@ struct GenerateArgs {
     /// a run directory as stored), f32, or converted to f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1.
     #[arg(long, default_value = "native")]
     weights: WeightFormat,
+    /// f16: weights (dense, from any stored format), activations and the KV store in f16, on wgpu adapters with
+    /// `SHADER_F16` (elsewhere f32, with a note).
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: Precision,
 }
 
 #[derive(Args)]
@@ -207,7 +211,16 @@ fn run(cli: Cli, collective: Rc<dyn Collective>) -> Result<()> {
 fn generate(args: GenerateArgs, choice: DeviceChoice) -> Result<()> {
     let (device, _) = devices::select(choice)?;
     let started = std::time::Instant::now();
-    let run = import::load_as(&args.model, &device, args.weights)?;
+    let precision = args.dtype.on(choice);
+    let weights = match (precision, args.weights) {
+        (Precision::F32, weights) => weights,
+        (Precision::F16, WeightFormat::Native | WeightFormat::F32) => WeightFormat::F32,
+        (Precision::F16, other) => bail!("--dtype f16 holds dense f16 weights: --weights {other} cannot go with it"),
+    };
+    let mut run = import::load_as(&args.model, &device, weights)?;
+    if precision == Precision::F16 {
+        run.model = ember_core_model::params::cast_params(run.model, precision.dtype());
+    }
     release_load_buffers();
     if devices::on_host(choice) {
         admission::admit_kv_stores(&run.config, 1)?;

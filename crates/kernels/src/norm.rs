@@ -8,7 +8,7 @@ use burn::backend::autodiff::{
     ops::{Backward, Ops, OpsKind},
 };
 use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension, tensor::FloatTensor};
-use burn::tensor::Tensor;
+use burn::tensor::{FloatDType, Tensor};
 use rayon::prelude::*;
 
 use crate::cpu::{contiguous, floats, multiversion, on_cpu, stay_awake, tensor};
@@ -47,7 +47,9 @@ pub trait NormOps: Backend {
 /// γ ⊙ x̂ + β over the last dimension of x (β absent: 0).
 pub fn norm<const D: usize>(x: Tensor<D>, gamma: Tensor<1>, beta: Option<Tensor<1>>, params: NormParams) -> Tensor<D> {
     if !on_cpu(&x.device()) {
-        return reference(x, gamma, beta, params);
+        // The statistics in f32 whatever x's dtype: in f16, Σ x² overflows (65,504) once the row's RMS passes 256/√d.
+        let (dtype, f32) = (FloatDType::from(x.dtype()), FloatDType::F32);
+        return reference(x.cast(f32), gamma.cast(f32), beta.map(|b| b.cast(f32)), params).cast(dtype);
     }
     let dims = x.dims();
     let d = dims[D - 1];

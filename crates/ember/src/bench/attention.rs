@@ -7,12 +7,12 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use burn::tensor::{Device, Distribution, FloatDType, Tensor};
+use burn::tensor::{Device, Distribution, Tensor};
 use clap::{Args, ValueEnum};
 use ember_kernels::{AttentionImpl, AttentionSpec, KernelTier, device_memory};
 
 use super::median;
-use crate::devices::{self, DeviceChoice};
+use crate::devices::{self, DeviceChoice, Precision};
 
 #[derive(Args)]
 pub struct BenchAttentionArgs {
@@ -50,42 +50,12 @@ pub struct BenchAttentionArgs {
     one: Option<String>,
 }
 
-/// The inputs' float type.
-#[derive(Clone, Copy, ValueEnum)]
-enum Precision {
-    F32,
-    F16,
-}
-
-impl Precision {
-    fn dtype(self) -> FloatDType {
-        match self {
-            Self::F32 => FloatDType::F32,
-            Self::F16 => FloatDType::F16,
-        }
-    }
-
-    fn bytes(self) -> usize {
-        match self {
-            Self::F32 => 4,
-            Self::F16 => 2,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "f32",
-            Self::F16 => "f16",
-        }
-    }
-
-    /// The largest |Δ| / (1 + |reference|) that [`sampled_error`] allows: f32 accumulation over 16k keys stays near
-    /// 1e-5; f16 rounds o and dq to 11 significant bits (4.9e-4 relative) and D = rowsum(dO ⊙ o) through o.
-    fn tolerance(self) -> f64 {
-        match self {
-            Self::F32 => 1e-3,
-            Self::F16 => 5e-3,
-        }
+/// The largest |Δ| / (1 + |reference|) that [`sampled_error`] allows: f32 accumulation over 16k keys stays near 1e-5;
+/// f16 rounds o and dq to 11 significant bits (4.9e-4 relative) and D = rowsum(dO ⊙ o) through o.
+fn tolerance(precision: Precision) -> f64 {
+    match precision {
+        Precision::F32 => 1e-3,
+        Precision::F16 => 5e-3,
     }
 }
 
@@ -137,7 +107,7 @@ pub fn bench_attention(args: BenchAttentionArgs, choice: DeviceChoice) -> Result
         args.dtype.name(),
         args.iters,
         args.calls,
-        args.dtype.tolerance()
+        tolerance(args.dtype)
     );
     // With a peak rate, each GFLOP/s column is followed by its percentage of the peak.
     let (pct_head, pct_rule) = if peak.is_some() { (" % peak |", "---:|") } else { ("", "") };
@@ -224,7 +194,7 @@ fn child(args: &BenchAttentionArgs, choice: DeviceChoice, name: &str, t: usize, 
     let timing = |i: usize| Some(Timing { median: value(i)?, min: value(i + 1)? });
     for (i, pass) in [(6, "output"), (7, "dq")] {
         let error = value(i).context("a sampled error")?;
-        if error.is_nan() || error > args.dtype.tolerance() {
+        if error.is_nan() || error > tolerance(args.dtype) {
             bail!("wrong {pass}: |Δ|/(1+|ref|) {error:.1e} on sampled rows against an f64 reference");
         }
     }

@@ -60,8 +60,9 @@ impl ContiguousCache {
         let mut used = 0;
         for buffer in self.layers.iter().flatten().flatten() {
             let [b, n, cap, w] = buffer.data.dims();
-            allocated += b * n * cap * w * 4;
-            used += b * n * buffer.len * w * 4;
+            let size = buffer.data.dtype().size();
+            allocated += b * n * cap * w * size;
+            used += b * n * buffer.len * w * size;
         }
         (allocated, used)
     }
@@ -88,7 +89,7 @@ impl KvCache for ContiguousCache {
         let [first, second] = self.layers[layer].get_or_insert_with(|| {
             entries.each_ref().map(|x| {
                 let [b, n, t, w] = x.dims();
-                Buffer { data: Tensor::zeros([b, n, t.div_ceil(chunk) * chunk, w], &x.device()), len: 0 }
+                Buffer { data: Tensor::zeros([b, n, t.div_ceil(chunk) * chunk, w], (&x.device(), x.dtype())), len: 0 }
             })
         });
         let [a, b] = entries;

@@ -167,13 +167,13 @@ impl PagePool {
         let pools = self.pools[layer].get_or_insert_with(|| {
             entries.each_ref().map(|x| {
                 let [_, n, _, w] = x.dims();
-                Tensor::zeros([pages.max(4), n, p, w], &x.device())
+                Tensor::zeros([pages.max(4), n, p, w], (&x.device(), x.dtype()))
             })
         });
         for pool in pools.iter_mut() {
             let [have, n, _, w] = pool.dims();
             if pages > have {
-                let grown = Tensor::zeros([pages.max(2 * have), n, p, w], &pool.device());
+                let grown = Tensor::zeros([pages.max(2 * have), n, p, w], (&pool.device(), pool.dtype()));
                 *pool = grown.slice_assign([0..have, 0..n, 0..p, 0..w], pool.clone());
             }
         }
@@ -182,12 +182,13 @@ impl PagePool {
 
     /// Bytes of every pool (f32).
     pub fn bytes(&self) -> usize {
-        self.pools.iter().flatten().flatten().map(|t| t.dims().iter().product::<usize>() * 4).sum()
+        self.pools.iter().flatten().flatten().map(|t| t.dims().iter().product::<usize>() * t.dtype().size()).sum()
     }
 
-    /// Bytes of one page of `layer`, over its entries (f32).
+    /// Bytes of one page of `layer`, over its entries.
     fn page_bytes(&self, layer: usize) -> usize {
-        self.pools.get(layer).into_iter().flatten().flatten().map(|t| t.dims()[1..].iter().product::<usize>() * 4).sum()
+        let pools = self.pools.get(layer).into_iter().flatten().flatten();
+        pools.map(|t| t.dims()[1..].iter().product::<usize>() * t.dtype().size()).sum()
     }
 }
 
