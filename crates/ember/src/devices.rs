@@ -1,8 +1,10 @@
 //! `--device cpu|ndarray|flex|wgpu|auto`: which Burn device a command runs on.
 
 use anyhow::{Result, bail};
+use burn::module::Module;
 use burn::tensor::{Device, DeviceKind, FloatDType};
 use clap::ValueEnum;
+use ember_core_model::weights::WeightFormat;
 use ember_kernels::adapters::{DeviceType, Features};
 use ember_kernels::{Adapter, wgpu_adapters};
 
@@ -22,20 +24,32 @@ pub enum DeviceChoice {
 
 /// The device for a choice, and a one-line description of it.
 pub fn select(choice: DeviceChoice) -> Result<(Device, String)> {
+    let (device, description, _) = pick(choice)?;
+    Ok((device, description))
+}
+
+/// [`select`], and the precision `dtype` runs in on that device ([`Precision::on`]).
+pub fn select_in(choice: DeviceChoice, dtype: Precision) -> Result<(Device, String, Precision)> {
+    let (device, description, adapter) = pick(choice)?;
+    Ok((device, description, dtype.on(adapter.as_ref())))
+}
+
+/// The device for a choice, its description, and the wgpu adapter it runs on (None on the CPU).
+fn pick(choice: DeviceChoice) -> Result<(Device, String, Option<Adapter>)> {
     #[allow(deprecated)] // burn-ndarray is deprecated upstream; Ember keeps it selectable.
     let ndarray = || Device::ndarray();
     Ok(match choice {
-        DeviceChoice::Cpu | DeviceChoice::Flex => (Device::flex(), "cpu (burn-flex)".into()),
-        DeviceChoice::Ndarray => (ndarray(), "cpu (burn-ndarray)".into()),
+        DeviceChoice::Cpu | DeviceChoice::Flex => (Device::flex(), "cpu (burn-flex)".into(), None),
+        DeviceChoice::Ndarray => (ndarray(), "cpu (burn-ndarray)".into(), None),
         DeviceChoice::Wgpu => {
             let Some(best) = adapter(choice) else {
                 bail!("no wgpu adapter found (install a Vulkan driver, e.g. mesa-vulkan-drivers for lavapipe)");
             };
-            (Device::wgpu(DeviceKind::DefaultDevice), describe(&best))
+            (Device::wgpu(DeviceKind::DefaultDevice), describe(&best), Some(best))
         }
         DeviceChoice::Auto => match adapter(choice) {
-            Some(gpu) => (Device::wgpu(DeviceKind::DefaultDevice), describe(&gpu)),
-            None => select(DeviceChoice::Cpu)?,
+            Some(gpu) => (Device::wgpu(DeviceKind::DefaultDevice), describe(&gpu), Some(gpu)),
+            None => pick(DeviceChoice::Cpu)?,
         },
     })
 }
@@ -120,13 +134,30 @@ impl Precision {
         }
     }
 
-    /// What `choice` runs: f16 where it is a wgpu adapter with `SHADER_F16`; elsewhere f32, with a note on stderr when
-    /// f16 was asked (the CPU kernels are f32).
-    pub fn on(self, choice: DeviceChoice) -> Self {
+    /// The weights to load for `--weights weights` in this precision: f16 holds dense weights (from any stored
+    /// format), so packed formats are refused.
+    pub fn weights(self, weights: WeightFormat) -> Result<WeightFormat> {
+        match (self, weights) {
+            (Self::F32, weights) => Ok(weights),
+            (Self::F16, WeightFormat::Native | WeightFormat::F32) => Ok(WeightFormat::F32),
+            (Self::F16, other) => bail!("--dtype f16 holds dense f16 weights: --weights {other} cannot go with it"),
+        }
+    }
+
+    /// `model` with its parameters in this precision.
+    pub fn model<M: Module>(self, model: M) -> M {
+        match self {
+            Self::F32 => model,
+            Self::F16 => ember_core_model::params::cast_params(model, self.dtype()),
+        }
+    }
+
+    /// What runs on `adapter`: f16 where it has `SHADER_F16`; elsewhere (the CPU, None) f32, with a note on stderr
+    /// when f16 was asked (the CPU kernels are f32).
+    pub fn on(self, adapter: Option<&Adapter>) -> Self {
         if self == Self::F32 {
             return self;
         }
-        let adapter = if on_host(choice) { None } else { adapter(choice) };
         match adapter {
             Some(a) if a.features.contains(Features::SHADER_F16) => self,
             Some(a) => {

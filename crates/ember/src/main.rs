@@ -209,18 +209,10 @@ fn run(cli: Cli, collective: Rc<dyn Collective>) -> Result<()> {
 }
 
 fn generate(args: GenerateArgs, choice: DeviceChoice) -> Result<()> {
-    let (device, _) = devices::select(choice)?;
+    let (device, _, precision) = devices::select_in(choice, args.dtype)?;
     let started = std::time::Instant::now();
-    let precision = args.dtype.on(choice);
-    let weights = match (precision, args.weights) {
-        (Precision::F32, weights) => weights,
-        (Precision::F16, WeightFormat::Native | WeightFormat::F32) => WeightFormat::F32,
-        (Precision::F16, other) => bail!("--dtype f16 holds dense f16 weights: --weights {other} cannot go with it"),
-    };
-    let mut run = import::load_as(&args.model, &device, weights)?;
-    if precision == Precision::F16 {
-        run.model = ember_core_model::params::cast_params(run.model, precision.dtype());
-    }
+    let mut run = import::load_as(&args.model, &device, precision.weights(args.weights)?)?;
+    run.model = precision.model(run.model);
     release_load_buffers();
     if devices::on_host(choice) {
         admission::admit_kv_stores(&run.config, 1)?;

@@ -3,7 +3,7 @@
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig};
-use burn::tensor::Tensor;
+use burn::tensor::{FloatDType, Tensor};
 use ember_kernels::{
     AttentionImpl, AttentionSpec, PackedHeads, Similarity, attention, merge_heads, packed_attention, split_heads,
 };
@@ -122,7 +122,7 @@ impl CausalSelfAttention {
         };
         match self.rope {
             Some(rotary) => {
-                let rope = positions.rope(rotary);
+                let rope = positions.rope(rotary, FloatDType::from(q.dtype()));
                 (rope.apply(q), rope.apply(k), v)
             }
             None => (q, k, v),

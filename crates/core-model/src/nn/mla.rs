@@ -5,7 +5,7 @@
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
-use burn::tensor::Tensor;
+use burn::tensor::{FloatDType, Tensor};
 use ember_kernels::{AttentionImpl, AttentionSpec, attention, linear};
 
 use crate::ModelConfig;
@@ -89,7 +89,7 @@ impl MlaAttention {
     /// q_C = x W_Q, q_R = RoPE(x W_QR), c = x W_DKV, k_R = RoPE(x W_KR) at `positions`, split into heads.
     pub fn project(&self, x: Tensor<3>, positions: &Positions) -> MlaProjections {
         let [b, t, _] = x.dims();
-        let rope = positions.rope(self.rope);
+        let rope = positions.rope(self.rope, FloatDType::from(x.dtype()));
         let heads = |z: Tensor<3>, n: usize| {
             let w = z.dims()[2] / n;
             z.reshape([b, t, n, w]).swap_dims(1, 2)

@@ -3,10 +3,11 @@
 
 use std::cell::OnceCell;
 
-use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
 
-/// Rows of the 2017 table at `positions`, [n, d]: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(p / 10000^(2i/d)).
-pub fn sinusoidal(positions: &[usize], d: usize, device: &Device) -> Tensor<2> {
+/// Rows of the 2017 table at `positions`, [n, d], in `dtype`: PE(p, 2i) = sin(p / 10000^(2i/d)),
+/// PE(p, 2i+1) = cos(p / 10000^(2i/d)).
+pub fn sinusoidal(positions: &[usize], d: usize, device: &Device, dtype: FloatDType) -> Tensor<2> {
     let mut table = Vec::with_capacity(positions.len() * d);
     for &p in positions {
         for c in 0..d {
@@ -14,7 +15,7 @@ pub fn sinusoidal(positions: &[usize], d: usize, device: &Device) -> Tensor<2> {
             table.push(if c % 2 == 0 { angle.sin() } else { angle.cos() } as f32);
         }
     }
-    Tensor::from_data(TensorData::new(table, [positions.len(), d]), device)
+    Tensor::from_data(TensorData::new(table, [positions.len(), d]), (device, DType::from(dtype)))
 }
 
 /// RoPE's base θ and the width d of the vectors it rotates.
@@ -25,12 +26,12 @@ pub struct Rotary {
 }
 
 /// Where the new tokens of a forward pass sit, with the RoPE tables for them (built on first use, then shared by every
-/// layer that rotates the same way).
+/// layer that rotates the same way in the same float type).
 #[derive(Debug)]
 pub struct Positions {
     rows: Rows,
     device: Device,
-    rope: OnceCell<(Rotary, Rope)>,
+    rope: OnceCell<(Rotary, FloatDType, Rope)>,
 }
 
 #[derive(Debug)]
@@ -85,17 +86,18 @@ impl Positions {
     /// The 2017 table at these positions, [1, T, d] or [B, 1, d], in `dtype`.
     pub fn sinusoidal(&self, d: usize, dtype: FloatDType) -> Tensor<3> {
         let (positions, [rows, tokens]) = self.listed();
-        sinusoidal(&positions, d, &self.device).reshape([rows, tokens, d]).cast(dtype)
+        sinusoidal(&positions, d, &self.device, dtype).reshape([rows, tokens, d])
     }
 
-    /// The rotation tables of `rotary` at these positions.
-    pub fn rope(&self, rotary: Rotary) -> Rope {
+    /// The rotation tables of `rotary` at these positions, in `dtype` (that of the vectors they rotate).
+    pub fn rope(&self, rotary: Rotary, dtype: FloatDType) -> Rope {
         match self.rope.get() {
-            Some((built, rope)) if *built == rotary => rope.clone(),
+            Some((built, in_dtype, rope)) if (*built, *in_dtype) == (rotary, dtype) => rope.clone(),
             _ => {
                 let (positions, [rows, tokens]) = self.listed();
-                let rope = Rope::table(rotary, &positions, [rows, 1, tokens, rotary.dim], &self.device);
-                let _ = self.rope.set((rotary, rope.clone()));
+                let shape = [rows, 1, tokens, rotary.dim];
+                let rope = Rope::table(rotary, &positions, shape, (&self.device, DType::from(dtype)));
+                let _ = self.rope.set((rotary, dtype, rope.clone()));
                 rope
             }
         }
@@ -112,7 +114,7 @@ pub struct Rope {
 }
 
 impl Rope {
-    fn table(rotary: Rotary, positions: &[usize], shape: [usize; 4], device: &Device) -> Self {
+    fn table(rotary: Rotary, positions: &[usize], shape: [usize; 4], options: (&Device, DType)) -> Self {
         let Rotary { theta, dim: d } = rotary;
         let half = d / 2;
         let (mut cos, mut sin) = (Vec::with_capacity(positions.len() * d), Vec::with_capacity(positions.len() * d));
@@ -124,8 +126,8 @@ impl Rope {
             }
         }
         Self {
-            cos: Tensor::from_data(TensorData::new(cos, shape), device),
-            sin: Tensor::from_data(TensorData::new(sin, shape), device),
+            cos: Tensor::from_data(TensorData::new(cos, shape), options),
+            sin: Tensor::from_data(TensorData::new(sin, shape), options),
         }
     }
 
@@ -135,9 +137,7 @@ impl Rope {
         let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..d / 2]);
         let x2 = x.clone().slice([0..b, 0..h, 0..t, d / 2..d]);
         let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
-        // The tables are f32; a model in f16 multiplies by them in f16.
-        let dtype = FloatDType::from(x.dtype());
-        x * self.cos.clone().cast(dtype) + rotated * self.sin.clone().cast(dtype)
+        x * self.cos.clone() + rotated * self.sin.clone()
     }
 }
 
@@ -149,8 +149,8 @@ mod tests {
     fn score(q: &Tensor<4>, k: &Tensor<4>, i: usize, j: usize) -> f32 {
         let dev = Device::flex();
         let rotary = Rotary { theta: 10_000.0, dim: 8 };
-        let q = Positions::span(i, 1, &dev).rope(rotary).apply(q.clone());
-        let k = Positions::span(j, 1, &dev).rope(rotary).apply(k.clone());
+        let q = Positions::span(i, 1, &dev).rope(rotary, FloatDType::F32).apply(q.clone());
+        let k = Positions::span(j, 1, &dev).rope(rotary, FloatDType::F32).apply(k.clone());
         (q * k).sum().into_scalar()
     }
 
@@ -175,7 +175,12 @@ mod tests {
         let x = [0.5f32, -1.0, 2.0, 0.25, 1.5, -0.75];
         let rotary = Rotary { theta: 100.0, dim: 6 };
         let input = Tensor::<4>::from_data(TensorData::new(x.to_vec(), [1, 1, 1, 6]), &dev);
-        let y = Positions::span(5, 1, &dev).rope(rotary).apply(input).into_data().try_to_vec::<f32>().unwrap();
+        let y = Positions::span(5, 1, &dev)
+            .rope(rotary, FloatDType::F32)
+            .apply(input)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
         for i in 0..3 {
             let angle = 5.0 * 100f64.powf(-2.0 * i as f64 / 6.0);
             let (a, b) = (x[i] as f64, x[i + 3] as f64);
@@ -188,7 +193,7 @@ mod tests {
 
     #[test]
     fn sinusoidal_rows_are_sin_and_cos_of_the_position() {
-        let row = sinusoidal(&[3], 4, &Device::flex()).into_data().try_to_vec::<f32>().unwrap();
+        let row = sinusoidal(&[3], 4, &Device::flex(), FloatDType::F32).into_data().try_to_vec::<f32>().unwrap();
         let want = [3f64.sin(), 3f64.cos(), (3.0 / 100.0f64).sin(), (3.0 / 100.0f64).cos()];
         assert!(row.iter().zip(want).all(|(a, b)| (*a as f64 - b).abs() < 1e-6), "{row:?}");
     }

@@ -15,7 +15,7 @@ use ember_serve::{Decoder, KvKind};
 
 use super::median;
 use super::memory::Memory;
-use crate::devices::{self, DeviceChoice};
+use crate::devices::{self, DeviceChoice, Precision};
 use crate::inspect::model_config;
 
 #[derive(Args)]
@@ -31,6 +31,9 @@ pub struct BenchDecodeArgs {
     /// a run directory as stored), f32, or converted to f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1.
     #[arg(long, default_value = "native")]
     weights: WeightFormat,
+    /// f16: the model's weights (dense), activations and KV store in f16, on wgpu adapters with `SHADER_F16`.
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: Precision,
     /// Generated tokens per measurement (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "128,512,1024")]
     lengths: Vec<usize>,
@@ -58,8 +61,9 @@ pub struct BenchDecodeArgs {
     llama_bench: Option<std::path::PathBuf>,
 }
 
-pub fn bench_decode(args: BenchDecodeArgs, device: DeviceChoice) -> Result<()> {
-    let (device, description) = devices::select(device)?;
+pub fn bench_decode(args: BenchDecodeArgs, choice: DeviceChoice) -> Result<()> {
+    let (device, description, precision) = devices::select_in(choice, args.dtype)?;
+    let description = format!("{description}, {}", precision.name());
     let longest = args.prompt_tokens + args.lengths.iter().copied().max().unwrap_or(0);
     let (model, source) = match (&args.config, &args.model) {
         (Some(path), _) => {
@@ -68,10 +72,11 @@ pub fn bench_decode(args: BenchDecodeArgs, device: DeviceChoice) -> Result<()> {
             if config.positions == PositionKind::Learned || config.block_size < longest {
                 config.block_size = config.block_size.max(longest);
             }
-            (Gpt::new(&config, &mut Rng::new(0), &device), format!("{} (random weights)", path.display()))
+            let model = precision.model(Gpt::new(&config, &mut Rng::new(0), &device));
+            (model, format!("{} (random weights)", path.display()))
         }
         (None, Some(path)) => {
-            let model = import::load_as(path, &device, args.weights)?.model;
+            let model = precision.model(import::load_as(path, &device, precision.weights(args.weights)?)?.model);
             crate::release_load_buffers();
             (model, path.display().to_string())
         }
