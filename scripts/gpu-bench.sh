@@ -15,9 +15,10 @@
 #               and 4096, d 64)
 #   pytorch     scripts/reference/attention.py on CUDA for the same shapes: SDPA in f32 and bf16, naive f32
 #   train       `ember --device wgpu bench train`: llama-tiny at block 1024 with Ember's attention and the naive
-#               path; GPT-2 124M at batch 8 × 1024 beside PyTorch on CUDA (f32 and bf16 autocast)
+#               path, and in f16 (f32 master weights, loss scaling); GPT-2 124M at batch 8 × 1024 in f32 and f16
+#               beside PyTorch on CUDA (f32 and bf16 autocast)
 #   decode      SmolLM2-135M's shape with random weights: prefill and decode tokens/s on wgpu beside transformers
-#               on CUDA
+#               on CUDA, in f32 and in f16 (transformers in bf16)
 # PyTorch sections are skipped, with a line saying why, when python3 has no torch with CUDA. summary.md holds every
 # table, the machine (nvidia-smi -L, `ember devices`), the ember build, each section's status and time, and the
 # commands; stderr.log holds the commands' error output.
@@ -349,14 +350,18 @@ fi
 begin train
 if [ "$gpu" = 1 ]; then
   # Quick mode leaves out the naive path here: the attention section already runs it.
-  for attention in auto $([ "$quick" = 1 ] || echo naive); do
-    file="$out/train-llama-tiny-$attention.md"
-    heading "$file" "Training llama-tiny on wgpu, attention $attention" \
+  rows=("auto f32" "auto f16")
+  [ "$quick" = 1 ] || rows+=("naive f32")
+  for row in "${rows[@]}"; do
+    read -r attention dtype <<<"$row"
+    file="$out/train-llama-tiny-$attention$([ "$dtype" = f32 ] || echo "-$dtype").md"
+    heading "$file" "Training llama-tiny on wgpu, attention $attention, $dtype" \
       "configs/llama-tiny.toml (0.8 M parameters, RMSNorm, RoPE, GQA 4/2, SwiGLU) at block ${llama[1]#model.block_size=}; \
-tokens/s, and the device memory the pools hold."
+tokens/s, and the device memory the pools hold. f16: forward and backward in f16, f32 master weights and AdamW \
+moments, dynamic loss scaling."
     echo '```text' >>"$file"
     run "$t_train" "$file" ember --device wgpu bench train --config configs/llama-tiny.toml "${corpus[@]}" "${llama[@]}" \
-      --attention "$attention" && expect "$file" '^ember median: [0-9]+ tokens/s' "Ember tokens/s" &&
+      --attention "$attention" --set model.dtype="$dtype" && expect "$file" '^ember median: [0-9]+ tokens/s' "Ember tokens/s" &&
       expect "$file" '^ember device memory: [0-9.]+ MiB' "Ember device memory"
     echo '```' >>"$file"
   done
@@ -379,6 +384,13 @@ and bf16 autocast, eager."
     [ ${#pytorch[@]} = 0 ] || expect "$file" '^pytorch bf16 median: [0-9]+ tokens/s' "PyTorch tokens/s"
   fi
   echo '```' >>"$file"
+  if [ "$quick" = 0 ]; then
+    printf '\nEmber in f16 (f32 master weights and AdamW moments, dynamic loss scaling), beside the bf16 autocast row above:\n\n' >>"$file"
+    echo '```text' >>"$file"
+    run "$t_gpt2" "$file" ember --device wgpu bench train --config configs/gpt2-124m.toml "${corpus[@]}" "${gpt2[@]}" \
+      --set model.dtype=f16 && expect "$file" '^bench train: .* in f16 on' "Ember f16 training"
+    echo '```' >>"$file"
+  fi
 else
   skip "no GPU adapter"
 fi
@@ -397,7 +409,7 @@ if [ "$gpu" = 1 ]; then
   heading "$file" "Prefill and decoding on wgpu beside transformers, random weights" \
     "The shape of ${decode[1]} with random weights on both sides: SmolLM2-135M's real checkpoint (93 MB GGUF, 270 MB \
 safetensors) does not travel with the checkout to a GPU machine, and speed does not depend on the weights' values. \
-Greedy, f32, KV cache, ${decode[3]}-token prompt, ${decode[5]} new tokens; transformers builds LlamaForCausalLM of \
+Greedy, KV cache, ${decode[3]}-token prompt, ${decode[5]} new tokens; transformers builds LlamaForCausalLM of \
 the same shape on $torch_device."
   echo '```text' >>"$file"
   run 30 "$file" ember inspect --config configs/smollm2-135m.toml && expect "$file" 'total +134,515,008' "parameter count"
@@ -410,13 +422,18 @@ the same shape on $torch_device."
   else
     reference=(--transformers "$py" --transformers-device "$torch_device")
   fi
-  run "$t_decode" "$file" ember --device wgpu bench decode "${decode[@]}" "${reference[@]}" &&
-    if [ ${#reference[@]} = 0 ]; then
-      expect "$file" '^\| [0-9]+ \| [0-9.]+ \|' "cached tokens/s"
-    else
-      expect "$file" '^\| Ember \| [0-9.]+ s \| [0-9.]+ \| [0-9.]+ \|' "Ember prefill and decode tokens/s"
-      expect "$file" '^\| transformers \| [0-9.]+ s \|' "transformers figures"
-    fi
+  for dtype in f32 f16; do
+    printf '\n%s (transformers in %s):\n\n' "$dtype" "$([ "$dtype" = f32 ] && echo f32 || echo bf16)" >>"$file"
+    half=()
+    [ "$dtype" = f32 ] || half=(--dtype f16 $([ ${#reference[@]} = 0 ] || echo --transformers-dtype bf16))
+    run "$t_decode" "$file" ember --device wgpu bench decode "${decode[@]}" "${reference[@]}" "${half[@]}" &&
+      if [ ${#reference[@]} = 0 ]; then
+        expect "$file" '^\| [0-9]+ \| [0-9.]+ \|' "cached tokens/s"
+      else
+        expect "$file" '^\| Ember \| [0-9.]+ s \| [0-9.]+ \| [0-9.]+ \|' "Ember prefill and decode tokens/s"
+        expect "$file" '^\| transformers \| [0-9.]+ s \|' "transformers figures"
+      fi
+  done
 else
   skip "no GPU adapter"
 fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hugging Face transformers' greedy `generate` (KV cache on, f32), timed the way `ember bench decode --transformers
+"""Hugging Face transformers' greedy `generate` (KV cache on, f32 or --dtype bf16/f16), timed the way `ember bench decode --transformers
 PYTHON` times Ember: a prompt of N token ids (id_i = (i * 7919 + 13) mod vocab), then M new tokens. Prints
 `ttft_s=... decode_tokens_per_s=...`.
 
@@ -8,7 +8,7 @@ The model is a GGUF file (dequantized to f32), or with --config an Ember run con
 values, so a checkpoint's shape can be timed without its weights.
 
     python3 scripts/reference/hf_generate.py data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --prompt-tokens 128 --new-tokens 128
-    python3 scripts/reference/hf_generate.py --config configs/smollm2-135m.toml --device cuda
+    python3 scripts/reference/hf_generate.py --config configs/smollm2-135m.toml --device cuda --dtype bf16
 """
 import argparse
 import os
@@ -20,7 +20,10 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, logging
 
 
-def llama_from_config(path, context, device):
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def llama_from_config(path, context, device, dtype):
     """LlamaForCausalLM with random weights in the shape of an Ember config's [model], with Ember's defaults."""
     m = tomllib.load(open(path, "rb"))["model"]
     layout = {"norm": "rmsnorm", "positions": "rope", "ffn": "swiglu", "bias": False}
@@ -43,7 +46,7 @@ def llama_from_config(path, context, device):
         attention_bias=m.get("qkv_bias", False),
     )
     with torch.device(device):
-        return LlamaForCausalLM(config).to(torch.float32)
+        return LlamaForCausalLM(config).to(dtype)
 
 
 parser = argparse.ArgumentParser()
@@ -53,7 +56,9 @@ parser.add_argument("--prompt-tokens", type=int, default=128)
 parser.add_argument("--new-tokens", type=int, default=128)
 parser.add_argument("--threads", type=int, default=os.cpu_count())
 parser.add_argument("--device", default="cpu")
+parser.add_argument("--dtype", choices=DTYPES, default="f32", help="the weights' and activations' type")
 args = parser.parse_args()
+dtype = DTYPES[args.dtype]
 if (args.gguf is None) == (args.config is None):
     parser.error("give a GGUF file or --config FILE")
 logging.set_verbosity_error()
@@ -61,10 +66,10 @@ torch.set_num_threads(args.threads)
 if args.device.startswith("cuda"):
     torch.backends.cuda.matmul.allow_tf32 = False  # plain FP32 products, as Ember's f32
 if args.config:
-    model = llama_from_config(args.config, args.prompt_tokens + args.new_tokens, args.device).eval()
+    model = llama_from_config(args.config, args.prompt_tokens + args.new_tokens, args.device, dtype).eval()
 else:
     folder, name = os.path.split(os.path.abspath(args.gguf))
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).to(args.device).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype).to(args.device).eval()
 vocab = model.config.vocab_size
 ids = torch.tensor([[(i * 7919 + 13) % vocab for i in range(args.prompt_tokens)]], device=args.device)
 mask = torch.ones_like(ids)
@@ -85,4 +90,7 @@ with torch.inference_mode():
     ttft = timed(1)
     total = timed(args.new_tokens)
 decode = (args.new_tokens - 1) / max(total - ttft, 1e-9)
-print(f"ttft_s={ttft:.4f} decode_tokens_per_s={decode:.2f} device={args.device} torch={torch.__version__}")
+print(
+    f"ttft_s={ttft:.4f} decode_tokens_per_s={decode:.2f} device={args.device} dtype={args.dtype} "
+    f"torch={torch.__version__}"
+)

@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{FloatDType, Tensor, TensorData};
 
+use crate::config::Precision;
+
 /// A parameter's path, identity and shape.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ParamInfo {
@@ -150,7 +152,24 @@ impl ModuleMapper for Caster {
     }
 }
 
-/// The module with every float parameter in `dtype` (f16 on a wgpu adapter with `SHADER_F16`, say).
+/// The module with every float parameter in `dtype` (f16 on a wgpu adapter with `SHADER_F16`, say). On an autodiff
+/// device the cast is part of the graph: gradients reach the original parameters in their own type.
 pub fn cast_params<M: Module>(module: M, dtype: FloatDType) -> M {
     module.map(&mut Caster(dtype))
+}
+
+/// Burn's float type for a precision.
+pub fn float_dtype(precision: Precision) -> FloatDType {
+    match precision {
+        Precision::F32 => FloatDType::F32,
+        Precision::F16 => FloatDType::F16,
+    }
+}
+
+/// The module with its parameters in `precision` (as it is in f32, where they already are).
+pub fn in_precision<M: Module>(module: M, precision: Precision) -> M {
+    match precision {
+        Precision::F32 => module,
+        Precision::F16 => cast_params(module, FloatDType::F16),
+    }
 }

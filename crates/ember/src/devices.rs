@@ -1,9 +1,9 @@
 //! `--device cpu|ndarray|flex|wgpu|auto`: which Burn device a command runs on.
 
 use anyhow::{Result, bail};
-use burn::module::Module;
-use burn::tensor::{Device, DeviceKind, FloatDType};
+use burn::tensor::{Device, DeviceKind};
 use clap::ValueEnum;
+use ember_core_model::config::Precision;
 use ember_core_model::weights::WeightFormat;
 use ember_kernels::adapters::{DeviceType, Features};
 use ember_kernels::{Adapter, wgpu_adapters};
@@ -28,10 +28,10 @@ pub fn select(choice: DeviceChoice) -> Result<(Device, String)> {
     Ok((device, description))
 }
 
-/// [`select`], and the precision `dtype` runs in on that device ([`Precision::on`]).
+/// [`select`], and the precision `dtype` runs in on that device ([`precision_on`]).
 pub fn select_in(choice: DeviceChoice, dtype: Precision) -> Result<(Device, String, Precision)> {
     let (device, description, adapter) = pick(choice)?;
-    Ok((device, description, dtype.on(adapter.as_ref())))
+    Ok((device, description, precision_on(dtype, adapter.as_ref())))
 }
 
 /// The device for a choice, its description, and the wgpu adapter it runs on (None on the CPU).
@@ -57,22 +57,39 @@ fn pick(choice: DeviceChoice) -> Result<(Device, String, Option<Adapter>)> {
 /// The device for a choice on the `local_rank`-th rank of a machine: on wgpu, that rank's real GPU (ranks beyond the
 /// GPUs share them in turn; without a real GPU every rank takes the default adapter); the CPU is the CPU.
 pub fn select_local(choice: DeviceChoice, local_rank: usize) -> Result<(Device, String)> {
+    let (device, description, _) = pick_local(choice, local_rank)?;
+    Ok((device, description))
+}
+
+/// [`select_local`], and the precision `dtype` runs in on that device ([`precision_on`]).
+pub fn select_local_in(
+    choice: DeviceChoice,
+    local_rank: usize,
+    dtype: Precision,
+) -> Result<(Device, String, Precision)> {
+    let (device, description, adapter) = pick_local(choice, local_rank)?;
+    Ok((device, description, precision_on(dtype, adapter.as_ref())))
+}
+
+fn pick_local(choice: DeviceChoice, local_rank: usize) -> Result<(Device, String, Option<Adapter>)> {
     if local_rank == 0 || !matches!(choice, DeviceChoice::Wgpu | DeviceChoice::Auto) {
-        return select(choice);
+        return pick(choice);
     }
     let gpus: Vec<Adapter> = wgpu_adapters().into_iter().filter(Adapter::is_real_gpu).collect();
     if gpus.is_empty() {
-        return select(choice);
+        return pick(choice);
     }
-    let gpu = &gpus[local_rank % gpus.len()];
+    let chosen = local_rank % gpus.len();
     // Burn numbers the adapters of each type apart: the GPU's index among those of its type.
-    let index = gpus.iter().filter(|a| a.kind == gpu.kind).position(|a| std::ptr::eq(a, gpu)).unwrap_or(0);
-    let kind = match gpu.kind {
+    let kind = gpus[chosen].kind;
+    let index = gpus[..chosen].iter().filter(|a| a.kind == kind).count();
+    let gpu = gpus.into_iter().nth(chosen).expect("chosen < gpus.len()");
+    let kind = match kind {
         DeviceType::IntegratedGpu => DeviceKind::IntegratedGpu(index),
         DeviceType::VirtualGpu => DeviceKind::VirtualGpu(index),
         _ => DeviceKind::DiscreteGpu(index),
     };
-    Ok((Device::wgpu(kind), describe(gpu)))
+    Ok((Device::wgpu(kind), describe(&gpu), Some(gpu)))
 }
 
 /// Whether a choice runs in the machine's memory (the CPU backends), where memory admission applies.
@@ -104,70 +121,31 @@ fn describe(adapter: &Adapter) -> String {
     format!("wgpu ({}, {:?}{driver}; cubecl-wgpu runtime, WGSL)", adapter.name, adapter.backend)
 }
 
-/// `--dtype`: the float type of a model's weights, activations and KV store (of attention's inputs in `bench`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Precision {
-    F32,
-    /// wgpu adapters with `SHADER_F16` only.
-    F16,
+/// The weights to load for `--weights weights` in `precision`: f16 holds dense weights (from any stored format), so
+/// packed formats are refused.
+pub fn weights_in(precision: Precision, weights: WeightFormat) -> Result<WeightFormat> {
+    match (precision, weights) {
+        (Precision::F32, weights) => Ok(weights),
+        (Precision::F16, WeightFormat::Native | WeightFormat::F32) => Ok(WeightFormat::F32),
+        (Precision::F16, other) => bail!("--dtype f16 holds dense f16 weights: --weights {other} cannot go with it"),
+    }
 }
 
-impl Precision {
-    pub fn dtype(self) -> FloatDType {
-        match self {
-            Self::F32 => FloatDType::F32,
-            Self::F16 => FloatDType::F16,
-        }
+/// What `precision` runs as on `adapter`: f16 where it has `SHADER_F16`; elsewhere (the CPU, None) f32, with a note
+/// on stderr when f16 was asked (the CPU kernels are f32).
+pub fn precision_on(precision: Precision, adapter: Option<&Adapter>) -> Precision {
+    if precision == Precision::F32 {
+        return precision;
     }
-
-    pub fn bytes(self) -> usize {
-        match self {
-            Self::F32 => 4,
-            Self::F16 => 2,
+    match adapter {
+        Some(a) if a.features.contains(Features::SHADER_F16) => precision,
+        Some(a) => {
+            eprintln!("note: {} has no f16 shaders (wgpu SHADER_F16); running in f32", a.name);
+            Precision::F32
         }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "f32",
-            Self::F16 => "f16",
-        }
-    }
-
-    /// The weights to load for `--weights weights` in this precision: f16 holds dense weights (from any stored
-    /// format), so packed formats are refused.
-    pub fn weights(self, weights: WeightFormat) -> Result<WeightFormat> {
-        match (self, weights) {
-            (Self::F32, weights) => Ok(weights),
-            (Self::F16, WeightFormat::Native | WeightFormat::F32) => Ok(WeightFormat::F32),
-            (Self::F16, other) => bail!("--dtype f16 holds dense f16 weights: --weights {other} cannot go with it"),
-        }
-    }
-
-    /// `model` with its parameters in this precision.
-    pub fn model<M: Module>(self, model: M) -> M {
-        match self {
-            Self::F32 => model,
-            Self::F16 => ember_core_model::params::cast_params(model, self.dtype()),
-        }
-    }
-
-    /// What runs on `adapter`: f16 where it has `SHADER_F16`; elsewhere (the CPU, None) f32, with a note on stderr
-    /// when f16 was asked (the CPU kernels are f32).
-    pub fn on(self, adapter: Option<&Adapter>) -> Self {
-        if self == Self::F32 {
-            return self;
-        }
-        match adapter {
-            Some(a) if a.features.contains(Features::SHADER_F16) => self,
-            Some(a) => {
-                eprintln!("note: {} has no f16 shaders (wgpu SHADER_F16); running in f32", a.name);
-                Self::F32
-            }
-            None => {
-                eprintln!("note: f16 runs on wgpu adapters with SHADER_F16; the CPU runs in f32");
-                Self::F32
-            }
+        None => {
+            eprintln!("note: f16 runs on wgpu adapters with SHADER_F16; the CPU runs in f32");
+            Precision::F32
         }
     }
 }

@@ -22,11 +22,12 @@ use std::rc::Rc;
 
 use anyhow::{Result, bail};
 use clap::{Args, Parser, Subcommand};
-use ember_core_model::{bundle, import};
+use ember_core_model::{bundle, import, params};
 use ember_serve::SampleConfig;
 use ember_train::collective::Collective;
 
-use crate::devices::{DeviceChoice, Precision};
+use crate::devices::DeviceChoice;
+use ember_core_model::config::Precision;
 
 #[global_allocator]
 static ALLOCATOR: allocator::Recycling = allocator::Recycling::new();
@@ -123,7 +124,7 @@ struct GenerateArgs {
     weights: WeightFormat,
     /// f16: weights (dense, from any stored format), activations and the KV store in f16, on wgpu adapters with
     /// `SHADER_F16` (elsewhere f32, with a note).
-    #[arg(long, value_enum, default_value = "f32")]
+    #[arg(long, default_value = "f32")]
     dtype: Precision,
 }
 
@@ -211,8 +212,8 @@ fn run(cli: Cli, collective: Rc<dyn Collective>) -> Result<()> {
 fn generate(args: GenerateArgs, choice: DeviceChoice) -> Result<()> {
     let (device, _, precision) = devices::select_in(choice, args.dtype)?;
     let started = std::time::Instant::now();
-    let mut run = import::load_as(&args.model, &device, precision.weights(args.weights)?)?;
-    run.model = precision.model(run.model);
+    let mut run = import::load_as(&args.model, &device, devices::weights_in(precision, args.weights)?)?;
+    run.model = params::in_precision(run.model, precision);
     release_load_buffers();
     if devices::on_host(choice) {
         admission::admit_kv_stores(&run.config, 1)?;

@@ -1,6 +1,7 @@
 //! The training progress bar of every `ember train` run (language model or translator): step, loss, learning rate,
 //! tokens/s and ETA; evaluations as lines.
 
+use ember_train::loss_scale::{ScaleChange, ScaleStep};
 use ember_train::{EvalReport, Observer, StepReport};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -50,11 +51,27 @@ impl Observer for Progress {
     fn on_step(&mut self, r: &StepReport) {
         self.bar.set_position(r.step);
         self.bar.set_message(format!("loss {:.4} lr {:.2e} {:.0} tok/s", r.loss, r.lr, r.tokens_per_s));
+        if let Some(line) = r.scale.and_then(|scale| scale_line(r.step, scale)) {
+            self.bar.suspend(|| println!("{line}"));
+        }
     }
 
     fn on_eval(&mut self, r: &EvalReport) {
         // suspend, not println: the line must reach a log file too, where the bar itself is hidden.
         self.bar.suspend(|| println!("{}", eval_line(r)));
+    }
+}
+
+/// The line f16 training prints when a step changed the loss scale.
+fn scale_line(step: u64, scale: ScaleStep) -> Option<String> {
+    let s = scale.loss_scale;
+    match scale.change {
+        ScaleChange::Kept => None,
+        ScaleChange::Halved => Some(format!(
+            "step {step}: gradients overflowed f16 at loss scale {s}; step skipped, scale halved to {}",
+            s / 2.0
+        )),
+        ScaleChange::Grown => Some(format!("step {step}: loss scale grown from {s} to {}", s * 2.0)),
     }
 }
 

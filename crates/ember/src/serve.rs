@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
+use ember_core_model::config::Precision;
 use ember_core_model::files;
-use ember_core_model::import;
+use ember_core_model::{import, params};
 use ember_formats::chat::{ChatFormat, ChatTemplate};
 use ember_serve::http::{self, Limits};
 use ember_serve::metrics::Metrics;
@@ -32,6 +33,10 @@ pub struct ServeArgs {
     /// a run directory as stored), f32, or converted to f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1.
     #[arg(long, default_value = "native")]
     weights: WeightFormat,
+    /// f16: weights (dense, from any stored format), activations and the KV stores in f16, on wgpu adapters with
+    /// `SHADER_F16` (elsewhere f32, with a note).
+    #[arg(long, default_value = "f32")]
+    dtype: Precision,
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     /// 0 picks a free port (printed at start).
@@ -140,8 +145,9 @@ pub fn serve(args: ServeArgs, choice: DeviceChoice) -> Result<()> {
     let listening = http::spawn(listener, router, limits, stop_signal())?;
     println!("listening on http://{address}; loading {}", args.model.display());
 
-    let (device, description) = devices::select(choice)?;
-    let run = import::load_as(&args.model, &device, args.weights)?;
+    let (device, description, precision) = devices::select_in(choice, args.dtype)?;
+    let mut run = import::load_as(&args.model, &device, devices::weights_in(precision, args.weights)?)?;
+    run.model = params::in_precision(run.model, precision);
     crate::release_load_buffers();
     if devices::on_host(choice) {
         crate::admission::admit_kv_stores(&run.config, args.max_batch)?;
@@ -154,7 +160,7 @@ pub fn serve(args: ServeArgs, choice: DeviceChoice) -> Result<()> {
     app.ready(Served { chat, tokenizer: run.tokenizer.clone(), context: run.model.block_size() });
     // The scheduler ends when the server, which holds the last job sender, has shut down.
     drop(app);
-    println!("serving {id} ({description}), {chat_note}; Ctrl-C or SIGTERM drains and stops");
+    println!("serving {id} ({description}, {precision}), {chat_note}; Ctrl-C or SIGTERM drains and stops");
     std::io::Write::flush(&mut std::io::stdout())?;
     let batching = Batching { max_batch: args.max_batch, kv, prefix_pages: args.prefix_cache_pages };
     scheduler::run(&run.model, &run.tokenizer, &device, batching, received, &metrics);

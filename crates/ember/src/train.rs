@@ -8,6 +8,7 @@ use anyhow::{Result, bail};
 use burn::module::Module;
 use burn::tensor::Device;
 use clap::Args;
+use ember_core_model::config::Precision;
 use ember_core_model::tokenizer;
 use ember_core_model::{Gpt, bundle};
 use ember_serve::{Generation, KvKind, KvSpec, SampleConfig};
@@ -79,7 +80,8 @@ fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn C
     if args.resume.is_none() && writes {
         run_dir::check_new(&run_dir, args.force)?;
     }
-    let (device, description) = devices::select_local(device_choice, collective.local_rank())?;
+    let (device, description, precision) =
+        devices::select_local_in(device_choice, collective.local_rank(), config.model.dtype)?;
     ranks::announce(&*collective, &description);
 
     if args.resume.is_none() {
@@ -132,7 +134,7 @@ fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn C
         }
         None => Trainer::new(config.model.clone(), config.train.clone(), corpus, &run_dir, &device),
     };
-    let mut trainer = trainer.with_collective(collective.clone());
+    let mut trainer = trainer.with_collective(collective.clone()).with_precision(precision);
     let params = ember_core_model::params::param_infos(&trainer.model)
         .iter()
         .map(|p| p.shape.iter().product::<usize>())
@@ -143,8 +145,12 @@ fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn C
     };
     if writes {
         println!(
-            "training {} parameters on {description}: {} tokens/step{parallel}, {}, run directory {}",
+            "training {} parameters in {} on {description}: {} tokens/step{parallel}, {}, run directory {}",
             params,
+            match precision {
+                Precision::F32 => "f32",
+                Precision::F16 => "f16 (f32 master weights, dynamic loss scale)",
+            },
             trainer.tokens_per_step(),
             crate::progress::step_range(trainer.step, config.train.max_steps),
             run_dir.display()

@@ -26,6 +26,27 @@ fn invalid_value() {
     let config = tiny_config(dir.path(), &corpus, &dir.path().join("run"), "");
     let out = ember(&["train", "--device", "cpu", "--config", config.to_str().unwrap(), "--set", "model.n_heads=3"]);
     assert_clean_error(&out, "model.d_model = 32: must be a multiple of model.n_heads = 3");
+    for (set, error) in [
+        ("model.dtype=f8", "unknown variant `f8`, expected `f32` or `f16`"),
+        ("train.loss_scale=0.5", "train.loss_scale = 0.5: a finite number ≥ 1"),
+        ("train.loss_scale_growth_interval=0", "train.loss_scale_growth_interval = 0: at least 1"),
+    ] {
+        let out = ember(&["train", "--device", "cpu", "--config", config.to_str().unwrap(), "--set", set]);
+        assert_clean_error(&out, error);
+    }
+}
+
+/// f16 asked of the CPU: a note, and the run trains in f32.
+#[test]
+fn f16_training_on_the_cpu_says_so_and_runs_f32() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 20_000);
+    let config = tiny_config(dir.path(), &corpus, &dir.path().join("run"), "");
+    let args = ["--device", "cpu", "--config", config.to_str().unwrap(), "--set", "model.dtype=f16"];
+    let out = train_ok(&[&args[..], &["--set", "train.max_steps=2"]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("note: f16 runs on wgpu adapters with SHADER_F16; the CPU runs in f32"), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("parameters in f32 on cpu"));
 }
 
 #[test]

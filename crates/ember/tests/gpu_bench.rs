@@ -52,14 +52,16 @@ fn the_quick_gpu_benchmark_fills_every_table() {
             assert!(figure(table, &row) > 0.0, "{row} has no forward time:\n{f16}");
         }
     }
-    for table in ["train-llama-tiny-auto.md", "train-gpt2-124m.md"] {
+    for table in ["train-llama-tiny-auto.md", "train-llama-tiny-auto-f16.md", "train-gpt2-124m.md"] {
         assert!(figure(&read(table), "ember median: ") > 0.0, "{table}");
     }
     let decode = read("decode.md");
     assert!(decode.contains("134,515,008"), "the SmolLM2-shaped config's parameter count:\n{decode}");
     // The cached tokens/s of Ember alone, or Ember's row beside transformers where python3 has torch with CUDA.
     let ember = if decode.contains("| Ember | ") { "| Ember | " } else { "| 4 | " };
-    assert!(figure(&decode, ember) > 0.0, "{decode}");
+    let (full, half) = decode.split_once("\nf16 (transformers in bf16):").expect("an f16 decode table");
+    assert!(figure(full, ember) > 0.0, "{decode}");
+    assert!(half.contains(", f16, ") && figure(half, ember) > 0.0, "Ember decoding in f16:\n{decode}");
 
     let summary = read("summary.md");
     for section in ["devices", "attention", "train", "decode"] {

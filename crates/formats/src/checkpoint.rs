@@ -22,8 +22,18 @@ pub struct TrainState<S> {
     /// Data-parallel ranks that trained the run (1 alone).
     #[serde(default = "one_rank")]
     pub ranks: usize,
+    /// f16 training's loss scale (absent in f32).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<LossScale>,
     #[serde(flatten)]
     pub task: S,
+}
+
+/// A dynamic loss scale and the clean steps it has seen since it last changed.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LossScale {
+    pub scale: f64,
+    pub clean_steps: u64,
 }
 
 fn one_rank() -> usize {

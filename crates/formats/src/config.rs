@@ -112,6 +112,51 @@ pub enum FeatureMap {
     Relu,
 }
 
+/// The float type a model computes in: its weights, activations and KV store (f16 on wgpu adapters with
+/// `SHADER_F16`; training keeps f32 master weights and optimizer state). Checkpoints are f32 either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    F32,
+    F16,
+}
+
+impl Precision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 => 2,
+        }
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "f16" => Ok(Self::F16),
+            other => Err(format!("{other}: the float types are f32 and f16")),
+        }
+    }
+}
+
+impl Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// A decoder-only language model: GPT-2 and Llama styles are configs of one model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -197,6 +242,9 @@ pub struct ModelConfig {
     /// inference keeps the draw the saved weights were last trained with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub favor_redraw: Option<u64>,
+    /// The float type of training's forward and backward passes (f16: mixed precision with dynamic loss scaling).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub dtype: Precision,
 }
 
 /// FAVOR+'s random features when a config names none.
@@ -253,6 +301,7 @@ impl ModelConfig {
             feature_map: FeatureMap::Elu,
             favor_features: None,
             favor_redraw: None,
+            dtype: Precision::F32,
         }
     }
 

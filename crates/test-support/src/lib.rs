@@ -55,12 +55,18 @@ pub fn max_relative_diff_tensors<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> 
 
 /// The per-step training losses (step, loss) in a run directory's `metrics.jsonl`.
 pub fn step_losses(run_dir: &Path) -> Vec<(u64, f64)> {
+    metric(run_dir, "loss")
+}
+
+/// (step, value) of every line of a run's `metrics.jsonl` that has `key` ("loss" for steps, "val_loss" for
+/// evaluations).
+pub fn metric(run_dir: &Path, key: &str) -> Vec<(u64, f64)> {
     std::fs::read_to_string(run_dir.join("metrics.jsonl"))
         .unwrap()
         .lines()
         .filter_map(|l| {
             let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            Some((v["step"].as_u64()?, v.get("loss")?.as_f64()?))
+            Some((v["step"].as_u64()?, v.get(key)?.as_f64()?))
         })
         .collect()
 }

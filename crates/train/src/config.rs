@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use ember_core_model::ModelConfig;
 use ember_core_model::config::{Invalid, require};
+
+use crate::loss_scale::LossScaling;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,6 +128,20 @@ pub struct TrainConfig {
     pub checkpoint_interval: Option<u64>,
     /// The run directory.
     pub out_dir: PathBuf,
+    /// `model.dtype = "f16"`: the first loss scale (2¹⁶, as PyTorch's `GradScaler`).
+    #[serde(default = "default_loss_scale")]
+    pub loss_scale: f64,
+    /// `model.dtype = "f16"`: clean steps in a row after which the loss scale doubles.
+    #[serde(default = "default_growth_interval")]
+    pub loss_scale_growth_interval: u64,
+}
+
+fn default_loss_scale() -> f64 {
+    LossScaling::default().init
+}
+
+fn default_growth_interval() -> u64 {
+    LossScaling::default().growth_interval
 }
 
 pub(crate) fn default_seed() -> u64 {
@@ -200,6 +216,10 @@ impl TrainConfig {
         if let Some(c) = self.checkpoint_interval {
             require(c >= 1, "train.checkpoint_interval", c, "at least 1")?;
         }
+        let scale = self.loss_scale;
+        require(scale.is_finite() && scale >= 1.0, "train.loss_scale", scale, "a finite number ≥ 1")?;
+        let growth = self.loss_scale_growth_interval;
+        require(growth >= 1, "train.loss_scale_growth_interval", growth, "at least 1")?;
         Ok(())
     }
 

@@ -9,6 +9,7 @@ pub mod config;
 pub mod corpus;
 pub mod lm;
 pub mod loss;
+pub mod loss_scale;
 pub mod metrics;
 pub mod optim;
 pub mod parallel;

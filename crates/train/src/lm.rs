@@ -13,6 +13,7 @@ use crate::collective::{Collective, Shard};
 use crate::config::TrainConfig;
 use crate::corpus::{Corpus, Sampler};
 use crate::loss::lm_loss;
+use crate::loss_scale::LossScaling;
 use crate::optim::AdamWConfig;
 use crate::schedule::learning_rate;
 use crate::trainer::{BatchLoss, EvalReport, LoopConfig, Task, TrainError, TrainLoop};
@@ -113,6 +114,7 @@ impl From<&TrainConfig> for LoopConfig {
             eval_at_start: true,
             checkpoint_interval: c.checkpoint_interval(),
             adamw: AdamWConfig { beta1: c.beta1, beta2: c.beta2, eps: c.eps, weight_decay: c.weight_decay },
+            loss_scaling: LossScaling { init: c.loss_scale, growth_interval: c.loss_scale_growth_interval },
         }
     }
 }

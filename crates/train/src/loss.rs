@@ -1,7 +1,7 @@
 //! The causal language-modelling loss, and label-smoothed cross-entropy for translation.
 
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use ember_core_model::Gpt;
 use ember_kernels::cross_entropy;
 
@@ -42,8 +42,10 @@ pub fn smoothed_loss(logits: Tensor<3>, targets: Tensor<2, Int>, mask: Tensor<2>
     (per_token * mask.clone()).sum() / mask.sum()
 }
 
-/// −Σ_v q_v log p_v at every position [B, T], by the kernels' fused cross-entropy.
+/// −Σ_v q_v log p_v at every position [B, T], by the kernels' fused cross-entropy, in f32 whatever the logits' type
+/// (f16 keeps three significant digits of log p).
 fn token_losses(logits: Tensor<3>, targets: Tensor<2, Int>, epsilon: f64) -> Tensor<2> {
+    let logits = logits.cast(FloatDType::F32);
     let [b, t, v] = logits.dims();
     cross_entropy(logits.reshape([b * t, v]), targets.reshape([b * t]), epsilon).reshape([b, t])
 }

@@ -111,7 +111,7 @@ mod tests {
     use super::*;
 
     fn step(step: u64) -> StepReport {
-        StepReport { step, loss: 1.0 / step as f32, lr: 1e-3, grad_norm: 0.5, tokens_per_s: 100.0 }
+        StepReport { step, loss: 1.0 / step as f32, lr: 1e-3, grad_norm: 0.5, tokens_per_s: 100.0, scale: None }
     }
 
     #[test]

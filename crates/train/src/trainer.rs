@@ -1,6 +1,7 @@
 //! The training loop every task shares: the learning-rate schedule, backward, gradient accumulation, global-norm
 //! clipping, AdamW, the non-finite-loss stop, evaluation and checkpoint cadence, the time budget, `metrics.jsonl`,
-//! the observer and the loss curve, alone or as one rank of a data-parallel group ([`crate::collective`]). A
+//! the observer and the loss curve, alone or as one rank of a data-parallel group ([`crate::collective`]), in f32 or
+//! in f16 with f32 master weights and dynamic loss scaling ([`crate::loss_scale`]). A
 //! [`Task`] (the language model in [`crate::lm`], the translator in [`crate::translation`]) supplies the model, the
 //! loss of each next batch, its evaluation and its data position.
 
@@ -13,12 +14,14 @@ use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor, TensorData};
 use ember_core_model::bundle::BundleError;
+use ember_core_model::config::Precision;
 use ember_core_model::params::{self, Mismatch, ParamInfo};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, CheckpointError, TrainState};
 use crate::collective::{Collective, Shard, Single};
+use crate::loss_scale::{LossScaler, LossScaling, ScaleChange, ScaleStep};
 use crate::metrics::{self, MetricsWriter};
 use crate::optim::{AdamW, AdamWConfig, clip_scale, global_grad_norm};
 use crate::replicas::{self, Global};
@@ -59,6 +62,9 @@ pub struct StepReport {
     pub grad_norm: f64,
     /// Training tokens of this step (all ranks') over its wall time.
     pub tokens_per_s: f64,
+    /// f16 training: the loss scale the step used, and whether it overflowed (the step skipped) or grew the scale.
+    #[serde(default, flatten, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<ScaleStep>,
 }
 
 /// An evaluation after `step` optimizer steps: what the task measures (a language model: mean train and val losses
@@ -146,6 +152,8 @@ pub struct LoopConfig {
     pub eval_at_start: bool,
     pub checkpoint_interval: u64,
     pub adamw: AdamWConfig,
+    /// The loss scale of f16 training.
+    pub loss_scaling: LossScaling,
 }
 
 /// Time spent in each phase of the training steps (the CPU backends run eagerly, so the clock sees each phase).
@@ -177,6 +185,10 @@ pub struct TrainLoop<T: Task> {
     collective: Rc<dyn Collective>,
     /// Ranks the run was trained on so far (a resumed run must keep them).
     trained_ranks: usize,
+    /// The float type of the forward and backward passes; the parameters and AdamW's moments stay f32.
+    precision: Precision,
+    /// f16 training's loss scale.
+    scaler: Option<LossScaler>,
 }
 
 /// One step's outcome, before it is reported.
@@ -187,6 +199,7 @@ struct Stepped {
     tokens: usize,
     /// Some rank asked to stop after this step.
     stop: bool,
+    scale: Option<ScaleStep>,
 }
 
 impl<T: Task> TrainLoop<T> {
@@ -206,7 +219,21 @@ impl<T: Task> TrainLoop<T> {
             phases: StepPhases::default(),
             collective: Rc::new(Single),
             trained_ranks: 1,
+            precision: Precision::F32,
+            scaler: None,
         }
+    }
+
+    /// This loop computing its forward and backward passes in `precision` (f16 on wgpu adapters with `SHADER_F16`):
+    /// each step casts the f32 parameters to it inside the autodiff graph, so the gradients arrive in f32, and f16
+    /// scales the loss dynamically (continuing a resumed run's scale).
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self.scaler = match precision {
+            Precision::F32 => None,
+            Precision::F16 => Some(self.scaler.take().unwrap_or_else(|| LossScaler::new(self.config.loss_scaling))),
+        };
+        self
     }
 
     /// This loop as one rank of `collective`: the task trains on the rank's shard of each batch, gradients are
@@ -249,6 +276,7 @@ impl<T: Task> TrainLoop<T> {
         run.step = ckpt.state.step;
         run.tokens = ckpt.state.tokens;
         run.trained_ranks = ckpt.state.ranks;
+        run.scaler = ckpt.state.loss_scale.map(|state| LossScaler::resume(run.config.loss_scaling, state));
         run.task.restore(ckpt.state.task, run_dir)?;
         Ok(run)
     }
@@ -260,21 +288,26 @@ impl<T: Task> TrainLoop<T> {
         (stepped.loss, stepped.grad_norm)
     }
 
-    /// One optimizer step; `wants_stop` is this rank's wish to stop after it, which every rank learns.
+    /// One optimizer step; `wants_stop` is this rank's wish to stop after it, which every rank learns. In f16 a step
+    /// whose scaled gradients overflow updates nothing but the loss scale; it still counts as a step.
     fn train_step(&mut self, wants_stop: bool) -> Stepped {
         let accum = self.config.grad_accum;
         self.task.before_step(&mut self.model, self.step);
         let lr = self.task.learning_rate(self.step);
+        let loss_scale = self.scaler.as_ref().map_or(1.0, LossScaler::scale);
+        let compute = params::in_precision(self.model.clone(), self.precision);
         let mut accumulator = GradientsAccumulator::<T::Model>::new();
         let (mut loss_sum, mut tokens) = (0.0, 0);
         for _ in 0..accum {
             let started = Instant::now();
-            let batch = self.task.next_loss(&self.model);
+            let batch = self.task.next_loss(&compute);
             let loss = if accum > 1 { batch.loss / accum as f64 } else { batch.loss };
             loss_sum += loss.clone().into_scalar::<f32>();
             tokens += batch.tokens;
             let forward_done = Instant::now();
-            let grads = GradientsParams::from_grads(loss.backward(), &self.model);
+            let scaled = if self.scaler.is_some() { loss * loss_scale } else { loss };
+            // The gradients of the f32 parameters, through the casts in `compute`.
+            let grads = GradientsParams::from_grads(scaled.backward(), &self.model);
             accumulator.accumulate(&self.model, grads);
             self.phases.forward += forward_done - started;
             self.phases.backward += forward_done.elapsed();
@@ -289,21 +322,25 @@ impl<T: Task> TrainLoop<T> {
             self.phases.all_reduce += started.elapsed();
         }
         if !loss_sum.is_finite() {
-            return Stepped { loss: loss_sum, grad_norm: f64::NAN, lr, tokens, stop };
+            return Stepped { loss: loss_sum, grad_norm: f64::NAN, lr, tokens, stop, scale: None };
         }
         let started = Instant::now();
-        let grad_norm = global_grad_norm(&self.model, &grads);
-        let scale = clip_scale(grad_norm, self.config.grad_clip);
-        self.model = self.optim.step(self.model.clone(), &grads, lr, scale);
+        let grad_norm = global_grad_norm(&self.model, &grads) / loss_scale;
+        let scale = self.scaler.as_mut().map(|scaler| scaler.update(grad_norm.is_finite()));
+        if scale.is_none_or(|s| s.change != ScaleChange::Halved) {
+            let clip = clip_scale(grad_norm, self.config.grad_clip);
+            self.model = self.optim.step(self.model.clone(), &grads, lr, clip / loss_scale);
+        }
         self.phases.optimizer += started.elapsed();
         self.step += 1;
         self.tokens += tokens as u64;
-        Stepped { loss: loss_sum, grad_norm, lr, tokens, stop }
+        Stepped { loss: loss_sum, grad_norm, lr, tokens, stop, scale }
     }
 
-    /// The task's evaluation of the current model.
+    /// The task's evaluation of the current model, in the precision it trains in.
     pub fn evaluate(&mut self) -> Result<EvalReport, TrainError> {
-        self.task.evaluate(&self.model, self.step, &*self.collective)
+        let model = params::in_precision(self.model.clone(), self.precision);
+        self.task.evaluate(&model, self.step, &*self.collective)
     }
 
     /// Writes `checkpoint.safetensors` and `model.safetensors` for the current step, then the task's own files
@@ -314,7 +351,8 @@ impl<T: Task> TrainLoop<T> {
         }
         let weights = params::state_dict(&self.model);
         let ranks = self.collective.ranks();
-        let state = TrainState { step: self.step, tokens: self.tokens, ranks, task: self.task.state() };
+        let loss_scale = self.scaler.as_ref().map(|scaler| scaler.state);
+        let state = TrainState { step: self.step, tokens: self.tokens, ranks, loss_scale, task: self.task.state() };
         checkpoint::save(&self.run_dir, &weights, self.optim.state(&self.params), &state)?;
         self.task.on_checkpoint(&self.run_dir, self.step, &weights)
     }
@@ -348,12 +386,12 @@ impl<T: Task> TrainLoop<T> {
         }
         while self.step < max {
             let step_started = Instant::now();
-            let Stepped { loss, grad_norm, lr, tokens, stop } = self.train_step(out_of_time());
+            let Stepped { loss, grad_norm, lr, tokens, stop, scale } = self.train_step(out_of_time());
             if !loss.is_finite() {
                 return Err(TrainError::NonFinite { loss, step: self.step + 1, run_dir: self.run_dir.clone() });
             }
             let tokens_per_s = tokens as f64 / step_started.elapsed().as_secs_f64();
-            let report = StepReport { step: self.step, loss, lr, grad_norm, tokens_per_s };
+            let report = StepReport { step: self.step, loss, lr, grad_norm, tokens_per_s, scale };
             if let Some(metrics) = &mut metrics {
                 metrics.append(&report)?;
             }

@@ -22,6 +22,7 @@ use tokenizers::Tokenizer;
 
 use crate::collective::{Collective, Shard};
 use crate::loss::smoothed_loss;
+use crate::loss_scale::LossScaling;
 use crate::optim::AdamWConfig;
 use crate::parallel::{
     Pair, PairBatch, ParallelError, Vocabularies, encode_pairs, read_aligned, read_tsv, token_batches,
@@ -435,6 +436,7 @@ impl From<&TranslationTrainConfig> for LoopConfig {
             eval_at_start: false,
             checkpoint_interval: t.checkpoint_interval,
             adamw: AdamWConfig { beta1: t.beta1, beta2: t.beta2, eps: t.eps, weight_decay: 0.0 },
+            loss_scaling: LossScaling::default(),
         }
     }
 }

@@ -12,7 +12,9 @@ use clap::{Args, ValueEnum};
 use ember_kernels::{AttentionImpl, AttentionSpec, KernelTier, device_memory};
 
 use super::median;
-use crate::devices::{self, DeviceChoice, Precision};
+use crate::devices::{self, DeviceChoice};
+use ember_core_model::config::Precision;
+use ember_core_model::params;
 
 #[derive(Args)]
 pub struct BenchAttentionArgs {
@@ -40,7 +42,7 @@ pub struct BenchAttentionArgs {
     #[arg(long, value_delimiter = ',')]
     impls: Vec<String>,
     /// q, k and v (and so o and the gradients) in f32 or f16 (wgpu adapters with `SHADER_F16`).
-    #[arg(long, value_enum, default_value = "f32")]
+    #[arg(long, default_value = "f32")]
     dtype: Precision,
     /// The device's peak rate in GFLOP/s (the FP32 figure of its datasheet, say): adds each rate's percentage of it.
     #[arg(long)]
@@ -225,8 +227,9 @@ fn measure_one(args: &BenchAttentionArgs, one: &str, choice: DeviceChoice) -> Re
     }
     let shape = [args.batch, args.heads, t, d];
     let spec = AttentionSpec::causal(d).with_implementation(imp);
-    let x =
-        |device: &Device| Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(args.dtype.dtype());
+    let x = |device: &Device| {
+        Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(params::float_dtype(args.dtype))
+    };
     let (q, k, v) = (x(&device), x(&device), x(&device));
     let forward = time(args, &device, || ember_kernels::attention(q.clone(), k.clone(), v.clone(), &spec))?;
     let largest = || device_memory(&device).map_or(0, |m| m.largest_allocation);

@@ -9,14 +9,15 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ember_core_model::config::PositionKind;
-use ember_core_model::{Gpt, Rng, import};
+use ember_core_model::{Gpt, Rng, import, params};
 use ember_serve::sampling::argmax;
 use ember_serve::{Decoder, KvKind};
 
 use super::median;
 use super::memory::Memory;
-use crate::devices::{self, DeviceChoice, Precision};
+use crate::devices::{self, DeviceChoice};
 use crate::inspect::model_config;
+use ember_core_model::config::Precision;
 
 #[derive(Args)]
 pub struct BenchDecodeArgs {
@@ -32,7 +33,7 @@ pub struct BenchDecodeArgs {
     #[arg(long, default_value = "native")]
     weights: WeightFormat,
     /// f16: the model's weights (dense), activations and KV store in f16, on wgpu adapters with `SHADER_F16`.
-    #[arg(long, value_enum, default_value = "f32")]
+    #[arg(long, default_value = "f32")]
     dtype: Precision,
     /// Generated tokens per measurement (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "128,512,1024")]
@@ -55,6 +56,9 @@ pub struct BenchDecodeArgs {
     /// With --transformers: the device transformers runs on (cpu, cuda).
     #[arg(long, default_value = "cpu")]
     transformers_device: String,
+    /// With --transformers: its weights' and activations' type (f32, bf16, f16).
+    #[arg(long, default_value = "f32")]
+    transformers_dtype: String,
     /// Alternate rounds with llama.cpp's `llama-bench` (this path) on the same GGUF file and thread count: prompt
     /// and decode tokens/s side by side, Ember's measured as in --transformers.
     #[arg(long, value_name = "LLAMA_BENCH", requires = "model", conflicts_with = "transformers")]
@@ -72,11 +76,14 @@ pub fn bench_decode(args: BenchDecodeArgs, choice: DeviceChoice) -> Result<()> {
             if config.positions == PositionKind::Learned || config.block_size < longest {
                 config.block_size = config.block_size.max(longest);
             }
-            let model = precision.model(Gpt::new(&config, &mut Rng::new(0), &device));
+            let model = params::in_precision(Gpt::new(&config, &mut Rng::new(0), &device), precision);
             (model, format!("{} (random weights)", path.display()))
         }
         (None, Some(path)) => {
-            let model = precision.model(import::load_as(path, &device, precision.weights(args.weights)?)?.model);
+            let model = params::in_precision(
+                import::load_as(path, &device, devices::weights_in(precision, args.weights)?)?.model,
+                precision,
+            );
             crate::release_load_buffers();
             (model, path.display().to_string())
         }
@@ -89,7 +96,9 @@ pub fn bench_decode(args: BenchDecodeArgs, choice: DeviceChoice) -> Result<()> {
             (None, Some(path)) => vec![OsString::from(path)],
             (None, None) => unreachable!("a model was built above"),
         };
-        model_args.extend([OsString::from("--device"), OsString::from(&args.transformers_device)]);
+        for (flag, value) in [("--device", &args.transformers_device), ("--dtype", &args.transformers_dtype)] {
+            model_args.extend([OsString::from(flag), OsString::from(value)]);
+        }
         let n = args.lengths.iter().copied().max().unwrap_or(128);
         let script = super::reference::HF_GENERATE.script(args.script.as_deref())?;
         let python = (python.as_str(), script.path(), model_args.as_slice());

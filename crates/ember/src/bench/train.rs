@@ -61,7 +61,8 @@ pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice, collective: Rc<dy
     if ranks > 1 && args.pytorch.is_some() {
         bail!("--pytorch runs beside one process; leave it out under mpiexec");
     }
-    let (device, description) = devices::select_local(device, collective.local_rank())?;
+    let (device, description, precision) =
+        devices::select_local_in(device, collective.local_rank(), config.model.dtype)?;
     let scratch = tempfile::tempdir().context("creating a scratch run directory")?;
     let (tok, corpus) = corpus::prepare(&config.data, scratch.path(), false)?;
     let mut model_config = config.model.clone();
@@ -77,7 +78,8 @@ pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice, collective: Rc<dy
         }
     };
     say(format!(
-        "bench train: {} on {description}, {} warm-up + {} timed steps per round, {threads} threads, attention {:?}{}",
+        "bench train: {} in {precision} on {description}, {} warm-up + {} timed steps per round, {threads} threads, \
+         attention {:?}{}",
         args.config.display(),
         args.warmup,
         args.steps,
@@ -99,7 +101,8 @@ pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice, collective: Rc<dy
         }
         let mut trainer =
             Trainer::new(model_config.clone(), config.train.clone(), corpus.clone(), scratch.path(), &device)
-                .with_collective(collective.clone());
+                .with_collective(collective.clone())
+                .with_precision(precision);
         trainer.model = trainer.model.with_attention(args.attention);
         for _ in 0..args.warmup {
             trainer.step();
