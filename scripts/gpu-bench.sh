@@ -298,14 +298,17 @@ if [ "$gpu" = 1 ]; then
   if [ "$quick" = 1 ]; then f16=(--lengths 64,128 --heads 2); else f16=(--lengths 1024,4096 --heads 32); fi
   f16+=(--head-dims 64 --iters "$iters" --calls "$calls")
   [ -z "$peak" ] || f16+=(--peak-gflops "$peak")
+  # The cooperative-matrix forward where the adapter offers 16×16 f16 → f32 products (`ember devices` says so).
+  coop=""
+  ! grep -q 'attention forward 16×16 f16 → f32: yes' "$out/devices.txt" || coop=",cooperative"
   file="$out/attention-f16.md"
   heading "$file" "Attention in f16 on wgpu" \
-    "Causal, d 64, batch 1. First f32 inputs, each tier with f32 and with f16 tiles (portable-f16, subgroup-f16); then f16 inputs (Ember's tiers, whose tiles are then f16, Burn's built-in and the naive path, all on f16 tensors). Arithmetic in Ember's kernels stays f32; the percentages are of the FP32 peak."
+    "Causal, d 64, batch 1. First f32 inputs, each tier with f32 and with f16 tiles (portable-f16, subgroup-f16) and, where the adapter offers 16×16 f16 cooperative matrices, the cooperative-matrix forward (cooperative); then f16 inputs (Ember's tiers, whose tiles are then f16, Burn's built-in and the naive path, all on f16 tensors). Arithmetic in Ember's tiered kernels stays f32, the cooperative products take f16 and accumulate in f32; the percentages are of the FP32 peak."
   if run "$t_f16" "$file" ember --device wgpu bench attention "${f16[@]}" \
-    --impls portable,portable-f16,subgroup,subgroup-f16; then
+    --impls "portable,portable-f16,subgroup,subgroup-f16$coop"; then
     expect "$file" '^\| [0-9]+ \| [0-9]+ \| portable-f16 \| [0-9.]+ ' "timed portable-f16 row"
   fi
-  if run "$t_f16" "$file" ember --device wgpu bench attention "${f16[@]}" --dtype f16 --impls portable,subgroup,burn,naive; then
+  if run "$t_f16" "$file" ember --device wgpu bench attention "${f16[@]}" --dtype f16 --impls "portable,subgroup$coop,burn,naive"; then
     expect "$file" 'causal, f16;' "f16-input table"
   fi
   if [ "$quick" = 1 ] && grep -q "failed:" "$file"; then fail "a measurement failed in $(basename "$file")"; fi

@@ -297,7 +297,7 @@ fn list_devices() {
             false => "no".into(),
         };
         println!(
-            "wgpu     {} | {:?} | {:?} | driver {} | subgroups {subgroups}, f16 {}, f32 atomics {}, cooperative matrix {}; attention tiers {:?} \
+            "wgpu     {} | {:?} | {:?} | driver {} | subgroups {subgroups}, f16 {}, f32 atomics {}, cooperative matrix {} (attention forward {}); attention tiers {:?} \
              (default {:?}) | workgroup memory {} B, invocations/workgroup {}, storage binding {} MiB, buffer {} MiB",
             a.name,
             a.kind,
@@ -306,6 +306,7 @@ fn list_devices() {
             has(ember_kernels::adapters::Features::SHADER_F16),
             has(ember_kernels::adapters::Features::SHADER_FLOAT32_ATOMIC),
             has(ember_kernels::adapters::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
+            if a.cooperative_attention() { "16×16 f16 → f32: yes" } else { "no" },
             a.tiers(),
             a.default_tier(),
             a.limits.max_compute_workgroup_storage_size,

@@ -2,7 +2,7 @@
 
 use burn::backend::wgpu::wgpu;
 
-pub use wgpu::{Backend, DeviceType, Features, Limits};
+pub use wgpu::{Backend, CooperativeMatrixProperties, CooperativeScalarType, DeviceType, Features, Limits};
 
 use crate::KernelTier;
 
@@ -17,6 +17,8 @@ pub struct Adapter {
     /// Smallest and largest subgroup size (0, 0 where the adapter does not say).
     pub subgroup_sizes: (u32, u32),
     pub limits: Limits,
+    /// The cooperative-matrix shapes and types wgpu runs on it (with `EXPERIMENTAL_COOPERATIVE_MATRIX`).
+    pub cooperative: Vec<CooperativeMatrixProperties>,
 }
 
 impl Adapter {
@@ -30,6 +32,17 @@ impl Adapter {
     pub fn tiers(&self) -> Vec<KernelTier> {
         let subgroups = self.features.contains(Features::SUBGROUP) && self.subgroup_sizes.0 >= 8;
         [KernelTier::Portable].into_iter().chain(subgroups.then_some(KernelTier::Subgroup)).collect()
+    }
+
+    /// Whether the cooperative-matrix attention forward runs here: `EXPERIMENTAL_COOPERATIVE_MATRIX` with 16×16×16
+    /// products of f16 matrices into f32.
+    pub fn cooperative_attention(&self) -> bool {
+        self.features.contains(Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+            && self.cooperative.iter().any(|p| {
+                (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+                    && p.ab_type == CooperativeScalarType::F16
+                    && p.cr_type == CooperativeScalarType::F32
+            })
     }
 
     /// The tier the kernels pick by default: subgroup where CubeCL enables subgroup operations (a GPU, not a CPU
@@ -59,6 +72,7 @@ pub fn wgpu_adapters() -> Vec<Adapter> {
                 features: a.features(),
                 subgroup_sizes: (info.subgroup_min_size, info.subgroup_max_size),
                 limits: a.limits(),
+                cooperative: a.cooperative_matrix_properties(),
             }
         })
         .collect()

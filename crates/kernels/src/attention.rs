@@ -72,6 +72,10 @@ pub enum AttentionImpl {
     /// As `Tier`, with f16 tiles in workgroup memory and f32 arithmetic (the adapter must have wgpu `SHADER_F16`);
     /// `Tier` and `Auto` use them where q, k and v are f16.
     Half(KernelTier),
+    /// The forward's products on 16×16 f16 cooperative matrices with f32 accumulators (tensor cores where wgpu exposes
+    /// EXPERIMENTAL_COOPERATIVE_MATRIX), the backward in the adapter's tier with f16 tiles; head widths multiples of
+    /// 16. Never picked by `Auto`.
+    Cooperative,
     /// The T×T score matrix, masked and soft-maxed with ordinary tensor ops.
     Naive,
     /// Burn's `attention` module op (fused kernels where the backend has them).
@@ -81,7 +85,7 @@ pub enum AttentionImpl {
 impl AttentionImpl {
     /// Ember's own kernels, whichever tier.
     pub fn is_ember(self) -> bool {
-        matches!(self, Self::Auto | Self::Tier(_) | Self::FoldDq(..) | Self::Half(_))
+        matches!(self, Self::Auto | Self::Tier(_) | Self::FoldDq(..) | Self::Half(_) | Self::Cooperative)
     }
 }
 
@@ -97,8 +101,10 @@ impl std::str::FromStr for AttentionImpl {
             "subgroup" => Ok(Self::Tier(KernelTier::Subgroup)),
             "portable-f16" => Ok(Self::Half(KernelTier::Portable)),
             "subgroup-f16" => Ok(Self::Half(KernelTier::Subgroup)),
+            "cooperative" => Ok(Self::Cooperative),
             _ => Err(format!(
-                "unknown attention {s:?}: expected auto, portable, subgroup, portable-f16, subgroup-f16, naive or burn"
+                "unknown attention {s:?}: expected auto, portable, subgroup, portable-f16, subgroup-f16, cooperative, \
+                 naive or burn"
             )),
         }
     }

@@ -121,7 +121,7 @@ fn check_as(case: &Case, draws: &mut Draws, (device, imp): &(Device, AttentionIm
     let x = case.inputs_as(draws, dtype);
     let reference = run(AttentionImpl::Naive, case, &x, &Device::flex(), FloatDType::F32);
     let flash = run(*imp, case, &x, device, dtype);
-    let half = dtype == FloatDType::F16 || matches!(imp, AttentionImpl::Half(_));
+    let half = dtype == FloatDType::F16 || matches!(imp, AttentionImpl::Half(_) | AttentionImpl::Cooperative);
     let naive = half.then(|| run(AttentionImpl::Naive, case, &x, device, FloatDType::F16));
     let mut worst = 0.0f32;
     for (i, name) in ["o", "dq", "dk", "dv"].into_iter().enumerate() {
@@ -208,6 +208,42 @@ fn half_precision_attention_equals_the_reference_over_the_sweep_and_edge_cases()
             let worst = errors.into_iter().fold(0.0, f32::max);
             eprintln!("{kernels:?} {dtype:?}: worst error over the edge cases: {worst:.3} of its bound");
         }
+    }
+}
+
+/// The cooperative-matrix forward (16×16 f16 tiles, f32 accumulators; the backward in f16 tiles), over f32 and f16
+/// inputs, half the sweep each and the edge cases, held to the f16 bound, where the test's adapter offers wgpu's
+/// EXPERIMENTAL_COOPERATIVE_MATRIX with 16×16×16 f16 → f32 products (NVIDIA, AMD and Intel GPUs under Vulkan). Other
+/// adapters, lavapipe among them, do not: the test says so and checks nothing there; the shader's validity and its
+/// SPIR-V are checked on every machine by the kernels' unit test `cooperative_forward_is_valid_and_compiles_to_spir_v`.
+#[test]
+fn cooperative_matrix_attention_equals_the_reference_where_the_adapter_offers_it() {
+    let Some(gpu) = wgpu_test_device() else { return };
+    // The adapter wgpu's default device takes: the first real GPU, else the first adapter.
+    let adapters = ember_kernels::wgpu_adapters();
+    let adapter = adapters.iter().find(|a| a.is_real_gpu()).or(adapters.first()).expect("an adapter");
+    if !adapter.cooperative_attention() {
+        eprintln!(
+            "cooperative-matrix attention NOT CHECKED: {} offers no 16×16×16 f16 → f32 cooperative matrices (wgpu \
+             EXPERIMENTAL_COOPERATIVE_MATRIX {})",
+            adapter.name,
+            if adapter.features.contains(ember_kernels::adapters::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+                "on, without that shape"
+            } else {
+                "off"
+            }
+        );
+        return;
+    }
+    for dtype in [FloatDType::F32, FloatDType::F16] {
+        let kernels = (gpu.clone(), AttentionImpl::Cooperative);
+        sweep(&kernels, dtype, 2);
+        let mut draws = Draws(7);
+        let errors = edge_cases().iter().map(|case| check_as(case, &mut draws, &kernels, dtype)).collect::<Vec<_>>();
+        eprintln!(
+            "cooperative {dtype:?}: worst error over the edge cases: {:.3} of its bound",
+            errors.iter().fold(0.0f32, |m, e| m.max(*e))
+        );
     }
 }
 

@@ -37,7 +37,8 @@ pub struct BenchAttentionArgs {
     /// Implementations to measure, in this order: ember (the default tier), portable, subgroup (a WGSL tier
     /// forced), portable-2pass, subgroup-2pass (the tier with dq in a backward pass of its own, not folded into the
     /// dk/dv pass), portable-f16, subgroup-f16 (the tier with f16 tiles in workgroup memory; with `--dtype f16`
-    /// every tier has them), burn, naive. Default: on wgpu each tier the adapter runs, then burn and naive; on the
+    /// every tier has them), cooperative (the forward on 16×16 f16 cooperative matrices, where the adapter offers
+    /// them), burn, naive. Default: on wgpu each tier the adapter runs, then burn and naive; on the
     /// CPU ember, burn, naive.
     #[arg(long, value_delimiter = ',')]
     impls: Vec<String>,
@@ -61,7 +62,7 @@ fn tolerance(precision: Precision) -> f64 {
     }
 }
 
-const IMPLS: [(&str, AttentionImpl); 9] = [
+const IMPLS: [(&str, AttentionImpl); 10] = [
     ("ember", AttentionImpl::Auto),
     ("portable", AttentionImpl::Tier(KernelTier::Portable)),
     ("subgroup", AttentionImpl::Tier(KernelTier::Subgroup)),
@@ -69,6 +70,7 @@ const IMPLS: [(&str, AttentionImpl); 9] = [
     ("subgroup-2pass", AttentionImpl::FoldDq(KernelTier::Subgroup, false)),
     ("portable-f16", AttentionImpl::Half(KernelTier::Portable)),
     ("subgroup-f16", AttentionImpl::Half(KernelTier::Subgroup)),
+    ("cooperative", AttentionImpl::Cooperative),
     ("burn", AttentionImpl::Burn),
     ("naive", AttentionImpl::Naive),
 ];
@@ -93,6 +95,12 @@ pub fn bench_attention(args: BenchAttentionArgs, choice: DeviceChoice) -> Result
     if args.impls.is_empty() {
         let tiers = adapter.as_ref().map_or(vec!["ember"], |a| a.tiers().into_iter().map(tier_name).collect());
         args.impls = tiers.into_iter().chain(["burn", "naive"]).map(String::from).collect();
+    }
+    if args.impls.iter().any(|n| n == "cooperative") && !adapter.as_ref().is_some_and(|a| a.cooperative_attention()) {
+        let name = adapter.as_ref().map_or("the CPU", |a| a.name.as_str());
+        bail!(
+            "--impls cooperative: {name} offers no 16×16 f16 → f32 cooperative matrices (wgpu EXPERIMENTAL_COOPERATIVE_MATRIX)"
+        );
     }
     let peak = args.peak_gflops.filter(|&p| p > 0.0);
     let per_peak = peak.map_or(String::new(), |p| format!("; % peak: the rate as a percentage of {p:.0} GFLOP/s"));

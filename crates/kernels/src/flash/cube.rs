@@ -70,6 +70,19 @@ fn shared_bytes(half: bool) -> usize {
     if half { 2 } else { 4 }
 }
 
+/// The forward on cooperative matrices (flash_forward_coop.wgsl) for head width `d`, a multiple of 16, in workgroups
+/// of one subgroup of `threads` invocations, over inputs of `elem`.
+fn cooperative_forward(d: usize, threads: u32, elem: DType) -> Wgsl {
+    assert!(d.is_multiple_of(16), "the cooperative-matrix forward takes head widths that are multiples of 16, not {d}");
+    let values = vec![
+        ("threads", threads.to_string()),
+        ("d", d.to_string()),
+        ("tile", (16 * d).to_string()),
+        ("types", types(elem, true)),
+    ];
+    Wgsl { name: "flash_forward_coop", text: include_str!("../../../../shaders/flash_forward_coop.wgsl"), values }
+}
+
 /// A WGSL file with its `{{ name }}` placeholders filled.
 #[derive(Debug)]
 pub(crate) struct Wgsl {
@@ -316,6 +329,12 @@ impl FlashOps for CubeBackend {
             decode(&q, DECODE_FLOAT.into(), &[&k, &v], words, half, [&o, &lse]);
         } else if tq <= DECODE_ROWS {
             decode(&q, DECODE_FLOAT.into(), &[&k, &v], info(&params, &qs, ks[1], ks[2]), half, [&o, &lse]);
+        } else if params.cooperative {
+            let (hkv, tk) = (ks[1], ks[2]);
+            let threads = q.client.properties().hardware.plane_size_max;
+            let kernel = cooperative_forward(d, threads, dtype);
+            let count = (((hq / hkv * tq) as u32).div_ceil(16), (b * hkv) as u32);
+            launch(&q, kernel, threads, count, &[&q, &k, &v, &o, &lse], &info(&params, &qs, hkv, tk));
         } else {
             let workgroup_bytes = q.client.properties().hardware.max_shared_memory_size;
             let geometry = Geometry::queries(tier(&q, &params), d, shared_bytes(half), workgroup_bytes);
@@ -423,5 +442,31 @@ impl FlashOps for CubeBackend {
         }
         // dq accumulated atomically in f32 is handed back in the inputs' dtype.
         (CubeBackend::float_cast(dq, dtype.into()), dk, dv)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cooperative-matrix forward is valid WGSL for naga with its capabilities (wgpu's
+    /// EXPERIMENTAL_COOPERATIVE_MATRIX and SHADER_F16) and compiles to SPIR-V, the form Vulkan drivers with
+    /// VK_KHR_cooperative_matrix run, for every head width it takes and both input types, on any machine: the
+    /// adapters that run it (crates/kernels/tests/flash.rs) are GPUs, not lavapipe.
+    #[test]
+    fn cooperative_forward_is_valid_and_compiles_to_spir_v() {
+        use naga::valid::{Capabilities, ValidationFlags, Validator};
+        for (d, elem) in [(64, DType::F32), (64, DType::F16), (128, DType::F32), (256, DType::F16)] {
+            let source = cooperative_forward(d, 32, elem).source().complete();
+            let module = naga::front::wgsl::parse_str(&source)
+                .unwrap_or_else(|e| panic!("d {d}, {elem:?}: {}", e.emit_to_string(&source)));
+            let capabilities = Capabilities::COOPERATIVE_MATRIX | Capabilities::SHADER_FLOAT16;
+            let info = Validator::new(ValidationFlags::all(), capabilities)
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("d {d}, {elem:?}: {}", e.emit_to_string(&source)));
+            let options = naga::back::spv::Options { lang_version: (1, 6), ..Default::default() };
+            let words = naga::back::spv::write_vec(&module, &info, &options, None).expect("SPIR-V");
+            assert!(words.len() > 100 && words[0] == 0x0723_0203, "a SPIR-V module starts with its magic number");
+        }
     }
 }

@@ -43,6 +43,10 @@ pub struct FlashParams {
     /// with every product and sum still in f32 (true: the adapter must have wgpu `SHADER_F16`; None: where q, k and v
     /// are f16 themselves).
     pub half: Option<bool>,
+    /// Whether the tiled forward multiplies on cooperative matrices (flash_forward_coop.wgsl: 16×16 f16 tiles, f32
+    /// accumulators; the adapter must offer them, [`crate::adapters::Adapter::cooperative_attention`]). The backward
+    /// then runs in the adapter's tier with f16 tiles, which round q, k and v as the forward did.
+    pub cooperative: bool,
 }
 
 /// How the WGSL kernels spread query (or key) rows over lanes.
@@ -95,7 +99,9 @@ impl FlashParams {
                 crate::AttentionImpl::FoldDq(_, fold) => Some(fold),
                 _ => None,
             },
-            half: matches!(spec.implementation, crate::AttentionImpl::Half(_)).then_some(true),
+            half: matches!(spec.implementation, crate::AttentionImpl::Half(_) | crate::AttentionImpl::Cooperative)
+                .then_some(true),
+            cooperative: spec.implementation == crate::AttentionImpl::Cooperative,
         }
     }
 }
