@@ -54,14 +54,9 @@ fn pick(choice: DeviceChoice) -> Result<(Device, String, Option<Adapter>)> {
     })
 }
 
-/// The device for a choice on the `local_rank`-th rank of a machine: on wgpu, that rank's real GPU (ranks beyond the
-/// GPUs share them in turn; without a real GPU every rank takes the default adapter); the CPU is the CPU.
-pub fn select_local(choice: DeviceChoice, local_rank: usize) -> Result<(Device, String)> {
-    let (device, description, _) = pick_local(choice, local_rank)?;
-    Ok((device, description))
-}
-
-/// [`select_local`], and the precision `dtype` runs in on that device ([`precision_on`]).
+/// The device for a choice on the `local_rank`-th rank of a machine, its description, and the precision `dtype` runs
+/// in there ([`precision_on`]): on wgpu, that rank's real GPU (ranks beyond the GPUs share them in turn; without a
+/// real GPU every rank takes the default adapter); the CPU is the CPU.
 pub fn select_local_in(
     choice: DeviceChoice,
     local_rank: usize,

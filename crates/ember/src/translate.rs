@@ -197,12 +197,13 @@ pub fn train(
     if writes {
         run_dir::check_new(&config.train.out_dir, force)?;
     }
-    let (device, description) = devices::select_local(choice, collective.local_rank())?;
+    let (device, description, precision) =
+        devices::select_local_in(choice, collective.local_rank(), config.model.dtype)?;
     crate::ranks::announce(&*collective, &description);
     let bleu = greedy_bleu(&device);
     let trainer = match writes {
         true => {
-            println!("training translation model from {} on {description}", config_path.display());
+            println!("training translation model from {} in {precision} on {description}", config_path.display());
             let trainer = TranslationTrainer::new(config, &device, bleu)?;
             collective.barrier();
             trainer
@@ -212,7 +213,7 @@ pub fn train(
             TranslationTrainer::replica(config, &device, bleu)?
         }
     };
-    run(trainer, collective, choice)
+    run(trainer.with_precision(precision), collective, choice)
 }
 
 /// `ember train --resume RUN_DIR` of a translation run: continues from its checkpoint, with its config.toml and
@@ -226,13 +227,14 @@ pub fn resume(
     let writes = collective.rank() == 0;
     let _lock = run_dir::lock_on_rank_0(run_dir, collective.rank())?;
     let config = load_config(&run_dir.join(bundle::CONFIG), overrides)?;
-    let (device, description) = devices::select_local(choice, collective.local_rank())?;
+    let (device, description, precision) =
+        devices::select_local_in(choice, collective.local_rank(), config.model.dtype)?;
     crate::ranks::announce(&*collective, &description);
     if writes {
         println!("resuming translation run {} on {description}", run_dir.display());
     }
     let trainer = TranslationTrainer::resume(config, run_dir, &device, greedy_bleu(&device))?;
-    run(trainer, collective, choice)
+    run(trainer.with_precision(precision), collective, choice)
 }
 
 /// Trains as one rank of `collective`: rank 0 reports and evaluates the test set; the other ranks train silently.

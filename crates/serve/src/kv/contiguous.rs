@@ -20,7 +20,7 @@ impl Buffer {
         let [b, n, t, w] = x.dims();
         let end = self.len + t;
         if end > self.capacity() {
-            let grown = Tensor::<4>::zeros([b, n, end.div_ceil(chunk) * chunk, w], &x.device());
+            let grown = Tensor::<4>::zeros([b, n, end.div_ceil(chunk) * chunk, w], (&x.device(), x.dtype()));
             let filled = self.data.clone().slice([0..b, 0..n, 0..self.len, 0..w]);
             self.data = grown.slice_assign([0..b, 0..n, 0..self.len, 0..w], filled);
         }
@@ -54,7 +54,7 @@ impl ContiguousCache {
         }
     }
 
-    /// Bytes allocated (capacity) and bytes holding cached tokens, over every layer (f32).
+    /// Bytes allocated (capacity) and bytes holding cached tokens, over every layer, in the entries' float type.
     pub fn usage(&self) -> (usize, usize) {
         let mut allocated = 0;
         let mut used = 0;
@@ -94,5 +94,27 @@ impl KvCache for ContiguousCache {
         });
         let [a, b] = entries;
         [first.append(a, chunk), second.append(b, chunk)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::{DType, Device, FloatDType};
+
+    /// A store of f16 keys grows past its first chunk in f16, holding every appended token.
+    #[test]
+    fn growing_keeps_the_entries_float_type() {
+        let device = Device::flex();
+        let mut cache = ContiguousCache::new(4);
+        let token = |i: usize| Tensor::<4>::full([1, 2, 1, 8], i as f32, &device).cast(FloatDType::F16);
+        let mut last = None;
+        for i in 0..6 {
+            last = Some(cache.append(0, [token(i), token(i)]));
+        }
+        let [k, _] = last.unwrap();
+        assert_eq!((k.dims(), k.dtype()), ([1, 2, 6, 8], DType::F16));
+        let rows = k.slice([0..1, 0..1, 0..6, 0..1]).cast(FloatDType::F32).into_data().try_to_vec::<f32>().unwrap();
+        assert_eq!(rows, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
     }
 }
