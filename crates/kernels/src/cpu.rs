@@ -7,7 +7,7 @@ use burn::tensor::{Device, TensorData};
 use rayon::prelude::*;
 use std::cell::Cell;
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -146,6 +146,10 @@ fn look_for_work(origin: Option<usize>) {
     LOOKING.set(true);
     let mut last_job = Instant::now();
     loop {
+        if join_shared_loop() {
+            last_job = Instant::now();
+            continue;
+        }
         match rayon::yield_now() {
             Some(rayon::Yield::Executed) => last_job = Instant::now(),
             _ if last_job.elapsed() < AWAKE => std::thread::yield_now(),
@@ -153,6 +157,61 @@ fn look_for_work(origin: Option<usize>) {
         }
     }
     LOOKING.set(false);
+}
+
+/// The loop [`on_every_core`] is running, for the looking workers to join: a pointer to its `&dyn Fn()`, or null.
+static SHARED_LOOP: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Looking workers inside [`SHARED_LOOP`]'s loop.
+static IN_SHARED_LOOP: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs `claim_all` on this thread and on every worker kept looking for work ([`KeepWorkersAwake`]) at once, returning
+/// once all of them have returned; `claim_all` claims chunks of a shared range until none is left (a [`Chunks`]
+/// loop), so it is right however many threads run it. The workers join by reading a pointer they check between
+/// their looks: no job is queued, stolen or waited on through rayon, so a loop of a few tens of microseconds (a
+/// decoded token's matrix–vector products) pays no thread wake-up or sleeping join. Without awake workers, or while
+/// another such loop runs, every rayon worker runs it as a parallel iterator.
+pub fn on_every_core(claim_all: &(dyn Fn() + Sync)) {
+    let everywhere = || (0..rayon::current_num_threads()).into_par_iter().for_each(|_| claim_all());
+    if GUARDS.load(Ordering::Relaxed) == 0 {
+        return everywhere();
+    }
+    stay_awake();
+    let published = (&raw const claim_all).cast::<()>().cast_mut();
+    if SHARED_LOOP.compare_exchange(std::ptr::null_mut(), published, Ordering::SeqCst, Ordering::Relaxed).is_err() {
+        return everywhere();
+    }
+    /// Takes the loop down when this thread is done with it (or unwinds): no worker enters it after the store, and
+    /// those inside are waited for, so `claim_all` outlives every call.
+    struct Withdraw;
+    impl Drop for Withdraw {
+        fn drop(&mut self) {
+            SHARED_LOOP.store(std::ptr::null_mut(), Ordering::SeqCst);
+            while IN_SHARED_LOOP.load(Ordering::SeqCst) != 0 {
+                std::hint::spin_loop();
+            }
+        }
+    }
+    let _withdraw = Withdraw;
+    claim_all();
+}
+
+/// Runs the loop [`on_every_core`] has published, if any; whether there was one.
+fn join_shared_loop() -> bool {
+    if SHARED_LOOP.load(Ordering::Relaxed).is_null() {
+        return false;
+    }
+    IN_SHARED_LOOP.fetch_add(1, Ordering::SeqCst);
+    let published = SHARED_LOOP.load(Ordering::SeqCst);
+    if !published.is_null() {
+        // SAFETY: `on_every_core` published a pointer to its `&dyn Fn()` and, before returning, withdraws it and
+        // waits until IN_SHARED_LOOP is 0; this worker counted itself in before reading the pointer (both SeqCst), so
+        // either it read null or the caller waits for it below.
+        let claim_all = unsafe { *published.cast::<&(dyn Fn() + Sync)>() };
+        claim_all();
+    }
+    IN_SHARED_LOOP.fetch_sub(1, Ordering::SeqCst);
+    !published.is_null()
 }
 
 /// A strided matrix view of a slice: element (i, j) is `data[i·rs + j·cs]`.
@@ -284,7 +343,7 @@ fn sum(mut a: Vec<f32>, b: Vec<f32>) -> Vec<f32> {
 /// Hands out [0, len) to the cores as they ask (guided self-scheduling): each chunk is what is left divided by the
 /// number of cores, at least `least` long (or half of `len` when that is shorter), so a core slowed down by another
 /// process ends on small chunks that the others take over, rather than leaving them waiting on its half.
-struct Chunks {
+pub(crate) struct Chunks {
     next: AtomicUsize,
     len: usize,
     least: usize,
@@ -292,7 +351,7 @@ struct Chunks {
 }
 
 impl Chunks {
-    fn new(len: usize, least: usize) -> Self {
+    pub(crate) fn new(len: usize, least: usize) -> Self {
         let threads = rayon::current_num_threads();
         Self { next: AtomicUsize::new(0), len, least: least.min(len.div_ceil(threads)).max(1), threads }
     }
@@ -323,7 +382,7 @@ impl Chunks {
 /// [`Chunks`] of the rows of an output, each claim handing out its rows' part of the output: the part not yet
 /// claimed waits behind a lock, and each claim splits its rows off the front (the chunks follow one another, so each
 /// is one contiguous slice, and the slices are disjoint by construction).
-struct RowChunks<'a, T> {
+pub(crate) struct RowChunks<'a, T> {
     chunks: Chunks,
     /// The first unclaimed row and the output from it on.
     rest: Mutex<(usize, &'a mut [T])>,
@@ -332,13 +391,13 @@ struct RowChunks<'a, T> {
 
 impl<'a, T> RowChunks<'a, T> {
     /// `out`, rows of `row_len` values, in `chunks` of rows.
-    fn new(out: &'a mut [T], row_len: usize, chunks: Chunks) -> Self {
+    pub(crate) fn new(out: &'a mut [T], row_len: usize, chunks: Chunks) -> Self {
         assert_eq!(out.len(), chunks.len * row_len, "the output holds the rows");
         Self { chunks, rest: Mutex::new((0, out)), row_len }
     }
 
     /// The next chunk of rows and its part of the output; none once all are claimed.
-    fn claim(&self) -> Option<(Range<usize>, &'a mut [T])> {
+    pub(crate) fn claim(&self) -> Option<(Range<usize>, &'a mut [T])> {
         let mut rest = self.rest.lock().unwrap_or_else(PoisonError::into_inner);
         let (next, out) = &mut *rest;
         let rows = self.chunks.starting_at(*next)?;
@@ -454,8 +513,8 @@ pub fn matmul(m: usize, n: usize, k: usize, c: &mut [f32], c_rs: usize, a: Mat, 
 
 #[cfg(test)]
 mod tests {
-    use super::{Chunks, LOOPS_SPAWNED, RowChunks, keep_workers_awake, look_for_work, stay_awake};
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use super::{Chunks, LOOPS_SPAWNED, RowChunks, keep_workers_awake, look_for_work, on_every_core, stay_awake};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     /// The chunks follow one another over the whole range, shrinking with what is left down to the least size (the
     /// last one takes a remainder shorter than that); a range shorter than two least chunks is split in halves.
@@ -518,6 +577,25 @@ mod tests {
         pool.install(stay_awake);
         let during = spawned();
         assert!(during > before, "a guard lives: the other worker is set looking");
+        // A loop on every core: the looking worker joins it through the published pointer, and every index is run
+        // once whichever threads claim it.
+        let helped = AtomicBool::new(false);
+        for _ in 0..200 {
+            let chunks = pool.install(|| Chunks::new(64, 1));
+            let runs: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
+            pool.install(|| {
+                let caller = rayon::current_thread_index();
+                on_every_core(&|| {
+                    while let Some(range) = chunks.claim() {
+                        helped.fetch_or(rayon::current_thread_index() != caller, Ordering::Relaxed);
+                        range.for_each(|i| _ = runs[i].fetch_add(1, Ordering::Relaxed));
+                        std::thread::sleep(std::time::Duration::from_micros(20));
+                    }
+                })
+            });
+            assert!(runs.iter().all(|r| r.load(Ordering::Relaxed) == 1), "every index once");
+        }
+        assert!(helped.load(Ordering::Relaxed), "the looking worker took part");
         drop(guard);
         pool.install(stay_awake);
         stay_awake();

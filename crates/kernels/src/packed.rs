@@ -23,8 +23,9 @@ use burn::tensor::{DType, Device, Int, Shape, Tensor, TensorData};
 use ember_formats::ggml::{self, Format};
 use ember_formats::packed::{Packed, Part};
 use rayon::prelude::*;
+use std::ops::Range;
 
-use crate::cpu::{Mat, contiguous, dot, floats, on_cpu, stay_awake, tensor};
+use crate::cpu::{Chunks, Mat, RowChunks, contiguous, dot, floats, on_cpu, on_every_core, stay_awake, tensor};
 use crate::flash::cube::{Wgsl, empty, f32_contiguous, launch};
 
 #[cfg(target_arch = "x86_64")]
@@ -57,18 +58,27 @@ impl Layout {
         self.parts.iter().map(|p| p.rows * p.format.row_bytes(self.cols).expect("whole blocks")).sum()
     }
 
-    /// Rows `first..` in order, each as its format and its bytes' range in the blocks, walking the parts once.
-    fn rows_from(&self, first: usize) -> impl Iterator<Item = (Format, std::ops::Range<usize>)> + '_ {
+    /// Rows `first..first + count` as runs of consecutive rows in one format: each run's format, its rows' bytes'
+    /// range in the blocks, and its count of rows, walking the parts once.
+    fn runs(&self, first: usize, count: usize) -> impl Iterator<Item = (Format, Range<usize>, usize)> + '_ {
+        let end = first + count;
         let (mut at, mut start) = (0, 0);
-        self.parts.iter().flat_map(move |part| {
+        self.parts.iter().filter_map(move |part| {
             let len = part.format.row_bytes(self.cols).expect("whole blocks");
             let rows = at..at + part.rows;
             let begin = start;
             (at, start) = (rows.end, start + part.rows * len);
-            (rows.start.max(first)..rows.end).map(move |r| {
-                let from = begin + (r - rows.start) * len;
-                (part.format, from..from + len)
-            })
+            let (from, to) = (rows.start.max(first), rows.end.min(end));
+            let bytes = begin + (from - rows.start) * len..begin + (to - rows.start) * len;
+            (from < to).then_some((part.format, bytes, to - from))
+        })
+    }
+
+    /// Rows `first..` in order, each as its format and its bytes' range in the blocks.
+    fn rows_from(&self, first: usize) -> impl Iterator<Item = (Format, Range<usize>)> + '_ {
+        self.runs(first, self.rows().saturating_sub(first)).flat_map(|(format, bytes, rows)| {
+            let len = bytes.len() / rows;
+            (0..rows).map(move |r| (format, bytes.start + r * len..bytes.start + (r + 1) * len))
         })
     }
 }
@@ -270,6 +280,9 @@ struct Codes {
     m: [f32; 2],
 }
 
+/// A row of x quantized: its codes, its blocks' scales, and d_x Σ q_x over each half block.
+type XRow<'a> = (&'a [i8], &'a [f32], &'a [[f32; 2]]);
+
 /// Rows of x quantized per block of 32: codes q_x, scales d_x, and d_x Σ q_x over each half of a block.
 struct Activations {
     blocks: usize,
@@ -288,7 +301,7 @@ impl Activations {
     }
 
     /// Row r's codes, scales and half sums.
-    fn row(&self, r: usize) -> (&[i8], &[f32], &[[f32; 2]]) {
+    fn row(&self, r: usize) -> XRow<'_> {
         let b = r * self.blocks..(r + 1) * self.blocks;
         (&self.q[b.start * 32..b.end * 32], &self.d[b.clone()], &self.sums[b])
     }
@@ -426,36 +439,43 @@ fn product(x: &[f32], n: usize, bytes: &[u8], layout: &Layout, walk: Walk) -> Ve
 }
 
 /// y = x Wᵀ row of W by row of W with integer dots against x's codes `acts` (where W's format has blocks): yᵀ [m, n],
-/// each core taking chunks of W's rows, transposed at the end.
+/// every core claiming chunks of W's rows ([`on_every_core`]), transposed at the end.
 fn dots(x: &[f32], n: usize, bytes: &[u8], layout: &Layout, acts: Option<&Activations>) -> Vec<f32> {
     let (k, m) = (layout.cols, layout.rows());
     let mut y_t = vec![0.0f32; m * n];
-    // Eight chunks per core.
-    let chunk = m.div_ceil(8 * rayon::current_num_threads()).max(4);
-    y_t.par_chunks_mut(chunk * n).enumerate().for_each(|(c, out)| {
+    // Chunks of W's rows, claimed by the cores as they come free.
+    let chunks = RowChunks::new(&mut y_t, n, Chunks::new(m, 16));
+    on_every_core(&|| {
         let (mut values, mut codes) = (Vec::new(), vec![Codes::default(); k / 32]);
-        for (out, (format, range)) in out.chunks_mut(n).zip(layout.rows_from(c * chunk)) {
-            let w = &bytes[range];
-            match acts {
-                #[cfg(target_arch = "x86_64")]
-                Some(acts) if x86::legacy(format.id) && crate::cpu::has_avx2_fma() => {
-                    for (r, y) in out.iter_mut().enumerate() {
-                        let (q, d, sums) = acts.row(r);
-                        *y = x86::dot_legacy(format, w, q, d, sums);
+        while let Some((rows, mut out)) = chunks.claim() {
+            for (format, range, rows) in layout.runs(rows.start, rows.len()) {
+                let (run, rest) = std::mem::take(&mut out).split_at_mut(rows * n);
+                out = rest;
+                let w = &bytes[range];
+                match acts {
+                    #[cfg(target_arch = "x86_64")]
+                    Some(acts) if x86::legacy(format.id) => {
+                        for r in 0..n {
+                            x86::dot_legacy(format, w, acts.row(r), &mut run[r..], n);
+                        }
                     }
-                }
-                Some(acts) if format.block > 1 => {
-                    unpack_row(format, w, &mut codes);
-                    for (r, y) in out.iter_mut().enumerate() {
-                        let (q, d, sums) = acts.row(r);
-                        *y = dot_codes(&codes, q, d, sums);
+                    Some(acts) if format.block > 1 => {
+                        for (out, w) in run.chunks_mut(n).zip(w.chunks_exact(w.len() / rows)) {
+                            unpack_row(format, w, &mut codes);
+                            for (r, y) in out.iter_mut().enumerate() {
+                                let (q, d, sums) = acts.row(r);
+                                *y = dot_codes(&codes, q, d, sums);
+                            }
+                        }
                     }
-                }
-                _ => {
-                    values.clear();
-                    values.extend(ggml::dequantize(format, w));
-                    for (r, y) in out.iter_mut().enumerate() {
-                        *y = dot(&values, &x[r * k..(r + 1) * k]);
+                    _ => {
+                        for (out, w) in run.chunks_mut(n).zip(w.chunks_exact(w.len() / rows)) {
+                            values.clear();
+                            values.extend(ggml::dequantize(format, w));
+                            for (r, y) in out.iter_mut().enumerate() {
+                                *y = dot(&values, &x[r * k..(r + 1) * k]);
+                            }
+                        }
                     }
                 }
             }
@@ -652,25 +672,27 @@ mod x86 {
     }
 
     /// Whether ggml type `id` is a 32-value format whose codes [`dot_legacy`] reads straight from its bytes (Q8_0,
-    /// Q4_0, Q4_1, Q5_0, Q5_1).
+    /// Q4_0, Q4_1, Q5_0, Q5_1), and the CPU has what it is compiled for (AVX2, FMA, F16C).
     pub(super) fn legacy(id: u32) -> bool {
-        matches!(id, 2 | 3 | 6 | 7 | 8)
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let has = *HAS.get_or_init(|| crate::cpu::has_avx2_fma() && std::is_x86_feature_detected!("f16c"));
+        has && matches!(id, 2 | 3 | 6 | 7 | 8)
     }
 
-    /// x·w for a row of W in a [`legacy`] format, its codes built in registers from each block's bytes (no unpacked
-    /// copy): 4-bit values as the block's low nibbles then its high nibbles, the fifth bits spread from qh.
-    pub(super) fn dot_legacy(format: super::Format, row: &[u8], q: &[i8], d: &[f32], sums: &[[f32; 2]]) -> f32 {
-        let halves: &[f32; 65536] = (&**super::HALVES).try_into().expect("a value per f16");
+    /// x·w for each row of `w`, consecutive rows of W in one [`legacy`] format, into `y[0]`, `y[stride]`, …: each
+    /// row's codes are built in registers from its blocks' bytes (no unpacked copy), 4-bit values as the block's low
+    /// nibbles then its high nibbles, the fifth bits spread from qh.
+    pub(super) fn dot_legacy(format: super::Format, w: &[u8], x: super::XRow, y: &mut [f32], stride: usize) {
         let vnni = super::has_vnni();
         // One instance per format, so the per-block layout is known when it is compiled.
         macro_rules! run {
             ($id:literal) => {
                 if vnni {
                     // SAFETY: the CPU has the features the function is compiled for (checked above).
-                    unsafe { legacy_vnni::<$id>(row, q, d, sums, halves) }
+                    unsafe { legacy_vnni::<$id>(w, x, y, stride) }
                 } else {
-                    // SAFETY: the callers check AVX2 and FMA.
-                    unsafe { legacy_avx2::<$id>(row, q, d, sums, halves) }
+                    // SAFETY: the callers check AVX2, FMA and F16C ([`legacy`]).
+                    unsafe { legacy_avx2::<$id>(w, x, y, stride) }
                 }
             };
         }
@@ -683,29 +705,26 @@ mod x86 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    fn legacy_avx2<const ID: u32>(row: &[u8], q: &[i8], d: &[f32], sums: &[[f32; 2]], halves: &[f32; 65536]) -> f32 {
-        legacy_with::<ID>(row, q, d, sums, halves, |u, s| {
-            _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
-        })
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn legacy_avx2<const ID: u32>(w: &[u8], x: super::XRow, y: &mut [f32], stride: usize) {
+        legacy_rows::<ID>(w, x, y, stride, |u, s| _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
     }
 
-    #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
-    fn legacy_vnni<const ID: u32>(row: &[u8], q: &[i8], d: &[f32], sums: &[[f32; 2]], halves: &[f32; 65536]) -> f32 {
-        legacy_with::<ID>(row, q, d, sums, halves, |u, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s))
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    fn legacy_vnni<const ID: u32>(w: &[u8], x: super::XRow, y: &mut [f32], stride: usize) {
+        legacy_rows::<ID>(w, x, y, stride, |u, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s))
     }
 
-    /// x·w over the blocks of ggml type `ID`, alternate blocks into two accumulators (the products of one block do
-    /// not wait for the previous block's sum).
+    /// x·w over the blocks of ggml type `ID` for each row of `w`, alternate blocks into two accumulators (the
+    /// products of one block do not wait for the previous block's sum).
     #[inline(always)]
-    fn legacy_with<const ID: u32>(
-        row: &[u8],
-        q: &[i8],
-        d: &[f32],
-        sums: &[[f32; 2]],
-        halves: &[f32; 65536],
+    fn legacy_rows<const ID: u32>(
+        w: &[u8],
+        (q, d, sums): super::XRow,
+        y: &mut [f32],
+        stride: usize,
         products: impl Fn(__m256i, __m256i) -> __m256i,
-    ) -> f32 {
+    ) {
         // Block bytes, where the codes start, where qh is (Q5), whether a min follows d, and the zero point.
         let (bytes, codes_at, high_at, has_min, zero) = match ID {
             8 => (34, 2, None, false, 0.0),
@@ -714,9 +733,8 @@ mod x86 {
             6 => (22, 6, Some(2), false, 16.0),
             _ => (24, 8, Some(4), true, 0.0),
         };
-        let half = |b: &[u8], at: usize| halves[u16::from_le_bytes([b[at], b[at + 1]]) as usize];
-        // SAFETY (all intrinsics below): the callers are compiled with AVX2 and FMA, which the CPU has; every load
-        // reads from a slice of at least the bytes it loads.
+        // SAFETY (all intrinsics below): the callers are compiled with AVX2, FMA and F16C, which the CPU has; every
+        // load reads from a slice of at least the bytes it loads.
         unsafe {
             let low = _mm_set1_epi8(0x0f);
             // Byte i of the spread qh takes byte i / 8 of qh; bit i % 8 of it is tested.
@@ -724,37 +742,46 @@ mod x86 {
                 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
             );
             let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-            let (mut acc, mut other) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            let mut offsets = 0.0;
-            for (((b, q), &dx), s) in row.chunks_exact(bytes).zip(q.chunks_exact(32)).zip(d).zip(sums) {
-                let xq = _mm256_loadu_si256(q.as_ptr().cast());
-                let d = half(b, 0);
-                let lanes = if ID == 8 {
-                    // Signed codes: |w| (unsigned) times x with w's sign, as u8 · i8 takes them.
-                    let wq = _mm256_loadu_si256(b[2..34].as_ptr().cast());
-                    products(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq))
-                } else {
-                    // Unsigned codes q ≥ 0 straight into u8 · i8; w = d (q − zero) + m takes (m − zero d) Σ x.
-                    let raw = _mm_loadu_si128(b[codes_at..codes_at + 16].as_ptr().cast());
-                    let nibbles = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
-                    let codes = match high_at {
-                        Some(at) => {
-                            let qh = i32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-                            let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh), spread);
-                            let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bits), bits);
-                            _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
-                        }
-                        None => nibbles,
+            for (row, y) in w.chunks_exact(bytes * d.len()).zip(y.iter_mut().step_by(stride)) {
+                let (mut acc, mut other) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                let mut offsets = 0.0;
+                for (((b, q), &dx), s) in row.chunks_exact(bytes).zip(q.chunks_exact(32)).zip(d).zip(sums) {
+                    let xq = _mm256_loadu_si256(q.as_ptr().cast());
+                    // d, and m where the block has one: the f16 pair at the block's start.
+                    let scales = if has_min {
+                        _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+                    } else {
+                        _mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([b[0], b[1]]) as i32))
                     };
-                    let m = if has_min { half(b, 2) } else { 0.0 };
-                    offsets += (m - zero * d) * (s[0] + s[1]);
-                    products(codes, xq)
-                };
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(d * dx), acc);
-                // The next block adds into the other accumulator.
-                std::mem::swap(&mut acc, &mut other);
+                    let dw = _mm_cvtss_f32(scales);
+                    let lanes = if ID == 8 {
+                        // Signed codes: |w| (unsigned) times x with w's sign, as u8 · i8 takes them.
+                        let wq = _mm256_loadu_si256(b[2..34].as_ptr().cast());
+                        products(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq))
+                    } else {
+                        // Unsigned codes q ≥ 0 straight into u8 · i8; w = d (q − zero) + m takes (m − zero d) Σ x.
+                        let raw = _mm_loadu_si128(b[codes_at..codes_at + 16].as_ptr().cast());
+                        let nibbles =
+                            _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
+                        let codes = match high_at {
+                            Some(at) => {
+                                let qh = i32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+                                let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh), spread);
+                                let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bits), bits);
+                                _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+                            }
+                            None => nibbles,
+                        };
+                        let offset = if has_min { _mm_cvtss_f32(_mm_movehdup_ps(scales)) } else { -zero * dw };
+                        offsets += offset * (s[0] + s[1]);
+                        products(codes, xq)
+                    };
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(dw * dx), acc);
+                    // The next block adds into the other accumulator.
+                    std::mem::swap(&mut acc, &mut other);
+                }
+                *y = horizontal_sum(_mm256_add_ps(acc, other)) + offsets;
             }
-            horizontal_sum(_mm256_add_ps(acc, other)) + offsets
         }
     }
 
