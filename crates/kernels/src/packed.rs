@@ -280,45 +280,48 @@ struct Codes {
     m: [f32; 2],
 }
 
-/// A row of x quantized: its codes, its blocks' scales, and d_x Σ q_x over each half block.
-type XRow<'a> = (&'a [i8], &'a [f32], &'a [[f32; 2]]);
+/// A row of x quantized: its codes and its blocks' [`Scales`].
+type XRow<'a> = (&'a [i8], &'a [Scales]);
 
-/// Rows of x quantized per block of 32: codes q_x, scales d_x, and d_x Σ q_x over each half of a block.
+/// A block of x's scale and sums: [d_x, d_x Σ q_x, d_x Σ_{i<16} q_x,i, d_x Σ_{i≥16} q_x,i] (the first two side by
+/// side, as the legacy-format dot loads them together).
+type Scales = [f32; 4];
+
+/// Rows of x quantized per block of 32: codes q_x and each block's [`Scales`].
 struct Activations {
     blocks: usize,
     q: Vec<i8>,
-    d: Vec<f32>,
-    sums: Vec<[f32; 2]>,
+    scales: Vec<Scales>,
 }
 
 impl Activations {
     fn quantize(x: &[f32], k: usize) -> Self {
         let blocks = x.len() / 32;
-        let mut out =
-            Self { blocks: k / 32, q: vec![0; blocks * 32], d: vec![0.0; blocks], sums: vec![[0.0; 2]; blocks] };
-        quantize_blocks(x, &mut out.q, &mut out.d, &mut out.sums);
+        let mut out = Self { blocks: k / 32, q: vec![0; blocks * 32], scales: vec![[0.0; 4]; blocks] };
+        quantize_blocks(x, &mut out.q, &mut out.scales);
         out
     }
 
-    /// Row r's codes, scales and half sums.
+    /// Row r's codes and scales.
     fn row(&self, r: usize) -> XRow<'_> {
         let b = r * self.blocks..(r + 1) * self.blocks;
-        (&self.q[b.start * 32..b.end * 32], &self.d[b.clone()], &self.sums[b])
+        (&self.q[b.start * 32..b.end * 32], &self.scales[b])
     }
 }
 
 crate::cpu::multiversion! {
-    /// q = round(x / d) with d = max|x| / 127 per block of 32, and d Σ q per half block.
-    fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], sums: &mut [[f32; 2]]) {
-        for (((x, q), d), sums) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)).zip(d.iter_mut()).zip(sums) {
+    /// q = round(x / d) with d = max|x| / 127 per block of 32, and d Σ q over the block and over each half.
+    fn quantize_blocks(x: &[f32], q: &mut [i8], scales: &mut [Scales]) {
+        for ((x, q), scales) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)).zip(scales) {
             let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            *d = amax / 127.0;
+            let d = amax / 127.0;
             let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
             for (q, v) in q.iter_mut().zip(x) {
                 *q = (v * inverse).round() as i8;
             }
-            let half = |h: &[i8]| h.iter().map(|&v| v as i32).sum::<i32>() as f32 * *d;
-            *sums = [half(&q[..16]), half(&q[16..])];
+            let sum = |h: &[i8]| h.iter().map(|&v| v as i32).sum::<i32>();
+            let (first, second) = (sum(&q[..16]), sum(&q[16..]));
+            *scales = [d, (first + second) as f32 * d, first as f32 * d, second as f32 * d];
         }
     }
 }
@@ -446,7 +449,8 @@ fn dots(x: &[f32], n: usize, bytes: &[u8], layout: &Layout, acts: Option<&Activa
     // Chunks of W's rows, claimed by the cores as they come free.
     let chunks = RowChunks::new(&mut y_t, n, Chunks::new(m, 16));
     on_every_core(&|| {
-        let (mut values, mut codes) = (Vec::new(), vec![Codes::default(); k / 32]);
+        // Scratch for the formats unpacked a row at a time, allocated on first use.
+        let (mut values, mut codes) = (Vec::new(), Vec::new());
         while let Some((rows, mut out)) = chunks.claim() {
             for (format, range, rows) in layout.runs(rows.start, rows.len()) {
                 let (run, rest) = std::mem::take(&mut out).split_at_mut(rows * n);
@@ -460,11 +464,12 @@ fn dots(x: &[f32], n: usize, bytes: &[u8], layout: &Layout, acts: Option<&Activa
                         }
                     }
                     Some(acts) if format.block > 1 => {
+                        codes.resize(k / 32, Codes::default());
                         for (out, w) in run.chunks_mut(n).zip(w.chunks_exact(w.len() / rows)) {
                             unpack_row(format, w, &mut codes);
                             for (r, y) in out.iter_mut().enumerate() {
-                                let (q, d, sums) = acts.row(r);
-                                *y = dot_codes(&codes, q, d, sums);
+                                let (q, scales) = acts.row(r);
+                                *y = dot_codes(&codes, q, scales);
                             }
                         }
                     }
@@ -602,26 +607,26 @@ fn unpack(id: u32, b: &[u8], out: &mut [Codes]) {
 }
 
 /// Σ over blocks of x·w in the integer form of the module comment.
-fn dot_codes(w: &[Codes], q: &[i8], d: &[f32], sums: &[[f32; 2]]) -> f32 {
+fn dot_codes(w: &[Codes], q: &[i8], scales: &[Scales]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
         if has_vnni() {
             // SAFETY: the CPU has the features the function is compiled for (checked just above).
-            return unsafe { x86::dot_vnni(w, q, d, sums) };
+            return unsafe { x86::dot_vnni(w, q, scales) };
         }
         if crate::cpu::has_avx2_fma() {
             // SAFETY: as above.
-            return unsafe { x86::dot_avx2(w, q, d, sums) };
+            return unsafe { x86::dot_avx2(w, q, scales) };
         }
     }
-    dot_portable(w, q, d, sums)
+    dot_portable(w, q, scales)
 }
 
-fn dot_portable(w: &[Codes], q: &[i8], d: &[f32], sums: &[[f32; 2]]) -> f32 {
+fn dot_portable(w: &[Codes], q: &[i8], scales: &[Scales]) -> f32 {
     let mut acc = 0.0;
-    for (((c, q), &d), s) in w.iter().zip(q.chunks_exact(32)).zip(d).zip(sums) {
+    for ((c, q), &[d, _, s0, s1]) in w.iter().zip(q.chunks_exact(32)).zip(scales) {
         let half = |h: usize| (16 * h..16 * h + 16).map(|i| c.q[i] as i32 * q[i] as i32).sum::<i32>() as f32;
-        acc += d * (c.a[0] * half(0) + c.a[1] * half(1)) + c.m[0] * s[0] + c.m[1] * s[1];
+        acc += d * (c.a[0] * half(0) + c.a[1] * half(1)) + c.m[0] * s0 + c.m[1] * s1;
     }
     acc
 }
@@ -649,15 +654,14 @@ mod x86 {
     fn dot_with(
         w: &[Codes],
         q: &[i8],
-        d: &[f32],
-        sums: &[[f32; 2]],
+        scales: &[super::Scales],
         products: impl Fn(__m256i, __m256i) -> __m256i,
     ) -> f32 {
         // SAFETY (all intrinsics below): the callers are compiled with AVX2 and FMA, which the CPU has.
         unsafe {
             let mut acc = _mm256_setzero_ps();
             let mut offsets = 0.0;
-            for (((c, q), &d), s) in w.iter().zip(q.chunks_exact(32)).zip(d).zip(sums) {
+            for ((c, q), &[d, _, s0, s1]) in w.iter().zip(q.chunks_exact(32)).zip(scales) {
                 // Both are 32 bytes: the codes by type, q by `chunks_exact`.
                 let wq = _mm256_loadu_si256(c.q.as_ptr().cast());
                 let xq = _mm256_loadu_si256(q.as_ptr().cast());
@@ -665,7 +669,7 @@ mod x86 {
                 let lanes = products(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
                 let scale = _mm256_set_m128(_mm_set1_ps(c.a[1] * d), _mm_set1_ps(c.a[0] * d));
                 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), scale, acc);
-                offsets += c.m[0] * s[0] + c.m[1] * s[1];
+                offsets += c.m[0] * s0 + c.m[1] * s1;
             }
             horizontal_sum(acc) + offsets
         }
@@ -715,73 +719,105 @@ mod x86 {
         legacy_rows::<ID>(w, x, y, stride, |u, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s))
     }
 
-    /// x·w over the blocks of ggml type `ID` for each row of `w`, alternate blocks into two accumulators (the
-    /// products of one block do not wait for the previous block's sum).
-    #[inline(always)]
-    fn legacy_rows<const ID: u32>(
-        w: &[u8],
-        (q, d, sums): super::XRow,
-        y: &mut [f32],
-        stride: usize,
-        products: impl Fn(__m256i, __m256i) -> __m256i,
-    ) {
-        // Block bytes, where the codes start, where qh is (Q5), whether a min follows d, and the zero point.
-        let (bytes, codes_at, high_at, has_min, zero) = match ID {
+    /// Block bytes, where the codes start, where qh is (Q5), whether a min follows d, and the zero point of the
+    /// legacy ggml type `id`.
+    const fn block_layout(id: u32) -> (usize, usize, Option<usize>, bool, f32) {
+        match id {
             8 => (34, 2, None, false, 0.0),
             2 => (18, 2, None, false, 8.0),
             3 => (20, 4, None, true, 0.0),
             6 => (22, 6, Some(2), false, 16.0),
             _ => (24, 8, Some(4), true, 0.0),
-        };
+        }
+    }
+
+    /// x·w over the blocks of ggml type `ID` for each row of `w`, two blocks a step into two sets of accumulators
+    /// (a block's sums do not wait for the previous block's).
+    #[inline(always)]
+    fn legacy_rows<const ID: u32>(
+        w: &[u8],
+        (q, scales): super::XRow,
+        y: &mut [f32],
+        stride: usize,
+        products: impl Fn(__m256i, __m256i) -> __m256i + Copy,
+    ) {
+        let bytes = block_layout(ID).0;
+        let count = scales.len();
+        // SAFETY (all intrinsics below): the callers are compiled with AVX2, FMA and F16C, which the CPU has.
+        unsafe {
+            for (row, y) in w.chunks_exact(bytes * count).zip(y.iter_mut().step_by(stride)) {
+                let (mut acc, mut offsets) = ([_mm256_setzero_ps(); 2], [_mm_setzero_ps(); 2]);
+                let pairs = row.chunks_exact(2 * bytes).zip(q.chunks_exact(64)).zip(scales.chunks_exact(2));
+                for ((b, q), s) in pairs {
+                    legacy_block::<ID>(&b[..bytes], &q[..32], &s[0], (&mut acc[0], &mut offsets[0]), products);
+                    legacy_block::<ID>(&b[bytes..], &q[32..], &s[1], (&mut acc[1], &mut offsets[1]), products);
+                }
+                if count % 2 == 1 {
+                    let (b, x) = (&row[(count - 1) * bytes..], &q[(count - 1) * 32..]);
+                    legacy_block::<ID>(b, x, &scales[count - 1], (&mut acc[0], &mut offsets[0]), products);
+                }
+                let offsets = _mm_add_ps(offsets[0], offsets[1]);
+                *y = horizontal_sum(_mm256_add_ps(acc[0], acc[1])) + _mm_cvtss_f32(_mm_movehdup_ps(offsets));
+            }
+        }
+    }
+
+    /// One block `b` of ggml type `ID` against x's codes `q` and scales `s`: acc += (integer lanes) · d_w d_x, and
+    /// lane 1 of `offsets` += o_w · d_x Σ q_x, where w = d_w (q − zero) + m_w makes the offset o_w = m_w or
+    /// −zero · d_w (none for Q8_0's signed codes).
+    #[inline(always)]
+    fn legacy_block<const ID: u32>(
+        b: &[u8],
+        q: &[i8],
+        s: &super::Scales,
+        (acc, offsets): (&mut __m256, &mut __m128),
+        products: impl Fn(__m256i, __m256i) -> __m256i,
+    ) {
+        let (_, codes_at, high_at, has_min, zero) = block_layout(ID);
         // SAFETY (all intrinsics below): the callers are compiled with AVX2, FMA and F16C, which the CPU has; every
         // load reads from a slice of at least the bytes it loads.
         unsafe {
-            let low = _mm_set1_epi8(0x0f);
-            // Byte i of the spread qh takes byte i / 8 of qh; bit i % 8 of it is tested.
-            let spread = _mm256_setr_epi8(
-                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
-            );
-            let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-            for (row, y) in w.chunks_exact(bytes * d.len()).zip(y.iter_mut().step_by(stride)) {
-                let (mut acc, mut other) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                let mut offsets = 0.0;
-                for (((b, q), &dx), s) in row.chunks_exact(bytes).zip(q.chunks_exact(32)).zip(d).zip(sums) {
-                    let xq = _mm256_loadu_si256(q.as_ptr().cast());
-                    // d, and m where the block has one: the f16 pair at the block's start.
-                    let scales = if has_min {
-                        _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-                    } else {
-                        _mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([b[0], b[1]]) as i32))
-                    };
-                    let dw = _mm_cvtss_f32(scales);
-                    let lanes = if ID == 8 {
-                        // Signed codes: |w| (unsigned) times x with w's sign, as u8 · i8 takes them.
-                        let wq = _mm256_loadu_si256(b[2..34].as_ptr().cast());
-                        products(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq))
-                    } else {
-                        // Unsigned codes q ≥ 0 straight into u8 · i8; w = d (q − zero) + m takes (m − zero d) Σ x.
-                        let raw = _mm_loadu_si128(b[codes_at..codes_at + 16].as_ptr().cast());
-                        let nibbles =
-                            _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
-                        let codes = match high_at {
-                            Some(at) => {
-                                let qh = i32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-                                let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh), spread);
-                                let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bits), bits);
-                                _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
-                            }
-                            None => nibbles,
-                        };
-                        let offset = if has_min { _mm_cvtss_f32(_mm_movehdup_ps(scales)) } else { -zero * dw };
-                        offsets += offset * (s[0] + s[1]);
-                        products(codes, xq)
-                    };
-                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(dw * dx), acc);
-                    // The next block adds into the other accumulator.
-                    std::mem::swap(&mut acc, &mut other);
-                }
-                *y = horizontal_sum(_mm256_add_ps(acc, other)) + offsets;
-            }
+            // [d_w, o_w] from the f16 pair at the block's start, times [d_x, d_x Σ q_x].
+            let w_scales = if has_min {
+                _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+            } else {
+                let d = _mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([b[0], b[1]]) as i32));
+                if zero == 0.0 { d } else { _mm_mul_ps(_mm_moveldup_ps(d), _mm_setr_ps(1.0, -zero, 0.0, 0.0)) }
+            };
+            let scaled = match ID {
+                8 => _mm_mul_ss(w_scales, _mm_load_ss(&s[0])),
+                _ => _mm_mul_ps(w_scales, _mm_castsi128_ps(_mm_loadl_epi64(s.as_ptr().cast()))),
+            };
+            let xq = _mm256_loadu_si256(q[..32].as_ptr().cast());
+            let lanes = if ID == 8 {
+                // Signed codes: |w| (unsigned) times x with w's sign, as u8 · i8 takes them.
+                let wq = _mm256_loadu_si256(b[2..34].as_ptr().cast());
+                products(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq))
+            } else {
+                // Unsigned codes q ≥ 0 straight into u8 · i8: 16 bytes in both halves, the upper moved down a
+                // nibble, so the low nibbles come first and the high ones after.
+                let raw = _mm256_broadcastsi128_si256(_mm_loadu_si128(b[codes_at..codes_at + 16].as_ptr().cast()));
+                let nibbles =
+                    _mm256_and_si256(_mm256_srlv_epi64(raw, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
+                let codes = match high_at {
+                    Some(at) => {
+                        // Byte i of the spread qh takes byte i / 8 of qh; bit i % 8 of it is tested.
+                        let spread = _mm256_setr_epi8(
+                            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+                            3, 3,
+                        );
+                        let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+                        let qh = i32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+                        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh), spread);
+                        let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bits), bits);
+                        _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+                    }
+                    None => nibbles,
+                };
+                *offsets = _mm_add_ps(*offsets, scaled);
+                products(codes, xq)
+            };
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_broadcastss_ps(scaled), *acc);
         }
     }
 
@@ -797,13 +833,13 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn dot_avx2(w: &[Codes], q: &[i8], d: &[f32], sums: &[[f32; 2]]) -> f32 {
-        dot_with(w, q, d, sums, |u, s| _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+    pub(super) fn dot_avx2(w: &[Codes], q: &[i8], scales: &[super::Scales]) -> f32 {
+        dot_with(w, q, scales, |u, s| _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
     }
 
     #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
-    pub(super) fn dot_vnni(w: &[Codes], q: &[i8], d: &[f32], sums: &[[f32; 2]]) -> f32 {
-        dot_with(w, q, d, sums, |u, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s))
+    pub(super) fn dot_vnni(w: &[Codes], q: &[i8], scales: &[super::Scales]) -> f32 {
+        dot_with(w, q, scales, |u, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s))
     }
 }
 
@@ -831,9 +867,13 @@ mod tests {
     /// quantization, within 1% of Σ|x_i w_i| (x's step is 1/254 of its block's range; the sums cancel most of it).
     #[test]
     fn packed_products_equal_dequantized_ones_within_the_activation_rounding() {
-        // 28 rows: the last chunk of W ends inside a tile; 21 rows of x: groups of 4 and one left over.
-        let (k, m) = (256, 28);
-        for name in ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16", "F32"] {
+        // 28 rows: the last chunk of W ends inside a tile; 21 rows of x: groups of 4 and one left over; rows of 8
+        // and of 9 blocks (the dots take blocks two at a time).
+        let m = 28;
+        for (k, name) in [256, 288]
+            .into_iter()
+            .flat_map(|k| ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16", "F32"].map(|name| (k, name)))
+        {
             let w = Packed::quantize(by_name(name).unwrap(), m, k, &values(m * k, 1)).unwrap();
             for n in [1, 3, TILED_ROWS, 21] {
                 check(&values(n * k, 2), n, &w, name);
@@ -932,14 +972,14 @@ mod tests {
             .collect();
         let x = values(9 * 32, 5);
         let acts = Activations::quantize(&x, 9 * 32);
-        let (q, d, s) = acts.row(0);
-        let portable = dot_portable(&w, q, d, s);
-        let fast = dot_codes(&w, q, d, s);
+        let (q, s) = acts.row(0);
+        let portable = dot_portable(&w, q, s);
+        let fast = dot_codes(&w, q, s);
         assert!((portable - fast).abs() <= 1e-4 * portable.abs().max(1.0), "{portable} vs {fast}");
         #[cfg(target_arch = "x86_64")]
         if crate::cpu::has_avx2_fma() {
             // SAFETY: the CPU has AVX2 and FMA.
-            let avx2 = unsafe { x86::dot_avx2(&w, q, d, s) };
+            let avx2 = unsafe { x86::dot_avx2(&w, q, s) };
             assert!((portable - avx2).abs() <= 1e-4 * portable.abs().max(1.0), "{portable} vs {avx2}");
         }
     }

@@ -197,8 +197,9 @@ fn reference_prompt(model: &Gpt, tokens: usize) -> Vec<u32> {
     (0..tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect()
 }
 
-/// Prompt and decode tokens/s of Ember's cached greedy decoding against `llama-bench -p P -n N -t T -r 1` on the same
-/// GGUF file, rounds alternating; T is Ember's thread count.
+/// Prompt and decode tokens/s of Ember's cached greedy decoding against `llama-bench -p P -n N -d 0,P -t T -r 1` on
+/// the same GGUF file, rounds alternating; T is Ember's thread count. Both decode their N tokens after a P-token
+/// context: llama.cpp's generation test at depth P (at depth 0 it would attend over P fewer keys each step).
 fn against_llama_cpp(
     model: &Gpt,
     (llama_bench, gguf): (&std::path::Path, &std::path::Path),
@@ -221,10 +222,11 @@ fn against_llama_cpp(
         let out = std::process::Command::new(llama_bench)
             .arg("-m")
             .arg(gguf)
-            .args(["-p", &prompt_tokens.to_string(), "-n", &n.to_string(), "-t", &threads, "-r", "1", "-o", "csv"])
+            .args(["-p", &prompt_tokens.to_string(), "-n", &n.to_string(), "-d", &format!("0,{prompt_tokens}")])
+            .args(["-t", &threads, "-r", "1", "-o", "csv"])
             .output()
             .with_context(|| format!("running {}", llama_bench.display()))?;
-        let (pp, tg) = llama_bench_rates(&String::from_utf8_lossy(&out.stdout)).with_context(|| {
+        let (pp, tg) = llama_bench_rates(&String::from_utf8_lossy(&out.stdout), prompt_tokens).with_context(|| {
             format!("llama-bench failed: {}", String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or_default())
         })?;
         println!("llama.cpp:   prompt {pp:.1} tokens/s, decode {tg:.2} tokens/s");
@@ -242,20 +244,22 @@ fn against_llama_cpp(
     Ok(())
 }
 
-/// (prompt tokens/s, decode tokens/s) from `llama-bench -o csv`: the `avg_ts` of its prompt row (n_gen 0) and of its
-/// generation row (n_prompt 0).
-fn llama_bench_rates(csv: &str) -> Option<(f64, f64)> {
+/// (prompt tokens/s, decode tokens/s) from `llama-bench -o csv`: the `avg_ts` of its prompt row at depth 0 (n_gen 0)
+/// and of its generation row (n_prompt 0) at depth `depth`.
+fn llama_bench_rates(csv: &str, depth: usize) -> Option<(f64, f64)> {
     let mut lines = csv.lines();
     let header: Vec<&str> = lines.next()?.split(',').collect();
     let column = |name: &str| header.iter().position(|h| *h == name);
-    let (n_prompt, n_gen, avg) = (column("n_prompt")?, column("n_gen")?, column("avg_ts")?);
+    let (n_prompt, n_gen, n_depth, avg) =
+        (column("n_prompt")?, column("n_gen")?, column("n_depth")?, column("avg_ts")?);
+    let depth = depth.to_string();
     let (mut pp, mut tg) = (None, None);
     for line in lines {
         let fields: Vec<&str> = line.split(',').map(|f| f.trim_matches('"')).collect();
         let rate = fields.get(avg)?.parse::<f64>().ok();
-        match (fields.get(n_prompt)?, fields.get(n_gen)?) {
-            (&"0", _) => tg = rate,
-            (_, &"0") => pp = rate,
+        match (*fields.get(n_prompt)?, *fields.get(n_gen)?, *fields.get(n_depth)?) {
+            ("0", _, d) if d == depth => tg = rate,
+            (_, "0", "0") => pp = rate,
             _ => {}
         }
     }
@@ -299,10 +303,14 @@ mod tests {
 
     #[test]
     fn llama_bench_csv_gives_prompt_and_decode_rates() {
-        let csv = "model_type,n_prompt,n_gen,avg_ns,avg_ts,stddev_ts\n\
-                   \"llama 256M Q4_1\",\"128\",\"0\",\"1\",\"359.32\",\"1.76\"\n\
-                   \"llama 256M Q4_1\",\"0\",\"128\",\"1\",\"131.94\",\"1.82\"\n";
-        assert_eq!(llama_bench_rates(csv), Some((359.32, 131.94)));
-        assert_eq!(llama_bench_rates("model_type,n_prompt\n"), None);
+        let csv = "model_type,n_prompt,n_gen,n_depth,avg_ns,avg_ts,stddev_ts\n\
+                   \"llama 256M Q4_1\",\"128\",\"0\",\"0\",\"1\",\"359.32\",\"1.76\"\n\
+                   \"llama 256M Q4_1\",\"0\",\"128\",\"0\",\"1\",\"157.56\",\"1.61\"\n\
+                   \"llama 256M Q4_1\",\"128\",\"0\",\"128\",\"1\",\"301.10\",\"2.02\"\n\
+                   \"llama 256M Q4_1\",\"0\",\"128\",\"128\",\"1\",\"134.89\",\"8.14\"\n";
+        assert_eq!(llama_bench_rates(csv, 128), Some((359.32, 134.89)));
+        assert_eq!(llama_bench_rates(csv, 0), Some((359.32, 157.56)));
+        assert_eq!(llama_bench_rates(csv, 64), None);
+        assert_eq!(llama_bench_rates("model_type,n_prompt\n", 128), None);
     }
 }

@@ -107,7 +107,8 @@ fn group<const R: usize, const SPLIT: bool>(
                     low = _mm256_dpbusd_epi32(low, word(g), w[g]);
                     high = _mm256_dpbusd_epi32(high, word(g + 4), w[g + 4]);
                 }
-                let (dx, [s0, s1]) = (_mm256_set1_ps(acts.d[row * blocks + b]), acts.sums[row * blocks + b]);
+                let [d, whole, s0, s1] = acts.scales[row * blocks + b];
+                let dx = _mm256_set1_ps(d);
                 if SPLIT {
                     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low), _mm256_mul_ps(load(&tile.scales[0]), dx), *acc);
                     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(high), _mm256_mul_ps(load(&tile.scales[1]), dx), *acc);
@@ -116,7 +117,7 @@ fn group<const R: usize, const SPLIT: bool>(
                 } else {
                     let sum = _mm256_cvtepi32_ps(_mm256_add_epi32(low, high));
                     *acc = _mm256_fmadd_ps(sum, _mm256_mul_ps(load(&tile.scales[0]), dx), *acc);
-                    *acc = _mm256_fmadd_ps(load(&tile.mins[0]), _mm256_set1_ps(s0 + s1), *acc);
+                    *acc = _mm256_fmadd_ps(load(&tile.mins[0]), _mm256_set1_ps(whole), *acc);
                 }
             }
         }
