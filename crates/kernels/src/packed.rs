@@ -719,6 +719,10 @@ mod x86 {
         legacy_rows::<ID>(w, x, y, stride, |u, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s))
     }
 
+    /// How far ahead of the block being dotted its row's bytes are asked for (`prefetcht0`): the hardware prefetcher
+    /// alone left a core reading a Q8_0 matrix from memory at ~25 GB/s on two cores, ~30 with this.
+    const PREFETCH: usize = 1024;
+
     /// Block bytes, where the codes start, where qh is (Q5), whether a min follows d, and the zero point of the
     /// legacy ggml type `id`.
     const fn block_layout(id: u32) -> (usize, usize, Option<usize>, bool, f32) {
@@ -749,6 +753,8 @@ mod x86 {
                 let (mut acc, mut offsets) = ([_mm256_setzero_ps(); 2], [_mm_setzero_ps(); 2]);
                 let pairs = row.chunks_exact(2 * bytes).zip(q.chunks_exact(64)).zip(scales.chunks_exact(2));
                 for ((b, q), s) in pairs {
+                    // A hint only: an address past the matrix is not read, and no fault is raised for it.
+                    _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH).cast());
                     legacy_block::<ID>(&b[..bytes], &q[..32], &s[0], (&mut acc[0], &mut offsets[0]), products);
                     legacy_block::<ID>(&b[bytes..], &q[32..], &s[1], (&mut acc[1], &mut offsets[1]), products);
                 }
