@@ -151,6 +151,7 @@ fn q5_1(b: &[u8], y: &mut [f32]) {
 }
 
 /// The 6-bit scale and min of sub-block j (of 8) packed in the 12 bytes `q` of a Q4_K or Q5_K super-block.
+#[inline]
 pub fn scale_min_k4(j: usize, q: &[u8]) -> (f32, f32) {
     let (sc, m) = if j < 4 {
         (q[j] & 63, q[j + 4] & 63)

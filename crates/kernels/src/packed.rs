@@ -456,16 +456,17 @@ fn dots(x: &[f32], n: usize, bytes: &[u8], layout: &Layout, acts: Option<&Activa
                 let (run, rest) = std::mem::take(&mut out).split_at_mut(rows * n);
                 out = rest;
                 let w = &bytes[range];
+                let w_rows = w.chunks_exact(w.len() / rows);
                 match acts {
                     #[cfg(target_arch = "x86_64")]
-                    Some(acts) if x86::legacy(format.id) => {
+                    Some(acts) if x86::in_registers(format.id) => {
                         for r in 0..n {
-                            x86::dot_legacy(format, w, acts.row(r), &mut run[r..], n);
+                            x86::dot_rows(format, w, acts.row(r), &mut run[r..], n);
                         }
                     }
                     Some(acts) if format.block > 1 => {
                         codes.resize(k / 32, Codes::default());
-                        for (out, w) in run.chunks_mut(n).zip(w.chunks_exact(w.len() / rows)) {
+                        for (out, w) in run.chunks_mut(n).zip(w_rows) {
                             unpack_row(format, w, &mut codes);
                             for (r, y) in out.iter_mut().enumerate() {
                                 let (q, scales) = acts.row(r);
@@ -474,7 +475,7 @@ fn dots(x: &[f32], n: usize, bytes: &[u8], layout: &Layout, acts: Option<&Activa
                         }
                     }
                     _ => {
-                        for (out, w) in run.chunks_mut(n).zip(w.chunks_exact(w.len() / rows)) {
+                        for (out, w) in run.chunks_mut(n).zip(w_rows) {
                             values.clear();
                             values.extend(ggml::dequantize(format, w));
                             for (r, y) in out.iter_mut().enumerate() {
@@ -644,7 +645,7 @@ fn has_vnni() -> bool {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::Codes;
+    use super::{Codes, ggml};
     use std::arch::x86_64::*;
 
     /// Σ_blocks (a_h d_x)·(integer lanes) accumulated in eight f32 lanes, plus the offsets; `products` gives the
@@ -675,28 +676,29 @@ mod x86 {
         }
     }
 
-    /// Whether ggml type `id` is a 32-value format whose codes [`dot_legacy`] reads straight from its bytes (Q8_0,
-    /// Q4_0, Q4_1, Q5_0, Q5_1), and the CPU has what it is compiled for (AVX2, FMA, F16C).
-    pub(super) fn legacy(id: u32) -> bool {
+    /// Whether ggml type `id` is a format whose codes [`dot_rows`] builds straight from its bytes (Q8_0, Q4_0,
+    /// Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), and the CPU has what it is compiled for (AVX2, FMA, F16C).
+    pub(super) fn in_registers(id: u32) -> bool {
         static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let has = *HAS.get_or_init(|| crate::cpu::has_avx2_fma() && std::is_x86_feature_detected!("f16c"));
-        has && matches!(id, 2 | 3 | 6 | 7 | 8)
+        has && matches!(id, 2 | 3 | 6 | 7 | 8 | 12 | 13 | 14)
     }
 
-    /// x·w for each row of `w`, consecutive rows of W in one [`legacy`] format, into `y[0]`, `y[stride]`, …: each
-    /// row's codes are built in registers from its blocks' bytes (no unpacked copy), 4-bit values as the block's low
-    /// nibbles then its high nibbles, the fifth bits spread from qh.
-    pub(super) fn dot_legacy(format: super::Format, w: &[u8], x: super::XRow, y: &mut [f32], stride: usize) {
+    /// x·w for each row of `w`, consecutive rows of W in one [`in_registers`] format, into `y[0]`, `y[stride]`, …:
+    /// each row's codes are built in registers from its blocks' bytes (no unpacked copy), 4-bit values as the
+    /// block's low nibbles then its high nibbles, the fifth (sixth) bits spread from qh.
+    pub(super) fn dot_rows(format: super::Format, w: &[u8], x: super::XRow, y: &mut [f32], stride: usize) {
         let vnni = super::has_vnni();
         // One instance per format, so the per-block layout is known when it is compiled.
         macro_rules! run {
             ($id:literal) => {
                 if vnni {
-                    // SAFETY: the CPU has the features the function is compiled for (checked above).
-                    unsafe { legacy_vnni::<$id>(w, x, y, stride) }
+                    // SAFETY: the CPU has the features the function is compiled for (`has_vnni` and the callers'
+                    // `in_registers`).
+                    unsafe { rows_vnni::<$id>(w, x, y, stride) }
                 } else {
-                    // SAFETY: the callers check AVX2, FMA and F16C ([`legacy`]).
-                    unsafe { legacy_avx2::<$id>(w, x, y, stride) }
+                    // SAFETY: the callers check AVX2, FMA and F16C ([`in_registers`]).
+                    unsafe { rows_avx2::<$id>(w, x, y, stride) }
                 }
             };
         }
@@ -705,18 +707,29 @@ mod x86 {
             2 => run!(2),
             3 => run!(3),
             6 => run!(6),
-            _ => run!(7),
+            7 => run!(7),
+            12 => run!(12),
+            13 => run!(13),
+            _ => run!(14),
         }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn legacy_avx2<const ID: u32>(w: &[u8], x: super::XRow, y: &mut [f32], stride: usize) {
-        legacy_rows::<ID>(w, x, y, stride, |u, s| _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+    fn rows_avx2<const ID: u32>(w: &[u8], x: super::XRow, y: &mut [f32], stride: usize) {
+        let products = |u: __m256i, s: __m256i| _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+        match ID {
+            12..=14 => k_quant_rows::<ID>(w, x, y, stride, products),
+            _ => legacy_rows::<ID>(w, x, y, stride, products),
+        }
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-    fn legacy_vnni<const ID: u32>(w: &[u8], x: super::XRow, y: &mut [f32], stride: usize) {
-        legacy_rows::<ID>(w, x, y, stride, |u, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s))
+    fn rows_vnni<const ID: u32>(w: &[u8], x: super::XRow, y: &mut [f32], stride: usize) {
+        let products = |u: __m256i, s: __m256i| _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+        match ID {
+            12..=14 => k_quant_rows::<ID>(w, x, y, stride, products),
+            _ => legacy_rows::<ID>(w, x, y, stride, products),
+        }
     }
 
     /// How far ahead of the block being dotted its row's bytes are asked for (`prefetcht0`): the hardware prefetcher
@@ -824,6 +837,119 @@ mod x86 {
                 products(codes, xq)
             };
             *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_broadcastss_ps(scaled), *acc);
+        }
+    }
+
+    /// x·w over the 256-value super-blocks of K-quant type `ID` (Q4_K, Q5_K, Q6_K) for each row of `w`, the
+    /// sub-blocks alternating between two sets of accumulators.
+    #[inline(always)]
+    fn k_quant_rows<const ID: u32>(
+        w: &[u8],
+        (q, scales): super::XRow,
+        y: &mut [f32],
+        stride: usize,
+        products: impl Fn(__m256i, __m256i) -> __m256i + Copy,
+    ) {
+        let bytes = match ID {
+            12 => 144,
+            13 => 176,
+            _ => 210,
+        };
+        let supers = scales.len() / 8;
+        // SAFETY (all intrinsics below): the callers are compiled with AVX2, FMA and F16C, which the CPU has.
+        unsafe {
+            for (row, y) in w.chunks_exact(bytes * supers).zip(y.iter_mut().step_by(stride)) {
+                let (mut acc, mut offsets) = ([_mm256_setzero_ps(); 2], [0.0f32; 2]);
+                for ((b, q), s) in row.chunks_exact(bytes).zip(q.chunks_exact(256)).zip(scales.chunks_exact(8)) {
+                    // A hint only, as in `legacy_rows`.
+                    _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH).cast());
+                    match ID {
+                        14 => q6_k_block(b, q, s, (&mut acc, &mut offsets), products),
+                        _ => q45_k_block::<ID>(b, q, s, (&mut acc, &mut offsets), products),
+                    }
+                }
+                *y = horizontal_sum(_mm256_add_ps(acc[0], acc[1])) + (offsets[0] + offsets[1]);
+            }
+        }
+    }
+
+    /// The f16 at byte `at` of `b` (F16C).
+    #[inline(always)]
+    fn f16_at(b: &[u8], at: usize) -> f32 {
+        // SAFETY: the callers are compiled with F16C, which the CPU has.
+        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([b[at], b[at + 1]]) as i32))) }
+    }
+
+    /// One Q4_K / Q5_K super-block `b` against x's 8 blocks: sub-block j is d · sc_j · q − dmin · m_j; chunk c of
+    /// 64 values holds sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles), Q5_K's fifth bits at bit j of qh.
+    #[inline(always)]
+    fn q45_k_block<const ID: u32>(
+        b: &[u8],
+        q: &[i8],
+        s: &[super::Scales],
+        (acc, offsets): (&mut [__m256; 2], &mut [f32; 2]),
+        products: impl Fn(__m256i, __m256i) -> __m256i,
+    ) {
+        let (d, dmin, sc) = (f16_at(b, 0), f16_at(b, 2), &b[4..16]);
+        let (qh, qs) = if ID == 13 { (Some(&b[16..48]), &b[48..176]) } else { (None, &b[16..144]) };
+        // SAFETY (all intrinsics below): the callers are compiled with AVX2, FMA and F16C, which the CPU has; every
+        // load reads from a slice of at least the 32 bytes it loads.
+        unsafe {
+            let low = _mm256_set1_epi8(0x0f);
+            let qh = qh.map(|qh| _mm256_loadu_si256(qh.as_ptr().cast()));
+            for c in 0..4 {
+                let raw = _mm256_loadu_si256(qs[32 * c..32 * c + 32].as_ptr().cast());
+                let nibbles = [_mm256_and_si256(raw, low), _mm256_and_si256(_mm256_srli_epi16(raw, 4), low)];
+                for (part, mut codes) in nibbles.into_iter().enumerate() {
+                    let j = 2 * c + part;
+                    if let Some(qh) = qh {
+                        let fifth =
+                            _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j as i32)), _mm256_set1_epi8(1));
+                        codes = _mm256_or_si256(codes, _mm256_slli_epi16(fifth, 4));
+                    }
+                    let (scale, min) = ggml::scale_min_k4(j, sc);
+                    let [dx, sum, _, _] = s[j];
+                    let lanes = products(codes, _mm256_loadu_si256(q[32 * j..32 * j + 32].as_ptr().cast()));
+                    acc[part] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(d * scale * dx), acc[part]);
+                    offsets[part] -= dmin * min * sum;
+                }
+            }
+        }
+    }
+
+    /// One Q6_K super-block `b` against x's 8 blocks: 16 sub-blocks of 16, d · sc · (q − 32); x's block 4h + t
+    /// takes the low or high nibbles (t < 2 or not) of ql[64h + 32(t mod 2)..] and bits 2t, 2t + 1 of qh[32h..].
+    #[inline(always)]
+    fn q6_k_block(
+        b: &[u8],
+        q: &[i8],
+        s: &[super::Scales],
+        (acc, offsets): (&mut [__m256; 2], &mut [f32; 2]),
+        products: impl Fn(__m256i, __m256i) -> __m256i,
+    ) {
+        let (ql, qh, sc, d) = (&b[..128], &b[128..192], &b[192..208], f16_at(b, 208));
+        // SAFETY: as in `q45_k_block`.
+        unsafe {
+            let (low, two) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
+            for h in 0..2 {
+                let high = _mm256_loadu_si256(qh[32 * h..32 * h + 32].as_ptr().cast());
+                for t in 0..4 {
+                    let at = 64 * h + 32 * (t % 2);
+                    let raw = _mm256_loadu_si256(ql[at..at + 32].as_ptr().cast());
+                    let nibbles = if t < 2 { raw } else { _mm256_srli_epi16(raw, 4) };
+                    let top = _mm256_and_si256(_mm256_srl_epi16(high, _mm_cvtsi32_si128(2 * t as i32)), two);
+                    // Unsigned codes q + 32 in 0..64; the 32 comes off through x's half sums.
+                    let codes = _mm256_or_si256(_mm256_and_si256(nibbles, low), _mm256_slli_epi16(top, 4));
+                    let i = 4 * h + t;
+                    let [dx, _, s0, s1] = s[i];
+                    let (a0, a1) = (d * sc[8 * h + 2 * t] as i8 as f32, d * sc[8 * h + 2 * t + 1] as i8 as f32);
+                    let lanes = products(codes, _mm256_loadu_si256(q[32 * i..32 * i + 32].as_ptr().cast()));
+                    // Lanes 0–3 sum the block's first 16 values, 4–7 its last 16.
+                    let scale = _mm256_set_m128(_mm_set1_ps(a1 * dx), _mm_set1_ps(a0 * dx));
+                    acc[t % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), scale, acc[t % 2]);
+                    offsets[t % 2] -= 32.0 * (a0 * s0 + a1 * s1);
+                }
+            }
         }
     }
 
