@@ -686,7 +686,7 @@ mod x86 {
 
     /// x·w for each row of `w`, consecutive rows of W in one [`in_registers`] format, into `y[0]`, `y[stride]`, …:
     /// each row's codes are built in registers from its blocks' bytes (no unpacked copy), 4-bit values as the
-    /// block's low nibbles then its high nibbles, the fifth (sixth) bits spread from qh.
+    /// block's low nibbles then its high nibbles, the bits above them (Q5's fifth, Q6_K's fifth and sixth) from qh.
     pub(super) fn dot_rows(format: super::Format, w: &[u8], x: super::XRow, y: &mut [f32], stride: usize) {
         let vnni = super::has_vnni();
         // One instance per format, so the per-block layout is known when it is compiled.
@@ -732,8 +732,8 @@ mod x86 {
         }
     }
 
-    /// How far ahead of the block being dotted its row's bytes are asked for (`prefetcht0`): the hardware prefetcher
-    /// alone left a core reading a Q8_0 matrix from memory at ~25 GB/s on two cores, ~30 with this.
+    /// How far ahead of the block being dotted its row's bytes are asked for (`prefetcht0`): with the hardware
+    /// prefetcher alone two cores read a Q8_0 matrix from memory at ~25 GB/s, ~30 with this.
     const PREFETCH: usize = 1024;
 
     /// Block bytes, where the codes start, where qh is (Q5), whether a min follows d, and the zero point of the
