@@ -9,14 +9,16 @@ use burn::tensor::{Device, TensorData};
 use safetensors::tensor::{Dtype, TensorView};
 use tokenizers::Tokenizer;
 
-use crate::config::RunConfigError;
+use crate::causal_lm::CausalLm;
 use crate::params::{self, Mismatch};
-use crate::weights::{WeightFormat, Weights};
-use crate::{Gpt, Invalid, ModelConfig, tokenizer};
+use crate::weights::{Tensors, WeightFormat, Weights};
 use ember_formats::chat::ChatFormat;
 use ember_formats::checkpoint::{STEPS_KEY, state};
+use ember_formats::config::RunConfigError;
+use ember_formats::config::{Invalid, ModelConfig};
 use ember_formats::ggml;
 use ember_formats::packed::{Packed, Part};
+use ember_formats::tokenizer;
 
 pub const CONFIG: &str = "config.toml";
 pub const MODEL: &str = "model.safetensors";
@@ -101,7 +103,7 @@ fn save_with_packed(
 
 /// The f32 tensors and packed matrices of a safetensors file Ember wrote, with its metadata.
 fn load_with_packed(path: &Path) -> Result<(Weights, HashMap<String, String>), BundleError> {
-    let bytes = crate::files::read(path).map_err(io(path))?;
+    let bytes = ember_formats::files::read(path).map_err(io(path))?;
     let corrupt = |reason: String| BundleError::Corrupt { path: path.to_path_buf(), reason };
     let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;
     let metadata = header.metadata().clone().unwrap_or_default();
@@ -143,12 +145,9 @@ fn load_with_packed(path: &Path) -> Result<(Weights, HashMap<String, String>), B
     Ok((weights, metadata))
 }
 
-/// Tensors by name.
-pub type Tensors = HashMap<String, TensorData>;
-
 /// Loads every tensor (as f32) and the metadata of a safetensors file Ember wrote (all F32).
 pub fn load_tensors(path: &Path) -> Result<(Tensors, HashMap<String, String>), BundleError> {
-    let bytes = crate::files::read(path).map_err(io(path))?;
+    let bytes = ember_formats::files::read(path).map_err(io(path))?;
     let corrupt = |reason: String| BundleError::Corrupt { path: path.to_path_buf(), reason };
     let (read, metadata) = ember_formats::safetensors::read(&bytes, |_| false).map_err(corrupt)?;
     let mut tensors = HashMap::new();
@@ -164,7 +163,7 @@ pub fn load_tensors(path: &Path) -> Result<(Tensors, HashMap<String, String>), B
 /// The `[model]` table of a run directory's `config.toml`.
 pub fn load_model_config(run_dir: &Path) -> Result<ModelConfig, BundleError> {
     let path = run_dir.join(CONFIG);
-    let text = crate::files::read_to_string(&path).map_err(io(&path))?;
+    let text = ember_formats::files::read_to_string(&path).map_err(io(&path))?;
     ember_formats::config::model_from_run_toml(&text).map_err(|e| match e {
         RunConfigError::Syntax(reason) => BundleError::Config { path: path.clone(), reason },
         RunConfigError::Invalid(cause) => BundleError::Invalid { path: path.clone(), cause },
@@ -172,7 +171,7 @@ pub fn load_model_config(run_dir: &Path) -> Result<ModelConfig, BundleError> {
 }
 
 /// Writes a model as a run directory: `config.toml` (its `[model]` table), `model.safetensors`, `tokenizer.json`.
-pub fn save(run_dir: &Path, config: &ModelConfig, model: &Gpt, tokenizer: &Tokenizer) -> Result<(), BundleError> {
+pub fn save(run_dir: &Path, config: &ModelConfig, model: &CausalLm, tokenizer: &Tokenizer) -> Result<(), BundleError> {
     fs::create_dir_all(run_dir).map_err(io(run_dir))?;
     let table =
         toml::Table::from_iter([("model".to_string(), toml::Value::try_from(config).expect("a model config is TOML"))]);
@@ -185,7 +184,7 @@ pub fn save(run_dir: &Path, config: &ModelConfig, model: &Gpt, tokenizer: &Token
 /// A trained model ready to sample from: its config, weights and tokenizer.
 pub struct Bundle {
     pub config: ModelConfig,
-    pub model: Gpt,
+    pub model: CausalLm,
     pub tokenizer: Tokenizer,
     /// The chat template and special tokens the file carries (none for a run directory).
     pub chat: ChatFormat,
@@ -243,7 +242,7 @@ pub fn load_as(run_dir: &Path, device: &Device, format: WeightFormat) -> Result<
     let (config, weights, steps, path) = read(run_dir)?;
     let weights =
         weights.convert(format).map_err(|e| BundleError::Corrupt { path: path.clone(), reason: e.to_string() })?;
-    let mut model = Gpt::load_packed(&config, &weights.dense, &weights.packed, device)
+    let mut model = CausalLm::load_packed(&config, &weights.dense, &weights.packed, device)
         .map_err(|cause| BundleError::Mismatch { path, cause })?;
     // FAVOR+ keeps the features its weights were last trained with.
     if let Some(steps) = steps {

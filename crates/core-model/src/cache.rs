@@ -2,7 +2,7 @@
 //! other, and the stores themselves.
 
 use burn::tensor::{Device, Tensor};
-use ember_kernels::{AttentionSpec, attention};
+use ember_kernels::{AttentionSpec, Similarity, attention};
 
 use crate::nn::position::Positions;
 
@@ -61,6 +61,30 @@ impl Context<'_, '_> {
             Context::Batched(caches) => {
                 debug_assert_eq!(t, 1, "batched decoding takes one token per row");
                 Positions::per_row(caches.iter().map(|c| c.len()).collect(), device)
+            }
+        }
+    }
+
+    /// o = attention(q, [K; k], [V; v]) for this pass's q [B, h, T, d] and k, v [B, g, T, d], K and V being what the
+    /// context holds for `layer` (k and v appended to it): nothing, one store, or one store per batch row. With
+    /// batch rows, softmax attention pads every row's keys to the longest and masks by length; another similarity
+    /// attends row by row (a recurrent state holds no keys to pad).
+    pub fn attend(&mut self, layer: usize, q: Tensor<4>, [k, v]: [Tensor<4>; 2], spec: &AttentionSpec) -> Tensor<4> {
+        match self {
+            Context::Full => attention(q, k, v, spec),
+            Context::Cached(cache) => cache.attend(layer, q, k, v, spec),
+            Context::Batched(caches) if spec.similarity != Similarity::Softmax => {
+                let rows = caches.iter_mut().enumerate().map(|(b, cache)| {
+                    let row = |x: &Tensor<4>| x.clone().narrow(0, b, 1);
+                    let spec = AttentionSpec { query_offset: cache.len(), ..spec.clone() };
+                    cache.attend(layer, row(&q), row(&k), row(&v), &spec)
+                });
+                Tensor::cat(rows.collect(), 0)
+            }
+            Context::Batched(caches) => {
+                let ([k, v], lengths) = append_rows(caches, layer, [k, v], spec.window);
+                let spec = AttentionSpec { causal: false, window: None, key_lengths: Some(lengths), ..spec.clone() };
+                attention(q, k, v, &spec)
             }
         }
     }

@@ -10,12 +10,13 @@
 
 use std::collections::HashMap;
 
+use crate::linalg::{low_rank, symmetric_eigen};
 use burn::tensor::TensorData;
-use ember_kernels::linalg::{low_rank, symmetric_eigen};
 
-use crate::config::{AttentionKind, PositionKind};
+use crate::causal_lm::CausalLm;
 use crate::params::{Mismatch, state_dict};
-use crate::{Gpt, ModelConfig};
+use ember_formats::config::ModelConfig;
+use ember_formats::config::{AttentionKind, PositionKind};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
@@ -26,7 +27,7 @@ pub enum ConvertError {
     #[error("--rope-dim {rope}: an even number from 2 to d_h = {head_dim} that divides it")]
     Rope { rope: usize, head_dim: usize },
     #[error(transparent)]
-    Invalid(#[from] crate::Invalid),
+    Invalid(#[from] ember_formats::config::Invalid),
     #[error("the converted weights do not fit the MLA model: {0}")]
     Mismatch(#[from] Mismatch),
 }
@@ -46,7 +47,7 @@ pub fn max_latent(config: &ModelConfig, rope: usize) -> usize {
 }
 
 /// `model` with every attention layer converted to MLA of latent width `latent` and decoupled RoPE width `rope`.
-pub fn to_mla(model: &Gpt, latent: usize, rope: usize) -> Result<Gpt, ConvertError> {
+pub fn to_mla(model: &CausalLm, latent: usize, rope: usize) -> Result<CausalLm, ConvertError> {
     let config = model.config();
     if config.attention == AttentionKind::Mla {
         return Err(ConvertError::AlreadyMla);
@@ -72,7 +73,7 @@ pub fn to_mla(model: &Gpt, latent: usize, rope: usize) -> Result<Gpt, ConvertErr
             tensors.insert(format!("{prefix}.{name}"), data);
         }
     }
-    Ok(Gpt::load(&mla, &tensors, &model.wte.device())?)
+    Ok(CausalLm::load(&mla, &tensors, &model.wte.device())?)
 }
 
 /// One layer's fused projection [W_Q | W_K | W_V] with its bias as row d (when it has one), in f64.
@@ -272,19 +273,19 @@ fn rank_one(columns: &[Complex]) -> (Complex, Vec<(f64, f64)>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Rng;
     use burn::tensor::{Device, Int, Tensor};
+    use ember_formats::Rng;
     use ember_test_support::max_abs_diff_tensors as max_diff;
 
-    fn logits(model: &Gpt) -> Tensor<3> {
+    fn logits(model: &CausalLm) -> Tensor<3> {
         let ids: Vec<i64> = (0..20).map(|i| (i * 7 % 50) as i64).collect();
         model.forward(Tensor::<2, Int>::from_data(TensorData::new(ids, [1, 20]), &Device::flex()))
     }
 
     /// A model whose fused QKV weights are drawn 8× wider than GPT-2's 0.02, so that attention is peaked and the
     /// comparison sharp.
-    fn sharpened(config: &ModelConfig) -> Gpt {
-        let model = Gpt::new(config, &mut Rng::new(3), &Device::flex());
+    fn sharpened(config: &ModelConfig) -> CausalLm {
+        let model = CausalLm::new(config, &mut Rng::new(3), &Device::flex());
         let mut tensors: HashMap<String, TensorData> = state_dict(&model).into_iter().collect();
         for (path, data) in tensors.iter_mut().filter(|(path, _)| path.contains("c_attn")) {
             let wide: Vec<f32> = data.as_slice::<f32>().unwrap().iter().map(|x| x * 8.0).collect();
@@ -324,7 +325,7 @@ mod tests {
 
     #[test]
     fn impossible_shapes_are_refused_with_the_bound() {
-        let model = Gpt::new(&ModelConfig::gpt(50, 1, 4, 32, 24), &mut Rng::new(3), &Device::flex());
+        let model = CausalLm::new(&ModelConfig::gpt(50, 1, 4, 32, 24), &mut Rng::new(3), &Device::flex());
         assert_eq!(
             to_mla(&model, 34, 2).unwrap_err().to_string().split(',').next(),
             Some("--latent-dim 34: at least 1 and at most 33")

@@ -7,8 +7,8 @@ use burn::module::{Param, ParamId};
 use burn::tensor::{Device, Tensor, TensorData};
 use ember_formats::packed::Packed;
 
-use crate::Rng;
 use crate::params::Mismatch;
+use ember_formats::Rng;
 
 /// The parameters of a module under construction, each drawn or read at its dotted path
 /// ("blocks.0.attn.c_attn.weight", as [`crate::params::state_dict`] names it).

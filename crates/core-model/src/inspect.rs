@@ -1,8 +1,8 @@
 //! What a config costs before a model is built: parameters per part, and KV-cache bytes (2·L·T·g·d_h elements per
 //! sequence, L·T·(d_c + d_R) for MLA, L·g·(r·d_h + r) at any length for linear attention's recurrent state).
 
-use crate::ModelConfig;
-use crate::config::{
+use ember_formats::config::ModelConfig;
+use ember_formats::config::{
     AttentionKernel, AttentionKind, DEFAULT_FAVOR_FEATURES, FfnKind, NormKind, NormPlacement, PositionKind,
 };
 
@@ -98,7 +98,7 @@ pub fn kv_cache_bytes(c: &ModelConfig, batch: usize, length: usize, bytes_per_el
 mod tests {
     use super::*;
     use crate::params::param_infos;
-    use crate::{Gpt, Rng};
+    use crate::{CausalLm, Rng};
     use burn::tensor::Device;
 
     #[test]
@@ -138,7 +138,7 @@ mod tests {
             ..llama.clone()
         };
         for c in [gpt, llama, mla, post, gemma] {
-            let model = Gpt::new(&c, &mut Rng::new(0), &Device::flex());
+            let model = CausalLm::new(&c, &mut Rng::new(0), &Device::flex());
             let built: usize = param_infos(&model).iter().map(|p| p.shape.iter().product::<usize>()).sum();
             assert_eq!(total_params(&c), built as u128, "{c:?}");
         }

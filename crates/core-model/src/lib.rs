@@ -3,11 +3,12 @@
 
 pub mod bundle;
 pub mod cache;
+pub mod causal_lm;
 pub mod convert;
-pub mod decoder;
 pub mod import;
 pub mod init;
 pub mod inspect;
+mod linalg;
 pub mod nn;
 pub mod params;
 pub mod seq2seq;
@@ -15,6 +16,6 @@ pub mod weights;
 
 pub use ember_formats::{config, files, rng, tokenizer};
 
+pub use causal_lm::CausalLm;
 pub use config::{Invalid, ModelConfig};
-pub use decoder::Gpt;
 pub use rng::Rng;

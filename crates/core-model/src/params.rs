@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{FloatDType, Tensor, TensorData};
 
-use crate::config::Precision;
+use ember_formats::config::Precision;
 
 /// A parameter's path, identity and shape.
 #[derive(Clone, Debug, PartialEq)]

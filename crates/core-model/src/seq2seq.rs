@@ -8,21 +8,21 @@ use std::collections::HashMap;
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Embedding, Linear};
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
-use ember_kernels::{AttentionImpl, AttentionSpec, linear};
+use ember_kernels::{AttentionAlgorithm, AttentionSpec, GpuTuning, linear};
 
-use crate::ModelConfig;
-use crate::Rng;
 use crate::cache::{Context, KvCache};
-use crate::config::{NormPlacement, PositionKind};
 use crate::init::Init;
-use crate::nn::attention::CausalSelfAttention;
-use crate::nn::cross_attention::{CrossAttention, Memory};
-use crate::nn::ffn::Ffn;
-use crate::nn::norm::Norm;
+use crate::nn::attention::{CausalSelfAttention, SelfAttentionConfig};
+use crate::nn::cross_attention::{CrossAttention, CrossAttentionConfig, Memory};
+use crate::nn::ffn::{Ffn, FfnConfig};
+use crate::nn::norm::{Norm, NormConfig};
 use crate::nn::position::Positions;
 use crate::nn::residual::sublayer;
 use crate::nn::{embedding, linear_layer, tied_logits};
 use crate::params::Mismatch;
+use ember_formats::Rng;
+use ember_formats::config::ModelConfig;
+use ember_formats::config::{NormPlacement, PositionKind};
 
 /// An encoder–decoder model: layer shapes, norms, FFN and positions from `model` (its `n_layers` and `vocab_size`
 /// are not used), stack depths and vocabularies here.
@@ -48,7 +48,7 @@ impl Seq2SeqConfig {
 
 /// The norm of `config` named `name`: γ = 1, β = 0.
 fn norm(config: &ModelConfig, init: &mut Init, name: &str) -> Norm {
-    init.scope(name, |init| Norm::new(config.norm, config.d_model, config.norm_eps, config.bias, init))
+    init.scope(name, |init| NormConfig::of(config).init(init))
 }
 
 #[derive(Module, Debug)]
@@ -68,9 +68,9 @@ impl EncoderLayer {
         let peri = config.norm_placement.has_output_norms();
         Self {
             ln_1: norm(config, init, "ln_1"),
-            self_attn: init.scope("self_attn", |init| CausalSelfAttention::new(config, init)),
+            self_attn: init.scope("self_attn", |init| SelfAttentionConfig::of(config).init(init)),
             ln_2: norm(config, init, "ln_2"),
-            mlp: init.scope("mlp", |init| Ffn::new(config, init)),
+            mlp: init.scope("mlp", |init| FfnConfig::of(config).init(init)),
             ln_1_out: peri.then(|| norm(config, init, "ln_1_out")),
             ln_2_out: peri.then(|| norm(config, init, "ln_2_out")),
             placement: config.norm_placement,
@@ -113,11 +113,11 @@ impl DecoderLayer {
         let peri = config.norm_placement.has_output_norms();
         Self {
             ln_1: norm(config, init, "ln_1"),
-            self_attn: init.scope("self_attn", |init| CausalSelfAttention::new(config, init).with_split_heads()),
+            self_attn: init.scope("self_attn", |init| SelfAttentionConfig::of(config).init(init).with_split_heads()),
             ln_2: norm(config, init, "ln_2"),
-            cross: init.scope("cross", |init| CrossAttention::new(config, init)),
+            cross: init.scope("cross", |init| CrossAttentionConfig::of(config).init(init)),
             ln_3: norm(config, init, "ln_3"),
-            mlp: init.scope("mlp", |init| Ffn::new(config, init)),
+            mlp: init.scope("mlp", |init| FfnConfig::of(config).init(init)),
             ln_1_out: peri.then(|| norm(config, init, "ln_1_out")),
             ln_2_out: peri.then(|| norm(config, init, "ln_2_out")),
             ln_3_out: peri.then(|| norm(config, init, "ln_3_out")),
@@ -202,14 +202,14 @@ impl Seq2Seq {
         }
     }
 
-    /// The same model with every attention layer computed by `implementation`.
-    pub fn with_attention(mut self, implementation: AttentionImpl) -> Self {
+    /// The same model with every attention layer computed by `algorithm`, tuned by `tuning` on a GPU.
+    pub fn with_attention(mut self, algorithm: AttentionAlgorithm, tuning: GpuTuning) -> Self {
         for layer in &mut self.encoder {
-            layer.self_attn.set_implementation(implementation);
+            layer.self_attn.set_attention(algorithm, tuning);
         }
         for layer in &mut self.decoder {
-            layer.self_attn.set_implementation(implementation);
-            layer.cross.set_implementation(implementation);
+            layer.self_attn.set_attention(algorithm, tuning);
+            layer.cross.set_attention(algorithm, tuning);
         }
         self
     }

@@ -9,7 +9,8 @@ use burn::tensor::TensorData;
 use ember_formats::ggml::{self, Format};
 use ember_formats::packed::{Packed, PackedError};
 
-use crate::bundle::Tensors;
+/// Tensors by name.
+pub type Tensors = HashMap<String, TensorData>;
 
 /// How a model's projections and token embedding are held in memory.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -7,7 +7,7 @@ use ember_core_model::bundle::load_tensors;
 use ember_core_model::import;
 use ember_core_model::nn::projection::Projection;
 use ember_core_model::weights::WeightFormat;
-use ember_core_model::{Gpt, tokenizer};
+use ember_core_model::{CausalLm, tokenizer};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf")
@@ -18,7 +18,7 @@ fn logits_match(name: &str) {
     let dir = fixtures().join(name);
     let device = Device::flex();
     let (config, tensors) = import::hf::load(&dir).unwrap();
-    let model = Gpt::load(&config, &tensors, &device).unwrap();
+    let model = CausalLm::load(&config, &tensors, &device).unwrap();
     let (expected, _) = load_tensors(&dir.join("expected.safetensors")).unwrap();
     let ids: Vec<i64> = expected["input_ids"].as_slice::<f32>().unwrap().iter().map(|&x| x as i64).collect();
     let shape = expected["input_ids"].shape().to_vec();
@@ -131,7 +131,7 @@ fn smollm2_native_q4_1_weights_continue_as_the_dequantized_f32_ones() {
     let expected: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixtures().join("smollm2_greedy.json")).unwrap()).unwrap();
     let v = native.config.vocab();
-    let last_logits = |model: &Gpt, tokens: &[u32]| -> Vec<f32> {
+    let last_logits = |model: &CausalLm, tokens: &[u32]| -> Vec<f32> {
         let n = tokens.len();
         let idx = TensorData::new(tokens.iter().map(|&t| t as i64).collect::<Vec<_>>(), [1, n]);
         let logits = model.forward(Tensor::<2, Int>::from_data(idx, &device));
@@ -274,7 +274,7 @@ fn a_run_directory_with_more_weights_than_its_config_is_refused() {
     let err = run.err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err.contains("tokenizer.json"), "the fixture has no tokenizer: {err}");
     let (config, tensors) = import::hf::load(&fixtures().join("llama-tiny")).unwrap();
-    let model = Gpt::load(&config, &tensors, &Device::flex()).unwrap();
+    let model = CausalLm::load(&config, &tensors, &Device::flex()).unwrap();
     let tok = tokenizer::train_char("abc").unwrap();
     ember_core_model::bundle::save(dir.path(), &config, &model, &tok).unwrap();
     let toml_path = dir.path().join("config.toml");

@@ -70,6 +70,15 @@ pub fn keep_heap() {
     }
 }
 
+/// The process' allocator.
+#[global_allocator]
+pub static ALLOCATOR: Recycling = Recycling::new();
+
+/// Returns the memory freed while loading a model to the system ([`Recycling::release`]).
+pub fn release_load_buffers() {
+    ALLOCATOR.release();
+}
+
 /// The system allocator with large freed blocks recycled.
 pub struct Recycling {
     cache: Mutex<Cache>,

@@ -5,7 +5,8 @@ use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail};
 use ember_core_model::ModelConfig;
-use ember_serve::SampleConfig;
+use ember_serve::GenerationRequest;
+use ember_train::translation::TranslationConfig;
 use ember_train::{DataConfig, TrainConfig};
 use serde::{Deserialize, Serialize};
 
@@ -16,13 +17,13 @@ pub struct RunConfig {
     pub data: DataConfig,
     pub train: TrainConfig,
     #[serde(default)]
-    pub sample: SampleConfig,
+    pub sample: GenerationRequest,
 }
 
 impl RunConfig {
     /// Reads, overrides and validates a config file; every error names the file and the key.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
-        let config: Self = load_table(path, overrides)?;
+        let config: Self = deserialize(path, read_table(path, overrides)?)?;
         config.validate().map_err(|e| anyhow!("{}: {e}", path.display()))?;
         Ok(config)
     }
@@ -39,8 +40,30 @@ impl RunConfig {
     }
 }
 
-/// Reads a TOML config file, applies `--set` overrides and deserialises it; errors name the file, line and key.
-pub fn load_table<T: serde::de::DeserializeOwned>(path: &Path, overrides: &[String]) -> Result<T> {
+/// A run config of either kind, read once: a `[seq2seq]` table makes it a translator's.
+pub enum AnyRunConfig {
+    LanguageModel(RunConfig),
+    Translation(TranslationConfig),
+}
+
+impl AnyRunConfig {
+    /// Reads, overrides and validates a config file of either kind.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
+        let table = read_table(path, overrides)?;
+        let invalid = |e: ember_core_model::Invalid| anyhow!("{}: {e}", path.display());
+        if table.contains_key("seq2seq") {
+            let config: TranslationConfig = deserialize(path, table)?;
+            config.validate().map_err(invalid)?;
+            return Ok(Self::Translation(config));
+        }
+        let config: RunConfig = deserialize(path, table)?;
+        config.validate().map_err(invalid)?;
+        Ok(Self::LanguageModel(config))
+    }
+}
+
+/// The table of a TOML config file with `--set` overrides applied; errors name the file, line and key.
+fn read_table(path: &Path, overrides: &[String]) -> Result<toml::Table> {
     let file = path.display();
     let text = ember_core_model::files::read_to_string(path).with_context(|| format!("config {file}"))?;
     let mut table: toml::Table =
@@ -48,15 +71,12 @@ pub fn load_table<T: serde::de::DeserializeOwned>(path: &Path, overrides: &[Stri
     for assignment in overrides {
         set(&mut table, assignment)?;
     }
-    T::deserialize(toml::Value::Table(table)).map_err(|e| anyhow!("{file}: {}", one_line(&e.to_string())))
+    Ok(table)
 }
 
-/// Whether a config file describes a translation run (it has a `[seq2seq]` table).
-pub fn is_translation(path: &Path) -> bool {
-    ember_core_model::files::read_to_string(path)
-        .ok()
-        .and_then(|t| toml::from_str::<toml::Table>(&t).ok())
-        .is_some_and(|t| t.contains_key("seq2seq"))
+/// `table` as a `T`; an error names the file `path` and the key.
+fn deserialize<T: serde::de::DeserializeOwned>(path: &Path, table: toml::Table) -> Result<T> {
+    T::deserialize(toml::Value::Table(table)).map_err(|e| anyhow!("{}: {}", path.display(), one_line(&e.to_string())))
 }
 
 /// "line:column" of a byte span's start.

@@ -2,7 +2,7 @@
 //! tokens/s and ETA; evaluations as lines.
 
 use ember_train::loss_scale::{ScaleChange, ScaleStep};
-use ember_train::{EvalReport, Observer, StepReport};
+use ember_train::{Evaluation, Observer, StepReport};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// "steps 30..40", or where a resumed run is already past train.max_steps, that nothing is left to train.
@@ -35,19 +35,11 @@ impl Progress {
 
 /// "step 200: train loss 2.4426, val loss 2.4912" or, for a translator, "step 6: val loss 5.1234, val BLEU (greedy)
 /// 0.42" (its BLEU is scored on greedy translations).
-fn eval_line(r: &EvalReport) -> String {
-    let mut line = format!("step {}: ", r.step);
-    if let Some(train) = r.train_loss {
-        line += &format!("train loss {train:.4}, ");
-    }
-    line += &format!("val loss {:.4}", r.val_loss);
-    if let Some(bleu) = r.val_bleu {
-        line += &format!(", val BLEU (greedy) {bleu:.2}");
-    }
-    line
+fn eval_line(r: &impl Evaluation) -> String {
+    format!("step {}: {}", r.step(), r.summary())
 }
 
-impl Observer for Progress {
+impl<R: Evaluation> Observer<R> for Progress {
     fn on_step(&mut self, r: &StepReport) {
         self.bar.set_position(r.step);
         self.bar.set_message(format!("loss {:.4} lr {:.2e} {:.0} tok/s", r.loss, r.lr, r.tokens_per_s));
@@ -56,7 +48,7 @@ impl Observer for Progress {
         }
     }
 
-    fn on_eval(&mut self, r: &EvalReport) {
+    fn on_eval(&mut self, r: &R) {
         // suspend, not println: the line must reach a log file too, where the bar itself is hidden.
         self.bar.suspend(|| println!("{}", eval_line(r)));
     }
@@ -78,12 +70,13 @@ fn scale_line(step: u64, scale: ScaleStep) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ember_train::{LmReport, TranslationReport};
 
     #[test]
     fn an_evaluation_line_shows_what_the_task_measured() {
-        let lm = EvalReport { step: 200, train_loss: Some(2.44258), val_loss: 2.5, val_bleu: None };
+        let lm = LmReport { step: 200, train_loss: 2.44258, val_loss: 2.5 };
         assert_eq!(eval_line(&lm), "step 200: train loss 2.4426, val loss 2.5000");
-        let mt = EvalReport { step: 6, train_loss: None, val_loss: 5.0, val_bleu: Some(0.4242) };
+        let mt = TranslationReport { step: 6, val_loss: 5.0, val_bleu: 0.4242 };
         assert_eq!(eval_line(&mt), "step 6: val loss 5.0000, val BLEU (greedy) 0.42");
     }
 }

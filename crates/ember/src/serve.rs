@@ -2,7 +2,6 @@
 //! scheduler on this thread until SIGINT or SIGTERM, which stop accepting, close idle connections and let every
 //! request in flight finish.
 
-use ember_core_model::weights::WeightFormat;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,32 +10,24 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
-use ember_core_model::config::Precision;
 use ember_core_model::files;
-use ember_core_model::{import, params};
 use ember_formats::chat::{ChatFormat, ChatTemplate};
 use ember_serve::http::{self, Limits};
 use ember_serve::metrics::Metrics;
 use ember_serve::scheduler::{self, Batching};
 use ember_serve::server::{self, App, ChatPrompt, Options, Served};
-use ember_serve::{KvKind, KvSpec};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::devices::{self, DeviceChoice};
+use crate::devices::DeviceChoice;
+use crate::inference::{HoldFlags, KvFlags, Placement, load_for_inference};
 
 #[derive(Args)]
 pub struct ServeArgs {
     /// A run directory, Hugging Face directory or GGUF file.
     #[arg(long)]
     model: PathBuf,
-    /// How projections and the token embedding are held on the CPU and wgpu: native (a GGUF file's blocks, used as they are;
-    /// a run directory as stored), f32, or converted to f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1.
-    #[arg(long, default_value = "native")]
-    weights: WeightFormat,
-    /// f16: weights (dense, from any stored format), activations and the KV stores in f16, on wgpu adapters with
-    /// `SHADER_F16` (elsewhere f32, with a note).
-    #[arg(long, default_value = "f32")]
-    dtype: Precision,
+    #[command(flatten)]
+    hold: HoldFlags,
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     /// 0 picks a free port (printed at start).
@@ -59,14 +50,8 @@ pub struct ServeArgs {
     /// connection that idles or trickles longer is closed.
     #[arg(long, default_value_t = 10.0)]
     header_timeout: f64,
-    /// Where keys and values live between steps: contiguous, paged, int8, int4, state (linear attention's fixed
-    /// recurrent state) or none (recompute); by default state for linear-attention models, else contiguous.
-    #[arg(long)]
-    kv_cache: Option<KvKind>,
-    #[arg(long, default_value_t = 16)]
-    page_size: usize,
-    #[arg(long, default_value_t = 32)]
-    kv_group: usize,
+    #[command(flatten)]
+    kv: KvFlags,
     /// With `--kv-cache paged`: full prompt pages kept for later requests that start with the same tokens (prefix
     /// caching; 0 turns it off).
     #[arg(long, default_value_t = 256)]
@@ -145,25 +130,19 @@ pub fn serve(args: ServeArgs, choice: DeviceChoice) -> Result<()> {
     let listening = http::spawn(listener, router, limits, stop_signal())?;
     println!("listening on http://{address}; loading {}", args.model.display());
 
-    let (device, description, precision) = devices::select_in(choice, args.dtype)?;
-    let mut run = import::load_as(&args.model, &device, devices::weights_in(precision, args.weights)?)?;
-    run.model = params::in_precision(run.model, precision);
-    crate::release_load_buffers();
-    if devices::on_host(choice) {
-        crate::admission::admit_kv_stores(&run.config, args.max_batch)?;
-    }
-    let kind = args.kv_cache.unwrap_or(KvKind::for_model(run.model.config()));
-    let kv = KvSpec { kind, page_size: args.page_size, group: args.kv_group };
-    kv.check(run.model.config()).map_err(anyhow::Error::msg)?;
+    let placement = Placement::new(choice, args.hold.dtype)?;
+    let run = load_for_inference(&args.model, args.hold, &placement, args.max_batch)?;
+    let kv = args.kv.spec(run.model.config())?;
     let chat = chat_prompt(args.chat_template.as_deref(), &run.chat)?;
     let chat_note = if chat.is_some() { "completions and chat completions" } else { "completions (no chat template)" };
     app.ready(Served { chat, tokenizer: run.tokenizer.clone(), context: run.model.block_size() });
     // The scheduler ends when the server, which holds the last job sender, has shut down.
     drop(app);
+    let (description, precision) = (&placement.description, placement.precision);
     println!("serving {id} ({description}, {precision}), {chat_note}; Ctrl-C or SIGTERM drains and stops");
     std::io::Write::flush(&mut std::io::stdout())?;
     let batching = Batching { max_batch: args.max_batch, kv, prefix_pages: args.prefix_cache_pages };
-    scheduler::run(&run.model, &run.tokenizer, &device, batching, received, &metrics);
+    scheduler::run(&run.model, &run.tokenizer, &placement.device, batching, received, &metrics);
     listening.join().map_err(|_| anyhow!("the HTTP thread panicked"))??;
     println!("stopped: every request in flight finished");
     Ok(())

@@ -1,24 +1,22 @@
 //! `ember train`: config → data (prepared when missing) → tokenizer → Trainer → run directory → a sample.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::rc::Rc;
 
 use anyhow::{Result, bail};
 use burn::module::Module;
-use burn::tensor::Device;
 use clap::Args;
+use ember_core_model::bundle;
 use ember_core_model::config::Precision;
 use ember_core_model::tokenizer;
-use ember_core_model::{Gpt, bundle};
-use ember_serve::{Generation, KvKind, KvSpec, SampleConfig};
+use ember_serve::KvKind;
 use ember_train::collective::Collective;
 use ember_train::corpus;
 use ember_train::{Trainer, config::KNOWN_DATASETS};
-use tokenizers::Tokenizer;
 
-use crate::config::RunConfig;
+use crate::config::{AnyRunConfig, RunConfig};
 use crate::devices::{self, DeviceChoice};
+use crate::generate::print_sample;
 use crate::progress::Progress;
 use crate::ranks;
 use crate::run_dir;
@@ -61,18 +59,20 @@ fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn C
                     bundle::MODEL
                 );
             }
-            if crate::config::is_translation(&run_dir.join(bundle::CONFIG)) {
-                return crate::translate::resume(run_dir, &args.overrides, device_choice, collective);
-            }
             (run_dir.join(bundle::CONFIG), Some(run_dir.clone()))
-        }
-        (Some(path), None) if crate::config::is_translation(path) => {
-            return crate::translate::train(path, &args.overrides, args.force, device_choice, collective);
         }
         (Some(path), None) => (path.clone(), None),
         (None, None) => bail!("give --config FILE or --resume RUN_DIR"),
     };
-    let mut config = RunConfig::load(&config_path, &args.overrides)?;
+    let mut config = match (AnyRunConfig::load(&config_path, &args.overrides)?, &run_dir) {
+        (AnyRunConfig::LanguageModel(config), _) => config,
+        (AnyRunConfig::Translation(config), Some(run_dir)) => {
+            return crate::translate::resume(run_dir, config, device_choice, collective);
+        }
+        (AnyRunConfig::Translation(config), None) => {
+            return crate::translate::train(&config_path, config, args.force, device_choice, collective);
+        }
+    };
     let run_dir = run_dir.unwrap_or_else(|| config.train.out_dir.clone());
     let (rank, ranks) = (collective.rank(), collective.ranks());
     let writes = rank == 0;
@@ -173,7 +173,7 @@ fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn C
     let secs = started.elapsed().as_secs_f64();
     println!(
         "done in {secs:.1} s: train loss {:.4}, val loss {:.4}; wrote {} and {}",
-        last.train_loss.unwrap_or(f32::NAN),
+        last.train_loss,
         last.val_loss,
         run_dir.join(bundle::MODEL).display(),
         run_dir.join(bundle::LOSS_PLOT).display()
@@ -197,23 +197,4 @@ fn ensure_corpus(config: &RunConfig) -> Result<()> {
         ),
         _ => Ok(()), // corpus::prepare names any other missing file
     }
-}
-
-/// Streams the prompt and its continuation to stdout.
-pub fn print_sample(
-    model: &Gpt,
-    tok: &Tokenizer,
-    settings: &SampleConfig,
-    kv: KvSpec,
-    device: &Device,
-) -> Result<Generation> {
-    let mut out = std::io::stdout();
-    write!(out, "{}", settings.prompt)?;
-    out.flush()?;
-    let generation = ember_serve::generate(model, tok, settings, kv, device, |piece| {
-        let _ = write!(out, "{piece}");
-        let _ = out.flush();
-    })?;
-    writeln!(out)?;
-    Ok(generation)
 }

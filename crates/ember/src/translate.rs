@@ -8,16 +8,14 @@ use std::rc::Rc;
 use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
 use clap::Args;
-use ember_core_model::bundle;
 use ember_core_model::seq2seq::Seq2Seq;
 use ember_serve::beam::{BeamConfig, translate_batch};
 use ember_train::bleu::corpus_bleu;
 use ember_train::collective::Collective;
 use ember_train::parallel::{BOS, EOS, Vocabularies, encode, read_tsv, source_batch};
-use ember_train::trainer::BleuError;
+use ember_train::trainer::TaskError;
 use ember_train::translation::{self, BleuOf, TranslationConfig, TranslationTrainer};
 
-use crate::config::load_table;
 use crate::devices::{self, DeviceChoice};
 use crate::progress::Progress;
 use crate::run_dir;
@@ -169,16 +167,10 @@ fn translate_all(
 /// Greedy BLEU of a model on validation pairs, as training evaluates it.
 fn greedy_bleu(device: &Device) -> Box<BleuOf> {
     let device = device.clone();
-    Box::new(move |model: &Seq2Seq, vocab: &Vocabularies, pairs: &[(String, String)]| -> Result<f64, BleuError> {
+    Box::new(move |model: &Seq2Seq, vocab: &Vocabularies, pairs: &[(String, String)]| -> Result<f64, TaskError> {
         let hyps = translate_all(model, vocab, pairs, beam(1, 0.6), &device)?;
         Ok(corpus_bleu(hyps.iter().map(String::as_str), pairs.iter().map(|(_, r)| r.as_str())).score)
     })
-}
-
-fn load_config(path: &Path, overrides: &[String]) -> Result<TranslationConfig> {
-    let config: TranslationConfig = load_table(path, overrides)?;
-    config.validate().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    Ok(config)
 }
 
 /// `ember train` on a translation config: trains, then scores the test set (when configured) with beam 4.
@@ -186,12 +178,11 @@ fn load_config(path: &Path, overrides: &[String]) -> Result<TranslationConfig> {
 /// other ranks read them from it.
 pub fn train(
     config_path: &Path,
-    overrides: &[String],
+    config: TranslationConfig,
     force: bool,
     choice: DeviceChoice,
     collective: Rc<dyn Collective>,
 ) -> Result<()> {
-    let config = load_config(config_path, overrides)?;
     let writes = collective.rank() == 0;
     let _lock = run_dir::lock_on_rank_0(&config.train.out_dir, collective.rank())?;
     if writes {
@@ -216,17 +207,16 @@ pub fn train(
     run(trainer.with_precision(precision), collective, choice)
 }
 
-/// `ember train --resume RUN_DIR` of a translation run: continues from its checkpoint, with its config.toml and
-/// vocabularies (`overrides` may raise `train.max_steps`).
+/// `ember train --resume RUN_DIR` of a translation run: continues from its checkpoint, with its config.toml (`config`,
+/// where the overrides may have raised `train.max_steps`) and vocabularies.
 pub fn resume(
     run_dir: &Path,
-    overrides: &[String],
+    config: TranslationConfig,
     choice: DeviceChoice,
     collective: Rc<dyn Collective>,
 ) -> Result<()> {
     let writes = collective.rank() == 0;
     let _lock = run_dir::lock_on_rank_0(run_dir, collective.rank())?;
-    let config = load_config(&run_dir.join(bundle::CONFIG), overrides)?;
     let (device, description, precision) =
         devices::select_local_in(choice, collective.local_rank(), config.model.dtype)?;
     crate::ranks::announce(&*collective, &description);

@@ -12,69 +12,70 @@ fn missing_config() {
 
 #[test]
 fn unknown_key() {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = small_corpus(dir.path(), 20_000);
-    let config = tiny_config(dir.path(), &corpus, &dir.path().join("run"), "learning_speed = 3\n");
-    let out = ember(&["train", "--device", "cpu", "--config", config.to_str().unwrap()]);
-    assert_clean_error(&out, "unknown field `learning_speed`");
+    let tiny = Tiny::new(20_000, "learning_speed = 3\n");
+    assert_clean_error(&tiny.train(&[]), "unknown field `learning_speed`");
 }
 
 #[test]
 fn invalid_value() {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = small_corpus(dir.path(), 20_000);
-    let config = tiny_config(dir.path(), &corpus, &dir.path().join("run"), "");
-    let out = ember(&["train", "--device", "cpu", "--config", config.to_str().unwrap(), "--set", "model.n_heads=3"]);
-    assert_clean_error(&out, "model.d_model = 32: must be a multiple of model.n_heads = 3");
+    let tiny = Tiny::new(20_000, "");
+    assert_clean_error(
+        &tiny.train(&["--set", "model.n_heads=3"]),
+        "model.d_model = 32: must be a multiple of model.n_heads = 3",
+    );
     for (set, error) in [
         ("model.dtype=f8", "unknown variant `f8`, expected `f32` or `f16`"),
         ("train.loss_scale=0.5", "train.loss_scale = 0.5: a finite number ≥ 1"),
         ("train.loss_scale_growth_interval=0", "train.loss_scale_growth_interval = 0: at least 1"),
     ] {
-        let out = ember(&["train", "--device", "cpu", "--config", config.to_str().unwrap(), "--set", set]);
-        assert_clean_error(&out, error);
+        assert_clean_error(&tiny.train(&["--set", set]), error);
     }
 }
 
 /// f16 asked of the CPU: a note, and the run trains in f32.
 #[test]
 fn f16_training_on_the_cpu_says_so_and_runs_f32() {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = small_corpus(dir.path(), 20_000);
-    let config = tiny_config(dir.path(), &corpus, &dir.path().join("run"), "");
-    let args = ["--device", "cpu", "--config", config.to_str().unwrap(), "--set", "model.dtype=f16"];
-    let out = train_ok(&[&args[..], &["--set", "train.max_steps=2"]].concat());
+    let tiny = Tiny::new(20_000, "");
+    let out = train_ok(&[
+        "--device",
+        "cpu",
+        "--config",
+        tiny.config(),
+        "--set",
+        "model.dtype=f16",
+        "--set",
+        "train.max_steps=2",
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("note: f16 runs on wgpu adapters with SHADER_F16; the CPU runs in f32"), "{stderr}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("parameters in f32 on cpu"));
 }
 
+/// `ember train` of the tiny config on a corpus `name` holding `contents` (none: the file is missing).
+fn train_on_corpus(name: &str, contents: Option<&[u8]>) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join(name);
+    if let Some(bytes) = contents {
+        std::fs::write(&corpus, bytes).unwrap();
+    }
+    let config = tiny_config(dir.path(), &corpus, &dir.path().join("run"), "");
+    ember(&["train", "--device", "cpu", "--config", config.to_str().unwrap()])
+}
+
 #[test]
 fn missing_corpus() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = tiny_config(dir.path(), &dir.path().join("absent.txt"), &dir.path().join("run"), "");
-    let out = ember(&["train", "--device", "cpu", "--config", config.to_str().unwrap()]);
-    assert_clean_error(&out, "absent.txt does not exist");
+    assert_clean_error(&train_on_corpus("absent.txt", None), "absent.txt does not exist");
 }
 
 #[test]
 fn empty_corpus() {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = dir.path().join("empty.txt");
-    std::fs::write(&corpus, "").unwrap();
-    let config = tiny_config(dir.path(), &corpus, &dir.path().join("run"), "");
-    let out = ember(&["train", "--device", "cpu", "--config", config.to_str().unwrap()]);
-    assert_clean_error(&out, "empty.txt is empty");
+    assert_clean_error(&train_on_corpus("empty.txt", Some(b"")), "empty.txt is empty");
 }
 
 #[test]
 fn non_utf8_corpus() {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = dir.path().join("latin1.txt");
-    std::fs::write(&corpus, b"To be, or not to be: caf\xe9\n".repeat(100)).unwrap();
-    let config = tiny_config(dir.path(), &corpus, &dir.path().join("run"), "");
-    let out = ember(&["train", "--device", "cpu", "--config", config.to_str().unwrap()]);
-    assert_clean_error(&out, "is not UTF-8 text (invalid byte at offset 24)");
+    let latin1 = b"To be, or not to be: caf\xe9\n".repeat(100);
+    assert_clean_error(&train_on_corpus("latin1.txt", Some(&latin1)), "is not UTF-8 text (invalid byte at offset 24)");
 }
 
 #[test]
@@ -86,11 +87,9 @@ fn resume_without_checkpoint() {
 
 #[test]
 fn corrupt_checkpoint() {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = small_corpus(dir.path(), 50_000);
-    let run = dir.path().join("run");
-    let config = tiny_config(dir.path(), &corpus, &run, "");
-    train_ok(&["--device", "cpu", "--config", config.to_str().unwrap(), "--set", "train.max_steps=2"]);
+    let tiny = Tiny::new(50_000, "");
+    let run = &tiny.run;
+    train_ok(&["--device", "cpu", "--config", tiny.config(), "--set", "train.max_steps=2"]);
     let ckpt = run.join("checkpoint.safetensors");
     let bytes = std::fs::read(&ckpt).unwrap();
     std::fs::write(&ckpt, &bytes[..bytes.len() / 2]).unwrap();
@@ -103,17 +102,14 @@ fn corrupt_checkpoint() {
 
 #[test]
 fn fresh_run_refuses_to_overwrite_a_checkpoint_and_prompt_outside_vocabulary_is_named() {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = small_corpus(dir.path(), 50_000);
-    let run = dir.path().join("run");
-    let config = tiny_config(dir.path(), &corpus, &run, "");
-    let args =
-        ["train", "--device", "cpu", "--no-sample", "--config", config.to_str().unwrap(), "--set", "train.max_steps=1"];
+    let tiny = Tiny::new(50_000, "");
+    let run = &tiny.run;
+    let args = ["train", "--device", "cpu", "--no-sample", "--config", tiny.config(), "--set", "train.max_steps=1"];
     assert!(ember(&args).status.success());
     let before = std::fs::read(run.join("checkpoint.safetensors")).unwrap();
     assert_clean_error(&ember(&args), "already holds a checkpoint");
     assert_eq!(std::fs::read(run.join("checkpoint.safetensors")).unwrap(), before, "saved work is untouched");
-    let out = generate_on_cpu(&run, &["--prompt", "€", "--max-new-tokens", "3"]);
+    let out = generate_on_cpu(run, &["--prompt", "€", "--max-new-tokens", "3"]);
     assert_clean_error(&out, "prompt");
 }
 
@@ -161,18 +157,14 @@ fn a_second_trainer_on_a_locked_run_directory_fails_at_once() {
 /// once, naming the character or the lengths, and nothing is trained.
 #[test]
 fn sample_prompt_is_checked_before_training() {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = small_corpus(dir.path(), 50_000);
-    let run = dir.path().join("run");
-    let config = tiny_config(dir.path(), &corpus, &run, "");
+    let tiny = Tiny::new(50_000, "");
     let long = format!("\"{}\"", "e".repeat(40));
     for (prompt, needle) in
         [("\"€\"", "[sample] prompt: text cannot be encoded: the character '€' (U+20AC)"), (&long[..], "context of 32")]
     {
         let set = format!("sample.prompt={prompt}");
-        let out = ember(&["train", "--device", "cpu", "--config", config.to_str().unwrap(), "--set", &set]);
-        assert_clean_error(&out, needle);
-        assert!(!run.join("model.safetensors").exists(), "nothing trained");
+        assert_clean_error(&tiny.train(&["--set", &set]), needle);
+        assert!(!tiny.run.join("model.safetensors").exists(), "nothing trained");
     }
 }
 
@@ -215,12 +207,9 @@ fn a_page_larger_than_the_context_is_refused() {
 /// (it used to abort on a failed allocation, or allocate for a minute first).
 #[test]
 fn a_model_or_batch_too_large_for_the_machine_is_refused_before_allocating() {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = small_corpus(dir.path(), 20_000);
-    let config = tiny_config(dir.path(), &corpus, &dir.path().join("run"), "");
+    let tiny = Tiny::new(20_000, "");
     for set in ["model.d_model=1000000000", "model.n_layers=100000", "train.batch_size=1000000000000"] {
-        let out =
-            ember(&["--device", "cpu", "train", "--no-sample", "--config", config.to_str().unwrap(), "--set", set]);
+        let out = tiny.train(&["--no-sample", "--set", set]);
         assert_clean_error(&out, "GiB, more than the");
         assert!(String::from_utf8_lossy(&out.stderr).contains("needs at least"), "{set}");
     }

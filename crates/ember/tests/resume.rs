@@ -31,21 +31,14 @@ fn forty_steps_equal_twenty_then_resume_twenty() {
 
 #[test]
 fn killing_training_mid_checkpoint_leaves_the_previous_checkpoint_loadable() {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = small_corpus(dir.path(), 100_000);
-    let run = dir.path().join("run");
-    let config = tiny_config(dir.path(), &corpus, &run, "checkpoint_interval = 1\n");
+    let tiny = Tiny::new(100_000, "checkpoint_interval = 1\n");
+    let (run, config) = (&tiny.run, tiny.config());
     let ckpt = run.join("checkpoint.safetensors");
     // Kill at staggered moments while a checkpoint is written every step, then resume each time.
     for (i, delay_ms) in [0u64, 7, 13, 29, 41].into_iter().enumerate() {
         let mut args: Vec<String> = vec!["train".into(), "--device".into(), "cpu".into(), "--no-sample".into()];
         if i == 0 {
-            args.extend([
-                "--config".into(),
-                config.to_str().unwrap().into(),
-                "--set".into(),
-                "train.max_steps=100000".into(),
-            ]);
+            args.extend(["--config".into(), config.into(), "--set".into(), "train.max_steps=100000".into()]);
         } else {
             args.extend(["--resume".into(), run.to_str().unwrap().into()]);
         }

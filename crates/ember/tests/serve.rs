@@ -1,115 +1,18 @@
-//! `ember serve` driven over HTTP on a loopback port: health and models, completions and chat completions (plain and
-//! streamed, n choices, logprobs) equal to `ember generate` on the same prompt, OpenAI-style 4xx errors, 16 concurrent
-//! requests, admission (429) and the request deadline (504), a client leaving mid-stream, SIGINT/SIGTERM draining,
-//! and the official `openai` Python client. The HTTP layer alone is tested in `crates/serve/tests/http.rs`.
+//! `ember serve` driven over HTTP on a loopback port: health and models, completions (plain and streamed, n choices,
+//! logprobs) equal to `ember generate` on the same prompt, OpenAI-style 4xx errors, 16 concurrent requests,
+//! admission (429) and the request deadline (504), a client leaving mid-stream, SIGINT/SIGTERM draining, the API
+//! key, metrics and prefix caching. Chat is tested in `serve_chat.rs`, the HTTP layer alone in
+//! `crates/serve/tests/http.rs`.
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::Command;
 
-use common::{generate_on_cpu, small_corpus, tiny_config, train_ok};
+use common::generate_on_cpu;
+use common::server::{Server, chat_server, events, generate_cli, raw, raw_with, tiny_model, wait_for_active};
 use serde_json::{Value, json};
-
-struct Server {
-    child: Child,
-    address: String,
-    _stdout: BufReader<ChildStdout>,
-}
-
-impl Server {
-    fn start(model: &Path) -> Self {
-        Self::start_with(model, &[])
-    }
-
-    fn start_with(model: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
-            .args(["serve", "--device", "cpu", "--model", model.to_str().unwrap(), "--port", "0", "--name", "tiny"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        let address = line.split("http://").nth(1).and_then(|s| s.split(';').next()).expect(&line).to_string();
-        let server = Self { child, address, _stdout: stdout };
-        // It listens at once and answers 503 until the model has loaded.
-        for _ in 0..6000 {
-            if raw(&server.address, "GET", "/health", None).0 == 200 {
-                return server;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        panic!("the server never became ready");
-    }
-
-    fn request(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
-        raw(&self.address, method, path, body.map(Value::to_string).as_deref())
-    }
-
-    fn complete(&self, body: Value) -> Value {
-        let (status, text) = self.request("POST", "/v1/completions", Some(&body));
-        assert_eq!(status, 200, "{text}");
-        serde_json::from_str(&text).unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn raw(address: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-    raw_with(address, method, path, "", body)
-}
-
-/// [`raw`] with extra header lines (each ending in `\r\n`).
-fn raw_with(address: &str, method: &str, path: &str, headers: &str, body: Option<&str>) -> (u16, String) {
-    let mut stream = TcpStream::connect(address).unwrap();
-    let body = body.unwrap_or_default();
-    write!(stream, "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
-    (status, body)
-}
-
-/// A tiny model trained for a few steps on Shakespeare (context 32 characters), and prompts cut from its corpus
-/// (so every character is in its vocabulary).
-fn tiny_model(dir: &Path) -> (PathBuf, Vec<String>) {
-    let corpus = small_corpus(dir, 20_000);
-    let run = dir.join("run");
-    let config = tiny_config(dir, &corpus, &run, "");
-    train_ok(&["--device", "cpu", "--config", config.to_str().unwrap(), "--set", "train.max_steps=20"]);
-    let text = std::fs::read_to_string(&corpus).unwrap();
-    let prompts = (0..17).map(|i| text.chars().skip(i * 997).take(if i == 16 { 100 } else { 8 }).collect()).collect();
-    (run, prompts)
-}
-
-fn generate_cli(run: &Path, prompt: &str, tokens: usize) -> String {
-    let n = tokens.to_string();
-    let out = generate_on_cpu(run, &["--prompt", prompt, "--temperature", "0", "--max-new-tokens", &n]);
-    let text = String::from_utf8(out.stdout).unwrap();
-    text.strip_prefix(prompt).unwrap().trim_end_matches('\n').to_string()
-}
-
-fn wait_for_active(server: &Server, want: u64) {
-    // Polls /health until the scheduler reports `want` active sequences (it gets there within a few steps).
-    for _ in 0..3000 {
-        let (_, body) = server.request("GET", "/health", None);
-        if serde_json::from_str::<Value>(&body).unwrap()["active_sequences"] == want {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    panic!("the server never reported {want} active sequences");
-}
 
 #[test]
 fn completions_health_errors_concurrency_and_disconnects() {
@@ -377,106 +280,6 @@ fn assert_same_logprob(streamed: &Value, whole: &Value) {
     assert!((s - w).abs() < 1e-5, "streamed logprob {s} against the whole response's {w}");
 }
 
-/// A chat template written with the tiny model's characters (Shakespeare's), refusing system messages.
-const TEMPLATE: &str = "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('No system messages, \
-                        please.') }}{% endif %}{{ m.role | upper }}: {{ m.content }}\n{% endfor %}\
-                        {% if add_generation_prompt %}ASSISTANT:{% endif %}";
-
-/// A server for `run` with [`TEMPLATE`] as its chat template, and the prompt the template makes of one user turn.
-fn chat_server(dir: &Path, run: &Path) -> Server {
-    let template = dir.join("chat.jinja");
-    std::fs::write(&template, TEMPLATE).unwrap();
-    Server::start_with(run, &["--chat-template", template.to_str().unwrap()])
-}
-
-fn chat_prompt(user: &str) -> String {
-    format!("USER: {user}\nASSISTANT:")
-}
-
-/// Server-sent events' data lines, without `[DONE]`, as JSON; and whether `[DONE]` ended them.
-fn events(body: &str) -> (Vec<Value>, bool) {
-    let data: Vec<&str> = body.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
-    let done = data.last() == Some(&"[DONE]");
-    (data.iter().filter(|d| **d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect(), done)
-}
-
-/// Chat completions render the messages through the chat template and continue them as `ember generate` continues
-/// the rendered prompt, whole or streamed as deltas (the role first, the finish reason and usage last); what the
-/// server cannot do is a 400 naming it, and the server goes on serving.
-#[test]
-fn chat_completions_render_the_template_and_refuse_what_they_cannot_do() {
-    let dir = tempfile::tempdir().unwrap();
-    let (run, prompts) = tiny_model(dir.path());
-    let user = prompts[1].as_str();
-    let expected = generate_cli(&run, &chat_prompt(user), 10);
-    let server = chat_server(dir.path(), &run);
-    let request = json!({"model": "tiny", "messages": [{"role": "user", "content": user}], "max_tokens": 10,
-                         "temperature": 0});
-    let (status, body) = server.request("POST", "/v1/chat/completions", Some(&request));
-    assert_eq!(status, 200, "{body}");
-    let whole: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(whole["object"], "chat.completion");
-    assert!(whole["id"].as_str().unwrap().starts_with("chatcmpl-"), "{whole}");
-    assert_eq!(whole["choices"][0]["message"], json!({"role": "assistant", "content": expected}));
-    assert_eq!(whole["choices"][0]["finish_reason"], "length");
-    assert_eq!(whole["usage"]["prompt_tokens"], chat_prompt(user).chars().count());
-
-    let mut streamed = request.clone();
-    streamed["stream"] = json!(true);
-    streamed["max_completion_tokens"] = json!(10);
-    streamed["stream_options"] = json!({"include_usage": true});
-    let (status, body) = server.request("POST", "/v1/chat/completions", Some(&streamed));
-    assert_eq!(status, 200, "{body}");
-    let (chunks, done) = events(&body);
-    assert!(done, "{body}");
-    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"]), "{body}");
-    assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
-    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
-    assert_eq!(text, expected);
-    // The finish reason, then (include_usage) a chunk of no choices with the token counts.
-    let [.., finish, usage] = &chunks[..] else { panic!("{body}") };
-    assert_eq!(finish["choices"][0]["finish_reason"], "length");
-    assert_eq!((&usage["choices"], &usage["usage"]["completion_tokens"]), (&json!([]), &json!(10)));
-
-    let refused = |request: Value, status: u16, says: &str| {
-        let (got, body) = server.request("POST", "/v1/chat/completions", Some(&request));
-        assert_eq!(got, status, "{body}");
-        assert!(body.contains(says), "{body}");
-    };
-    refused(json!({"messages": [{"role": "system", "content": "Be brief."}]}), 400, "No system messages, please.");
-    refused(json!({"messages": [{"role": "user", "content": user}], "tools": []}), 400, "`tools` is not supported");
-    refused(json!({"messages": [{"role": "wizard", "content": user}]}), 400, "role \\\"wizard\\\" is not one of");
-    refused(json!({"messages": "hello"}), 400, "messages must be a list");
-    let (status, _) = server.request("GET", "/v1/chat/completions", None);
-    assert_eq!(status, 405);
-    assert_eq!(server.request("POST", "/v1/chat/completions", Some(&request)).0, 200, "still serving");
-
-    drop(server);
-    let plain = Server::start(&run);
-    let (status, body) = plain.request("POST", "/v1/chat/completions", Some(&request));
-    assert_eq!(status, 400, "{body}");
-    assert!(body.contains("this model has no chat template"), "{body}");
-}
-
-/// SmolLM2-135M-Instruct chats through the template its GGUF file carries (rendered as transformers renders it:
-/// crates/formats/tests/chat_templates.rs) and answers the question, with the file's weights dequantized (as
-/// transformers runs them: with the Q4_1 blocks and 8-bit activations this 135M model answers with French words
-/// instead of the city).
-#[test]
-#[ignore = "needs the SmolLM2 GGUF: scripts/prepare-data.sh smollm2 (scripts/test.sh runs it)"]
-fn smollm2_chats_with_its_own_template() {
-    let server = Server::start_with(&common::smollm2(), &["--weights", "f32"]);
-    let request = json!({"messages": [{"role": "user", "content": "What is the capital of France?"}],
-                         "max_tokens": 24, "temperature": 0});
-    let (status, body) = server.request("POST", "/v1/chat/completions", Some(&request));
-    assert_eq!(status, 200, "{body}");
-    let answer: Value = serde_json::from_str(&body).unwrap();
-    let content = answer["choices"][0]["message"]["content"].as_str().unwrap();
-    assert!(content.contains("Paris"), "{content:?}");
-    // The answer ends at the model's end-of-turn token, before max_tokens.
-    assert_eq!(answer["choices"][0]["finish_reason"], "stop", "{answer}");
-}
-
 /// With `--api-key-file`, every route but /health needs the key, as a Bearer token or an X-Api-Key header; /tokenize
 /// and /detokenize encode and decode as generation does.
 #[test]
@@ -583,94 +386,6 @@ fn a_repeated_prompt_reuses_its_cached_pages() {
     assert_eq!(sample(&metrics, "ember_prefix_cache_hit_tokens_total"), 16.0, "four pages of four tokens");
     assert_eq!(sample(&metrics, "ember_prefix_cache_hit_rate"), 0.4);
     assert_eq!(sample(&metrics, "ember_prefix_cache_pages"), 5.0, "the prompt's five full pages");
-}
-
-/// The playground at `/` in headless Chromium: a message typed and sent streams back the answer `ember generate` gives
-/// the rendered chat, and the page shows the token rate (tests/browser/playground.py drives it over the DevTools
-/// protocol and reports the DOM).
-#[test]
-#[ignore = "needs Chromium (scripts/test.sh installs Debian's chromium)"]
-fn the_playground_streams_a_chat_in_a_real_browser() {
-    let chromium = std::env::var("EMBER_CHROMIUM").unwrap_or_else(|_| "chromium".into());
-    let dir = tempfile::tempdir().unwrap();
-    let (run, prompts) = tiny_model(dir.path());
-    let server = chat_server(dir.path(), &run);
-    let (status, page) = server.request("GET", "/", None);
-    assert!(status == 200 && page.contains("/v1/chat/completions"), "{status}");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/playground.py");
-    let url = format!("http://{}/", server.address);
-    let profile = dir.path().join("chromium-profile");
-    let out = Command::new("python3")
-        .args([script, &chromium, &url, &prompts[2], "8", profile.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let state: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(state["model"], "tiny");
-    assert_eq!(state["errors"], json!([]));
-    assert_eq!(state["user"], json!([prompts[2]]));
-    assert_eq!(state["assistant"], json!([generate_cli(&run, &chat_prompt(&prompts[2]), 8)]));
-    assert!(state["stats"].as_str().unwrap().starts_with("8 tokens, "), "{state}");
-}
-
-/// The official client: completions and chat, plain and streamed, include_usage, n = 2, the same seed giving the same
-/// text, logprobs; scripts/test.sh provides a Python with `openai` in EMBER_OPENAI_PYTHON.
-#[test]
-#[ignore = "needs a Python with the openai package in EMBER_OPENAI_PYTHON (scripts/test.sh makes one)"]
-fn the_openai_python_client_completes_and_streams() {
-    let python = std::env::var_os("EMBER_OPENAI_PYTHON")
-        .expect("EMBER_OPENAI_PYTHON is not set: run scripts/test.sh, which makes a venv with the openai package");
-    let dir = tempfile::tempdir().unwrap();
-    let (run, prompts) = tiny_model(dir.path());
-    let server = chat_server(dir.path(), &run);
-    let script = r#"
-import json
-import sys
-from openai import OpenAI
-client = OpenAI(base_url=f"http://{sys.argv[1]}/v1", api_key="unused")
-assert [m.id for m in client.models.list()] == ["tiny"]
-r = client.completions.create(model="tiny", prompt=sys.argv[2], max_tokens=12, temperature=0)
-streamed = "".join(c.choices[0].text for c in client.completions.create(model="tiny", prompt=sys.argv[2], max_tokens=12, temperature=0, stream=True))
-assert streamed == r.choices[0].text, (streamed, r.choices[0].text)
-assert r.usage.completion_tokens == 12 and r.choices[0].finish_reason == "length"
-messages = [{"role": "user", "content": sys.argv[3]}]
-c = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
-assert c.choices[0].message.role == "assistant" and c.choices[0].finish_reason == "length"
-chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=12, temperature=0, stream=True))
-assert chunks[0].choices[0].delta.role == "assistant"
-streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks)
-assert streamed == c.choices[0].message.content, (streamed, c.choices[0].message.content)
-usage = [ch.usage for ch in client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, stream=True, stream_options={"include_usage": True}) if ch.usage]
-assert usage[0].completion_tokens == 12, usage
-two = client.completions.create(model="tiny", prompt=sys.argv[2], max_tokens=8, temperature=1.0, seed=11, n=2)
-assert [ch.index for ch in two.choices] == [0, 1] and two.usage.completion_tokens == 16
-again = client.completions.create(model="tiny", prompt=sys.argv[2], max_tokens=8, temperature=1.0, seed=11, n=2)
-assert [ch.text for ch in again.choices] == [ch.text for ch in two.choices], "same seed, same text"
-pair = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, n=2, seed=3, stream=True)
-texts = ["", ""]
-for ch in pair:
-    for choice in ch.choices:
-        texts[choice.index] += choice.delta.content or ""
-assert all(len(t) > 0 for t in texts), texts
-lp = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
-content = lp.choices[0].logprobs.content
-assert len(content) == 6 and all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in content), content
-assert "".join(t.token for t in content) == lp.choices[0].message.content
-clp = client.completions.create(model="tiny", prompt=sys.argv[2], max_tokens=4, temperature=0, logprobs=2)
-assert len(clp.choices[0].logprobs.tokens) == 4 and len(clp.choices[0].logprobs.top_logprobs[0]) == 2
-import urllib.request
-from prometheus_client.parser import text_string_to_metric_families
-scrape = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics").read().decode()
-families = {f.name: f for f in text_string_to_metric_families(scrape)}
-assert families["ember_generated_tokens"].samples[0].value >= 48, scrape
-assert families["ember_time_to_first_token_seconds"].type == "histogram", scrape
-print(json.dumps([r.choices[0].text, c.choices[0].message.content]))
-"#;
-    let out = Command::new(python).args(["-c", script, &server.address, &prompts[0], &prompts[1]]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let texts: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(texts[0], generate_cli(&run, &prompts[0], 12));
-    assert_eq!(texts[1], generate_cli(&run, &chat_prompt(&prompts[1]), 12));
 }
 
 /// A tokenizer that reaches past the model's vocabulary (one character more than the model was trained on) is an

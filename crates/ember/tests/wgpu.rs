@@ -8,7 +8,7 @@ mod common;
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 use ember_core_model::config::{AttentionKernel, NormPlacement};
 use ember_core_model::seq2seq::{Seq2Seq, Seq2SeqConfig};
-use ember_core_model::{Gpt, ModelConfig, Rng};
+use ember_core_model::{CausalLm, ModelConfig, Rng};
 use ember_serve::{KvKind, KvSpec};
 use ember_test_support::{max_abs_diff, metric, values, wgpu_test_device};
 
@@ -31,8 +31,8 @@ fn forward_logits_match_the_cpu_within_1e_4() {
     let Some(gpu) = wgpu_test_device() else { return };
     let cpu = Device::flex();
     for config in variants() {
-        let on_cpu = Gpt::new(&config, &mut Rng::new(11), &cpu);
-        let on_gpu = Gpt::new(&config, &mut Rng::new(11), &gpu);
+        let on_cpu = CausalLm::new(&config, &mut Rng::new(11), &cpu);
+        let on_gpu = CausalLm::new(&config, &mut Rng::new(11), &gpu);
         let mut rng = Rng::new(5);
         let ids: Vec<i64> = (0..3 * 64).map(|_| rng.below(71) as i64).collect();
         let x = |d: &Device| Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), [3, 64]), d);
@@ -65,7 +65,7 @@ fn twenty_training_steps_lower_the_loss() {
 
 /// Greedy decoding of 58 tokens after a 6-token prompt by a store on `gpu` and by `reference` on the CPU: the largest
 /// logit difference.
-fn decode_against(model: (&Gpt, &Gpt), gpu: &Device, store: KvSpec, reference: KvSpec) -> f32 {
+fn decode_against(model: (&CausalLm, &CausalLm), gpu: &Device, store: KvSpec, reference: KvSpec) -> f32 {
     let cpu = Device::flex();
     let mut cached = ember_serve::Decoder::new(model.0, store, gpu);
     let mut other = ember_serve::Decoder::new(model.1, reference, &cpu);
@@ -90,8 +90,8 @@ fn decode_against(model: (&Gpt, &Gpt), gpu: &Device, store: KvSpec, reference: K
 fn cached_decoding_on_wgpu_equals_recomputation_on_the_cpu_within_1e_4() {
     let Some(gpu) = wgpu_test_device() else { return };
     for config in variants().into_iter().take(3) {
-        let on_gpu = Gpt::new(&config, &mut Rng::new(3), &gpu);
-        let on_cpu = Gpt::new(&config, &mut Rng::new(3), &Device::flex());
+        let on_gpu = CausalLm::new(&config, &mut Rng::new(3), &gpu);
+        let on_cpu = CausalLm::new(&config, &mut Rng::new(3), &Device::flex());
         let pair = (&on_gpu, &on_cpu);
         for store in [KvSpec::from(KvKind::Contiguous), KvSpec { page_size: 5, ..KvKind::Paged.into() }] {
             let worst = decode_against(pair, &gpu, store, KvKind::None.into());
@@ -199,7 +199,7 @@ const F16_TOLERANCE: f32 = 5e-3;
 fn f16_logits_are_within_the_stated_tolerance_of_f32() {
     let Some(gpu) = wgpu_test_device() else { return };
     for config in variants() {
-        let model = Gpt::new(&config, &mut Rng::new(11), &gpu);
+        let model = CausalLm::new(&config, &mut Rng::new(11), &gpu);
         let half = ember_core_model::params::cast_params(model.clone(), FloatDType::F16);
         let mut rng = Rng::new(5);
         let ids: Vec<i64> = (0..3 * 64).map(|_| rng.below(71) as i64).collect();

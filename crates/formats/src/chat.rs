@@ -183,7 +183,7 @@ impl ChatFormat {
 }
 
 /// What a template sees beside the messages.
-pub struct Context<'a> {
+pub struct RenderContext<'a> {
     pub bos_token: &'a str,
     pub eos_token: &'a str,
     /// Whether the prompt ends with the assistant's turn opened (a chat request: yes).
@@ -233,7 +233,7 @@ impl ChatTemplate {
     }
 
     /// The prompt: the template rendered over `messages` (a JSON list of `{role, content, ...}` objects).
-    pub fn render(&self, messages: &Json, context: &Context) -> Result<String, ChatError> {
+    pub fn render(&self, messages: &Json, context: &RenderContext) -> Result<String, ChatError> {
         let env = self.environment(context.now);
         let template = env.template_from_str(&self.source).map_err(|e| ChatError::Syntax(describe(&e)))?;
         // transformers passes `tools` and `documents` as None when a request has none.
@@ -550,8 +550,8 @@ fn python_float(f: f64) -> String {
 mod tests {
     use super::*;
 
-    fn context() -> Context<'static> {
-        Context { bos_token: "<s>", eos_token: "</s>", add_generation_prompt: true, now: Default::default() }
+    fn context() -> RenderContext<'static> {
+        RenderContext { bos_token: "<s>", eos_token: "</s>", add_generation_prompt: true, now: Default::default() }
     }
 
     #[test]

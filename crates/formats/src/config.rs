@@ -465,6 +465,11 @@ impl ModelConfig {
         }
     }
 
+    /// σ of the initial weights of the projections into the residual stream, 0.02/√(2L) (GPT-2's scaling).
+    pub fn residual_std(&self) -> f64 {
+        0.02 / (2.0 * self.n_layers as f64).sqrt()
+    }
+
     /// The feed-forward width: configured, else 4d, or 8/3·d rounded up to 64 for SwiGLU (same parameter count).
     pub fn ffn_dim(&self) -> usize {
         match (self.d_ff, self.ffn) {

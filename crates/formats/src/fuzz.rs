@@ -102,7 +102,7 @@ pub fn chat_template(bytes: &[u8]) {
         ("role".into(), chat::Json::Str("user".into())),
         ("content".into(), chat::Json::Str("Hi there".into())),
     ])]);
-    let context = chat::Context {
+    let context = chat::RenderContext {
         bos_token: "<s>",
         eos_token: "</s>",
         add_generation_prompt: true,

@@ -5,8 +5,8 @@ use std::path::{Component, Path};
 
 use serde_json::Value;
 
-use crate::ModelConfig;
 use crate::config::FfnKind;
+use crate::config::ModelConfig;
 
 /// The architectures Ember imports.
 #[derive(Clone, Copy, Debug, PartialEq)]

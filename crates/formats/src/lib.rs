@@ -13,9 +13,9 @@ pub mod gguf;
 pub mod hf;
 pub mod openai;
 pub mod packed;
+pub mod request;
 pub mod rng;
 pub mod safetensors;
-pub mod sampling;
 pub mod tokenizer;
 pub mod tsv;
 

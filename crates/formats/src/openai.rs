@@ -1,10 +1,10 @@
-//! OpenAI completions and chat completions requests: the body validated into [`SampleConfig`] (and, for a chat, its
+//! OpenAI completions and chat completions requests: the body validated into a [`GenerationRequest`] (and, for a chat, its
 //! messages), and OpenAI-style errors.
 
 use serde_json::{Map, Value, json};
 
 use crate::chat::Json;
-use crate::sampling::SampleConfig;
+use crate::request::{GenerationRequest, Sampling};
 
 /// An error as OpenAI reports it: an HTTP status and `{"error": {message, type, param, code}}`.
 #[derive(Debug, PartialEq)]
@@ -55,16 +55,16 @@ pub struct Output {
 /// A validated completion request.
 #[derive(Debug)]
 pub struct Completion {
-    pub settings: SampleConfig,
+    pub request: GenerationRequest,
     pub output: Output,
 }
 
 /// A validated chat completion request: its messages (keys in the request's order, for the chat template) and the
-/// sampling settings, whose prompt is the rendered template.
+/// generation it asks for, whose prompt is the rendered template.
 #[derive(Debug)]
 pub struct Chat {
     pub messages: Json,
-    pub settings: SampleConfig,
+    pub request: GenerationRequest,
     pub output: Output,
 }
 
@@ -127,13 +127,13 @@ fn fresh_seed() -> u64 {
     std::collections::hash_map::RandomState::new().hash_one(0u8)
 }
 
-/// The sampling settings both endpoints share, with `prompt`; `max_tokens` is read from the first of `length_keys`
+/// The generation both endpoints ask for, with `prompt`; `max_tokens` is read from the first of `length_keys`
 /// present. The logprobs fields, which differ between the endpoints, are left to the caller.
-fn settings(
+fn generation_request(
     obj: &Map<String, Value>,
     prompt: String,
     length_keys: &[&'static str],
-) -> Result<(SampleConfig, Output), ApiError> {
+) -> Result<(GenerationRequest, Output), ApiError> {
     let number = |key: &'static str| -> Result<Option<f64>, ApiError> {
         match obj.get(key) {
             None | Some(Value::Null) => Ok(None),
@@ -222,19 +222,10 @@ fn settings(
         },
         _ => return Err(ApiError::invalid("stream_options", "stream_options must be an object")),
     };
-    let settings = SampleConfig {
-        prompt,
-        max_new_tokens: max_tokens as usize,
-        temperature,
-        top_k,
-        top_p,
-        repetition_penalty,
-        frequency_penalty,
-        presence_penalty,
-        stop,
-        seed: integer("seed")?.unwrap_or_else(fresh_seed),
-    };
-    Ok((settings, Output { stream, include_usage, n: n as usize, logprobs: None }))
+    let sampling = Sampling { temperature, top_k, top_p, repetition_penalty, frequency_penalty, presence_penalty };
+    let seed = integer("seed")?.unwrap_or_else(fresh_seed);
+    let request = GenerationRequest { prompt, max_new_tokens: max_tokens as usize, stop, seed, sampling };
+    Ok((request, Output { stream, include_usage, n: n as usize, logprobs: None }))
 }
 
 /// A number of alternatives per token, at most [`MAX_TOP_LOGPROBS`].
@@ -256,9 +247,9 @@ pub fn parse_completion(body: &[u8], model_id: &str) -> Result<Completion, ApiEr
         Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),
         _ => return Err(ApiError::invalid("prompt", "prompt must be a string (or a list of one string)")),
     };
-    let (settings, mut output) = settings(&obj, prompt, &["max_tokens"])?;
+    let (request, mut output) = generation_request(&obj, prompt, &["max_tokens"])?;
     output.logprobs = top_count(&obj, "logprobs")?;
-    Ok(Completion { settings, output })
+    Ok(Completion { request, output })
 }
 
 /// Parses and checks a `POST /v1/chat/completions` body against the served model `model_id`: every field is one
@@ -266,7 +257,7 @@ pub fn parse_completion(body: &[u8], model_id: &str) -> Result<Completion, ApiEr
 /// are joined).
 pub fn parse_chat(body: &[u8], model_id: &str) -> Result<Chat, ApiError> {
     let obj = object(body, model_id, &CHAT_FIELDS)?;
-    let (settings, mut output) = settings(&obj, String::new(), &["max_completion_tokens", "max_tokens"])?;
+    let (request, mut output) = generation_request(&obj, String::new(), &["max_completion_tokens", "max_tokens"])?;
     output.logprobs = match (obj.get("logprobs"), top_count(&obj, "top_logprobs")?) {
         (None | Some(Value::Null | Value::Bool(false)), None) => None,
         (None | Some(Value::Null | Value::Bool(false)), Some(_)) => {
@@ -285,7 +276,7 @@ pub fn parse_chat(body: &[u8], model_id: &str) -> Result<Chat, ApiError> {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
     let messages = messages.into_iter().enumerate().map(|(i, m)| message(i, m)).collect::<Result<_, _>>()?;
-    Ok(Chat { messages: Json::List(messages), settings, output })
+    Ok(Chat { messages: Json::List(messages), request, output })
 }
 
 /// Message `i` with its role checked and its content as one string.
@@ -333,14 +324,14 @@ mod tests {
     fn completion_requests_are_validated_with_openai_style_errors() {
         let ok =
             parse_completion(br#"{"model":"m","prompt":"hi","max_tokens":5,"stop":["\n"],"seed":3}"#, "m").unwrap();
-        assert_eq!((ok.settings.max_new_tokens, ok.settings.stop.len(), ok.output.stream), (5, 1, false));
+        assert_eq!((ok.request.max_new_tokens, ok.request.stop.len(), ok.output.stream), (5, 1, false));
         let usage = parse_completion(br#"{"prompt":"x","stream":true,"stream_options":{"include_usage":true}}"#, "m");
         assert_eq!(usage.unwrap().output, Output { stream: true, include_usage: true, n: 1, logprobs: None });
         let two = parse_completion(br#"{"prompt":"x","n":2,"logprobs":3}"#, "m").unwrap().output;
         assert_eq!((two.n, two.logprobs), (2, Some(3)));
         assert_ne!(
-            parse_completion(br#"{"prompt":"x"}"#, "m").unwrap().settings.seed,
-            parse_completion(br#"{"prompt":"x"}"#, "m").unwrap().settings.seed,
+            parse_completion(br#"{"prompt":"x"}"#, "m").unwrap().request.seed,
+            parse_completion(br#"{"prompt":"x"}"#, "m").unwrap().request.seed,
             "a request without a seed gets a fresh one"
         );
         let err = |body: &[u8]| parse_completion(body, "m").unwrap_err();
@@ -359,7 +350,7 @@ mod tests {
         assert_eq!(err(br#"{"prompt":"x","presence_penalty":2.5}"#).param, Some("presence_penalty"));
         assert_eq!(err(br#"{"prompt":"x","repetition_penalty":-1}"#).param, Some("repetition_penalty"));
         let tuned = parse_completion(br#"{"prompt":"x","top_k":5,"repetition_penalty":1.3}"#, "m").unwrap();
-        assert_eq!((tuned.settings.top_k, tuned.settings.repetition_penalty), (Some(5), 1.3));
+        assert_eq!((tuned.request.sampling.top_k, tuned.request.sampling.repetition_penalty), (Some(5), 1.3));
         assert_eq!(err(br#"{"prompt":5}"#).param, Some("prompt"));
         let body = err(br#"{"prompt":"x","top_p":0}"#).body();
         assert_eq!(body["error"]["type"], "invalid_request_error");
@@ -374,7 +365,7 @@ mod tests {
             "m",
         )
         .unwrap();
-        assert_eq!((ok.settings.max_new_tokens, ok.output.stream, ok.output.logprobs), (7, true, None));
+        assert_eq!((ok.request.max_new_tokens, ok.output.stream, ok.output.logprobs), (7, true, None));
         let user = r#""messages":[{"role":"user","content":"x"}]"#;
         let chat = |rest: &str| parse_chat(format!("{{{user},{rest}}}").as_bytes(), "m");
         assert_eq!(chat(r#""logprobs":true,"top_logprobs":5"#).unwrap().output.logprobs, Some(5));

@@ -6,7 +6,7 @@
 //! `scripts/prepare-data.sh chat-templates`, not committed) over three chats, against
 //! `scripts/reference/chat_templates.py real`'s renders.
 
-use ember_formats::chat::{ChatError, ChatTemplate, Context, Json};
+use ember_formats::chat::{ChatError, ChatTemplate, Json, RenderContext};
 
 fn field<'a>(json: &'a Json, key: &str) -> &'a Json {
     match json {
@@ -35,7 +35,7 @@ fn templates_render_as_transformers_renders_them() {
         let source = text(field(field(&fixture, "templates"), name));
         let messages = field(field(&fixture, "chats"), chat);
         let add_generation_prompt = matches!(field(case, "add_generation_prompt"), Json::Bool(true));
-        let context = Context { bos_token: bos, eos_token: eos, add_generation_prompt, now };
+        let context = RenderContext { bos_token: bos, eos_token: eos, add_generation_prompt, now };
         let label = format!("{name} over {chat:?}, generation prompt {add_generation_prompt}");
         let Json::Map(entries) = case else { panic!("a case") };
         let (kind, expected) =
@@ -63,7 +63,7 @@ fn real_templates_render_as_transformers_renders_them() {
     let fixture: Json = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let now = chrono::NaiveDateTime::parse_from_str(text(field(&fixture, "now")), "%Y-%m-%dT%H:%M:%S").unwrap();
     let (bos, eos) = (text(field(&fixture, "bos_token")), text(field(&fixture, "eos_token")));
-    let context = Context { bos_token: bos, eos_token: eos, add_generation_prompt: true, now };
+    let context = RenderContext { bos_token: bos, eos_token: eos, add_generation_prompt: true, now };
     let Json::Map(renders) = field(&fixture, "renders") else { panic!("renders") };
     assert_eq!(renders.len(), 70);
     let mut failures = Vec::new();

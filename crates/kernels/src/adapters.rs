@@ -4,7 +4,7 @@ use burn::backend::wgpu::wgpu;
 
 pub use wgpu::{Backend, CooperativeMatrixProperties, CooperativeScalarType, DeviceType, Features, Limits};
 
-use crate::KernelTier;
+use crate::spec::KernelTier;
 
 /// A wgpu adapter: name, kind, graphics API, features and limits.
 pub struct Adapter {

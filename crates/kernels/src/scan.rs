@@ -16,8 +16,8 @@ use burn::backend::wgpu::{CubeBackend, CubeTensor};
 use burn::backend::{Backend, Dispatch, backend_extension, tensor::FloatTensor};
 use burn::tensor::{DType, Tensor};
 
-use crate::flash::cube::{Wgsl, empty, f32_contiguous, launch};
-use crate::flash::{on_flex, on_wgpu};
+use crate::cpu::on_cpu;
+use crate::wgsl::{Wgsl, empty, f32_contiguous, launch, on_wgpu};
 
 /// Invocations per workgroup of the scan kernel.
 const WORKGROUP: usize = 64;
@@ -35,7 +35,7 @@ pub trait ScanOps: Backend {
 
 /// y_c = Σ_{c' < c} x_c' along dim 1 of x [N, C, A, B]: the scan op on wgpu and burn-flex, cumsum elsewhere.
 pub fn exclusive_scan(x: Tensor<4>) -> Tensor<4> {
-    if on_wgpu(&x) || on_flex(&x) {
+    if on_wgpu(&x.device()) || on_cpu(&x.device()) {
         Tensor::from_dispatch(<Dispatch as ScanOps>::exclusive_scan(x.into_dispatch(), false))
     } else {
         x.clone().cumsum(1) - x

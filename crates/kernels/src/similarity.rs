@@ -7,27 +7,8 @@
 use burn::tensor::{Device, Tensor, TensorData};
 use ember_formats::Rng;
 
-use crate::attention::{AttentionSpec, mask, repeat_kv};
 use crate::scan::exclusive_scan;
-
-/// κ, the similarity attention weighs values by.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub enum Similarity {
-    /// exp(s·⟨q, k⟩): softmax attention.
-    #[default]
-    Softmax,
-    /// φ(q)·φ(k) with φ(x) = elu(x) + 1.
-    LinearElu,
-    /// φ(q)·φ(k) with φ(x) = relu(x).
-    LinearRelu,
-    /// φ(q)·φ(k) with `features` random positive features, ω drawn from `seed`.
-    Favor { features: usize, seed: u64 },
-    /// exp(s·⟨q, k⟩) over `keys` keys per query row, drawn with replacement among the keys the row may see, with
-    /// probability p_j ∝ ‖k_j‖ (`sketch` None) or ∝ the row's own softmax weights on an m-dimensional Gaussian sketch
-    /// of q and k (`sketch` Some(m)), and reweighted by 1/(keys·p_j), so that numerator and denominator are unbiased
-    /// (a row that sees at most `keys` keys attends to all of them exactly); the draws come from `seed`.
-    SampledKeys { keys: usize, seed: u64, sketch: Option<usize> },
-}
+use crate::spec::{AttentionSpec, Similarity, mask, repeat_kv};
 
 /// Chunk length of the O(T) causal form: attention inside a chunk is a masked product, across chunks a prefix sum.
 const CHUNK: usize = 64;
@@ -319,7 +300,8 @@ pub fn orthogonal_gaussian(rows: usize, d: usize, seed: u64, device: &Device) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{AttentionImpl, attention};
+    use crate::attention::attention;
+    use crate::spec::AttentionAlgorithm;
     use ember_test_support::{max_abs_diff_tensors as max_diff, max_relative_diff_tensors as relative_diff};
 
     /// N(0, 1) values drawn from a fixed sequence, so that every run checks the same inputs.
@@ -335,7 +317,7 @@ mod tests {
         let device = Device::flex();
         let (q, k, v) =
             (random([2, 4, 13, 8], &device), random([2, 2, 13, 8], &device), random([2, 2, 13, 8], &device));
-        let causal = AttentionSpec::causal(8).with_implementation(AttentionImpl::Naive);
+        let causal = AttentionSpec::causal(8).with_algorithm(AttentionAlgorithm::Naive);
         let specs = [
             causal.clone(),
             causal.clone().with_window(Some(4)),
@@ -473,7 +455,7 @@ mod tests {
             }
         }
         let softmax =
-            attention(q.clone(), k.clone(), v.clone(), &spec.clone().with_implementation(AttentionImpl::Naive));
+            attention(q.clone(), k.clone(), v.clone(), &spec.clone().with_algorithm(AttentionAlgorithm::Naive));
         for sketch in [None, Some(2)] {
             let spec =
                 AttentionSpec { similarity: Similarity::SampledKeys { keys: 8, seed: 1, sketch }, ..spec.clone() };

@@ -10,25 +10,28 @@
 
 use burn::tensor::{Device, FloatDType, Tensor, TensorData, f16};
 use ember_kernels::{
-    AttentionImpl, AttentionSpec, KernelTier, PackedHeads, attention, merge_heads, packed_attention, paged_attention,
-    split_heads,
+    AttentionAlgorithm, AttentionSpec, GpuTuning, PackedHeads, attention, merge_heads, named_attention,
+    packed_attention, paged_attention, split_heads,
 };
 use ember_test_support::{max_abs_diff_tensors, values, wgpu_test_device};
 
 const TOLERANCE: f32 = 1e-4;
 const HALF_SLACK: f32 = 1e-4;
 
+/// An attention algorithm and its GPU tuning.
+type Imp = (AttentionAlgorithm, GpuTuning);
+
+/// The implementation `name` of [`ember_kernels::NAMED_ATTENTION`].
+fn imp(name: &str) -> Imp {
+    named_attention(name).expect("a named attention")
+}
+
 /// Ember's kernels: Rust on the CPU, and where a wgpu adapter is present, each WGSL tier forced (dq folded where the
 /// adapter allows it), then each tier's two-pass backward.
-fn kernel_devices() -> Vec<(Device, AttentionImpl)> {
-    let imps = [
-        AttentionImpl::Tier(KernelTier::Portable),
-        AttentionImpl::Tier(KernelTier::Subgroup),
-        AttentionImpl::FoldDq(KernelTier::Subgroup, false),
-        AttentionImpl::FoldDq(KernelTier::Portable, false),
-    ];
-    let wgpu = wgpu_test_device().into_iter().flat_map(|gpu| imps.map(|imp| (gpu.clone(), imp)));
-    std::iter::once((Device::flex(), AttentionImpl::Auto)).chain(wgpu).collect()
+fn kernel_devices() -> Vec<(Device, Imp)> {
+    let imps = ["portable", "subgroup", "subgroup-2pass", "portable-2pass"].map(imp);
+    let wgpu = wgpu_test_device().into_iter().flat_map(|gpu| imps.map(|tuned| (gpu.clone(), tuned)));
+    std::iter::once((Device::flex(), imp("ember"))).chain(wgpu).collect()
 }
 
 /// xorshift64* draws mapped to N(0, 1) by Box–Muller: the same data on both devices, run after run.
@@ -98,11 +101,11 @@ fn max_diff<const D: usize>(what: &str, case: &impl std::fmt::Debug, a: Tensor<D
 }
 
 /// Output, and the gradients of Σ w ⊙ o, by `imp` on `device` with q, k, v and w in `dtype`.
-fn run(imp: AttentionImpl, case: &Case, x: &Inputs, device: &Device, dtype: FloatDType) -> [Tensor<4>; 4] {
+fn run(imp: Imp, case: &Case, x: &Inputs, device: &Device, dtype: FloatDType) -> [Tensor<4>; 4] {
     let device = device.clone().autodiff();
     let [q, k, v, w] = case.tensors(x, &device).map(|t| t.cast(dtype));
     let (q, k, v) = (q.require_grad(), k.require_grad(), v.require_grad());
-    let o = attention(q.clone(), k.clone(), v.clone(), &case.spec.clone().with_implementation(imp));
+    let o = attention(q.clone(), k.clone(), v.clone(), &case.spec.clone().computed_by(imp.0, imp.1));
     let grads = (o.clone() * w).sum().backward();
     let grad = |t: &Tensor<4>| t.grad(&grads).expect("a gradient");
     [o.inner(), grad(&q), grad(&k), grad(&v)]
@@ -110,19 +113,19 @@ fn run(imp: AttentionImpl, case: &Case, x: &Inputs, device: &Device, dtype: Floa
 
 /// The kernels' o, dq, dk and dv against the reference's (f32 on the CPU, on the same values of the inputs), with the
 /// inputs in f32; the worst error over its bound.
-fn check(case: &Case, draws: &mut Draws, kernels: &(Device, AttentionImpl)) -> f32 {
+fn check(case: &Case, draws: &mut Draws, kernels: &(Device, Imp)) -> f32 {
     check_as(case, draws, kernels, FloatDType::F32)
 }
 
 /// [`check`] with the kernels' inputs in `dtype`. Where anything is f16 (the inputs, or the tiles of
-/// `AttentionImpl::Half`), the bound is twice the error of naive attention in f16 on the same device, plus
+/// the `half` tuning), the bound is twice the error of naive attention in f16 on the same device, plus
 /// [`HALF_SLACK`] of the largest |reference| (at least 1).
-fn check_as(case: &Case, draws: &mut Draws, (device, imp): &(Device, AttentionImpl), dtype: FloatDType) -> f32 {
+fn check_as(case: &Case, draws: &mut Draws, (device, tuned): &(Device, Imp), dtype: FloatDType) -> f32 {
     let x = case.inputs_as(draws, dtype);
-    let reference = run(AttentionImpl::Naive, case, &x, &Device::flex(), FloatDType::F32);
-    let flash = run(*imp, case, &x, device, dtype);
-    let half = dtype == FloatDType::F16 || matches!(imp, AttentionImpl::Half(_) | AttentionImpl::Cooperative);
-    let naive = half.then(|| run(AttentionImpl::Naive, case, &x, device, FloatDType::F16));
+    let reference = run(imp("naive"), case, &x, &Device::flex(), FloatDType::F32);
+    let flash = run(*tuned, case, &x, device, dtype);
+    let half = dtype == FloatDType::F16 || tuned.1.half_tiles(false);
+    let naive = half.then(|| run(imp("naive"), case, &x, device, FloatDType::F16));
     let mut worst = 0.0f32;
     for (i, name) in ["o", "dq", "dk", "dv"].into_iter().enumerate() {
         let error = max_abs_diff_tensors(flash[i].clone(), reference[i].clone());
@@ -133,7 +136,7 @@ fn check_as(case: &Case, draws: &mut Draws, (device, imp): &(Device, AttentionIm
                 2.0 * max_abs_diff_tensors(naive[i].clone(), reference[i].clone()) + HALF_SLACK * scale
             }
         };
-        let at = (case, imp, device, dtype);
+        let at = (case, tuned, device, dtype);
         assert!(error.is_finite() && error <= bound, "{name}: max abs error {error:e} > {bound:e} in {at:?}");
         worst = worst.max(error / bound);
     }
@@ -164,7 +167,7 @@ fn random_case(draws: &mut Draws, d: usize, group: usize) -> Case {
 
 /// The sweep's cases for `kernels` with inputs in `dtype`: head dims 32/64/128 × GQA groups 1/2/4 × `draws_each`
 /// draws; the worst error over its bound.
-fn sweep(kernels: &(Device, AttentionImpl), dtype: FloatDType, draws_each: usize) -> f32 {
+fn sweep(kernels: &(Device, Imp), dtype: FloatDType, draws_each: usize) -> f32 {
     let mut draws = Draws(0x5eed_f1a5);
     let mut worst = 0.0f32;
     for d in [32, 64, 128] {
@@ -194,12 +197,12 @@ fn flash_forward_and_backward_equal_the_reference_over_a_randomized_sweep() {
 fn half_precision_attention_equals_the_reference_over_the_sweep_and_edge_cases() {
     let Some(gpu) = wgpu_test_device() else { return };
     let runs = [
-        (AttentionImpl::Half(KernelTier::Portable), FloatDType::F32, true),
-        (AttentionImpl::Tier(KernelTier::Subgroup), FloatDType::F16, true),
-        (AttentionImpl::FoldDq(KernelTier::Portable, false), FloatDType::F16, false),
+        (imp("portable-f16"), FloatDType::F32, true),
+        (imp("subgroup"), FloatDType::F16, true),
+        (imp("portable-2pass"), FloatDType::F16, false),
     ];
-    for (imp, dtype, edges) in runs {
-        let kernels = (gpu.clone(), imp);
+    for (tuned, dtype, edges) in runs {
+        let kernels = (gpu.clone(), tuned);
         sweep(&kernels, dtype, 2);
         if edges {
             let mut draws = Draws(7);
@@ -236,7 +239,7 @@ fn cooperative_matrix_attention_equals_the_reference_where_the_adapter_offers_it
         return;
     }
     for dtype in [FloatDType::F32, FloatDType::F16] {
-        let kernels = (gpu.clone(), AttentionImpl::Cooperative);
+        let kernels = (gpu.clone(), imp("cooperative"));
         sweep(&kernels, dtype, 2);
         let mut draws = Draws(7);
         let errors = edge_cases().iter().map(|case| check_as(case, &mut draws, &kernels, dtype)).collect::<Vec<_>>();
@@ -319,23 +322,24 @@ fn packed_attention_equals_the_reference_on_split_heads() {
         let (heads, width) = (PackedHeads { q: hq, kv: hkv }, (hq + 2 * hkv) * d);
         let spec = AttentionSpec::causal(d).with_window(window);
         let (qkv, w) = (draws.normal(b * t * width), draws.normal(b * t * hq * d));
-        let run = |device: &Device, imp: AttentionImpl| {
+        let run = |device: &Device, (algorithm, tuning): Imp| {
             let device = device.clone().autodiff();
             let x = Tensor::<3>::from_data(TensorData::new(qkv.clone(), [b, t, width]), &device).require_grad();
-            let o = if imp == AttentionImpl::Naive {
+            let spec = spec.clone().computed_by(algorithm, tuning);
+            let o = if algorithm == AttentionAlgorithm::Naive {
                 let (q, k, v) = split_heads(x.clone(), heads);
-                merge_heads(attention(q, k, v, &spec.clone().with_implementation(imp)))
+                merge_heads(attention(q, k, v, &spec))
             } else {
-                packed_attention(x.clone(), heads, &spec.clone().with_implementation(imp))
+                packed_attention(x.clone(), heads, &spec)
             };
             let grads =
                 (o.clone() * Tensor::from_data(TensorData::new(w.clone(), [b, t, hq * d]), &device)).sum().backward();
             [o.inner(), x.grad(&grads).expect("a gradient")]
         };
-        let [o_ref, dx_ref] = run(&Device::flex(), AttentionImpl::Naive);
-        for (device, imp) in kernel_devices() {
-            let [o, dx] = run(&device, imp);
-            let case = (b, hq, hkv, t, d, window, &device, imp);
+        let [o_ref, dx_ref] = run(&Device::flex(), imp("naive"));
+        for (device, tuned) in kernel_devices() {
+            let [o, dx] = run(&device, tuned);
+            let case = (b, hq, hkv, t, d, window, &device, tuned);
             max_diff("o", &case, o, o_ref.clone());
             max_diff("d(qkv)", &case, dx, dx_ref.clone());
         }
@@ -381,7 +385,7 @@ fn paged_decoding_reads_keys_through_the_page_table() {
         tensor(q.clone(), [2, hq, 1, d], &cpu),
         tensor(gather(&k_pool), [2, hkv, tk, d], &cpu),
         tensor(gather(&v_pool), [2, hkv, tk, d], &cpu),
-        &spec.clone().with_implementation(AttentionImpl::Naive),
+        &spec.clone().with_algorithm(AttentionAlgorithm::Naive),
     );
     let case = Case { b: 2, hq, hkv, tq: 1, tk, d, spec: spec.clone() };
     for (device, _) in kernel_devices() {
@@ -415,7 +419,7 @@ fn strided_keys_and_values_equal_their_contiguous_copies() {
     ];
     for [k, v] in views {
         let copy = |t: &Tensor<4>| Tensor::<4>::from_data(t.to_data(), &cpu);
-        let naive = spec.clone().with_implementation(AttentionImpl::Naive);
+        let naive = spec.clone().with_algorithm(AttentionAlgorithm::Naive);
         let reference = attention(q.clone(), copy(&k), copy(&v), &naive);
         let flash = attention(q.clone(), k, v, &spec);
         max_diff("o", &(b, hq, hkv, tq, tk, d), flash, reference);

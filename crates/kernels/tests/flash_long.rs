@@ -5,7 +5,7 @@
 //! CPU's, relative to the largest value where that exceeds 1.
 
 use burn::tensor::{Device, Distribution, Tensor};
-use ember_kernels::{AttentionImpl, AttentionSpec, KernelTier, attention};
+use ember_kernels::{AttentionAlgorithm, AttentionSpec, GpuTuning, KernelTier, attention};
 use ember_test_support::{max_abs_diff, values, wgpu_test_device};
 
 /// Output and gradients of Σ w ⊙ o, as host vectors.
@@ -34,7 +34,7 @@ fn thirty_two_query_heads_on_one_kv_head_pack_more_rows_than_a_loop_may_run() {
     let spec = AttentionSpec::causal(d);
     let reference = run(&inputs, &cpu, &spec);
     for tier in [KernelTier::Portable, KernelTier::Subgroup] {
-        let ours = run(&inputs, &gpu, &spec.clone().with_implementation(AttentionImpl::Tier(tier)));
+        let ours = run(&inputs, &gpu, &spec.clone().computed_by(AttentionAlgorithm::Ember, GpuTuning::tier(tier)));
         for ((name, a), b) in ["o", "dq", "dk", "dv"].iter().zip(&ours).zip(&reference) {
             let largest = b.iter().fold(1.0f32, |m, x| m.max(x.abs()));
             let diff = max_abs_diff(a, b);

@@ -6,12 +6,13 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_core_model::cache::KvCache;
 use ember_core_model::config::AttentionKernel;
 use ember_core_model::tokenizer::{self, TokenizerError};
-use ember_core_model::{Gpt, ModelConfig, Rng};
+use ember_core_model::{CausalLm, ModelConfig, Rng};
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
 use crate::kv::{Bits, ContiguousCache, PagePool, PagedCache, QuantizedCache, StateCache};
-use crate::sampling::{SampleConfig, TokenLogprob, logprobs, sample};
+use crate::sampling::{TokenLogprob, logprobs, sample};
+use ember_formats::request::GenerationRequest;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GenerateError {
@@ -68,8 +69,9 @@ pub struct KvSpec {
 }
 
 impl KvSpec {
-    /// Checks the parameters against a model: a page holds 1 to `block_size` tokens (a larger one would be
-    /// allocated whole for nothing), a scale covers at least one value, a recurrent state needs linear attention.
+    /// Checks the parameters against a model: a paged store's page holds 1 to `block_size` tokens (a larger one
+    /// would be allocated whole for nothing; other stores have no pages), a scale covers at least one value, a
+    /// recurrent state needs linear attention.
     pub fn check(&self, config: &ModelConfig) -> Result<(), String> {
         let context = config.block_size;
         if self.kind == KvKind::State && config.attention_kernel == AttentionKernel::Softmax {
@@ -80,7 +82,7 @@ impl KvSpec {
         if self.page_size == 0 || self.group == 0 {
             return Err("--page-size and --kv-group must be at least 1".into());
         }
-        if self.page_size > context {
+        if self.kind == KvKind::Paged && self.page_size > context {
             return Err(format!(
                 "--page-size {} is larger than the model's context of {context} tokens",
                 self.page_size
@@ -129,7 +131,7 @@ impl KvSpec {
 
 /// What one generation produced and how long it took.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Generation {
+pub struct GenerationStats {
     pub text: String,
     pub prompt_tokens: usize,
     pub new_tokens: usize,
@@ -143,18 +145,18 @@ pub struct Generation {
 
 /// The next-token logits of a sequence, computed with a KV store or by recomputation.
 pub struct Decoder<'a> {
-    model: &'a Gpt,
+    model: &'a CausalLm,
     cache: Option<Box<dyn KvCache>>,
     device: Device,
 }
 
 impl<'a> Decoder<'a> {
-    pub fn new(model: &'a Gpt, kv: impl Into<KvSpec>, device: &Device) -> Self {
+    pub fn new(model: &'a CausalLm, kv: impl Into<KvSpec>, device: &Device) -> Self {
         Self::with_store(model, kv.into().build(), device)
     }
 
     /// A decoder over `cache` (None: recompute), which may already hold the first tokens of the sequence.
-    pub fn with_store(model: &'a Gpt, cache: Option<Box<dyn KvCache>>, device: &Device) -> Self {
+    pub fn with_store(model: &'a CausalLm, cache: Option<Box<dyn KvCache>>, device: &Device) -> Self {
         Self { model, cache, device: device.clone() }
     }
 
@@ -234,7 +236,7 @@ pub enum Finish {
 pub struct Sequence<'a> {
     decoder: Decoder<'a>,
     tokenizer: &'a Tokenizer,
-    settings: SampleConfig,
+    request: GenerationRequest,
     ids: Vec<u32>,
     prompt_len: usize,
     seen: usize,
@@ -254,25 +256,25 @@ pub struct Sequence<'a> {
 impl<'a> Sequence<'a> {
     /// Encodes and checks the prompt: not empty, not longer than the context.
     pub fn new(
-        model: &'a Gpt,
+        model: &'a CausalLm,
         tokenizer: &'a Tokenizer,
-        settings: &SampleConfig,
+        request: &GenerationRequest,
         kv: KvSpec,
         device: &Device,
     ) -> Result<Self, GenerateError> {
-        Self::with_store(model, tokenizer, settings, device, |_| kv.build())
+        Self::with_store(model, tokenizer, request, device, |_| kv.build())
     }
 
     /// [`Self::new`] with the KV store `store` makes for the prompt's ids; the tokens it already holds (a cached
     /// prefix) are not computed again.
     pub fn with_store(
-        model: &'a Gpt,
+        model: &'a CausalLm,
         tokenizer: &'a Tokenizer,
-        settings: &SampleConfig,
+        request: &GenerationRequest,
         device: &Device,
         store: impl FnOnce(&[u32]) -> Option<Box<dyn KvCache>>,
     ) -> Result<Self, GenerateError> {
-        let ids = prompt_ids(tokenizer, &settings.prompt, model.block_size(), model.config().vocab())?;
+        let ids = prompt_ids(tokenizer, &request.prompt, model.block_size(), model.config().vocab())?;
         let decoder = Decoder::with_store(model, store(&ids), device);
         let reused = decoder.cached();
         Ok(Self {
@@ -280,15 +282,15 @@ impl<'a> Sequence<'a> {
             reused,
             decoder,
             tokenizer,
-            settings: settings.clone(),
+            request: request.clone(),
             prompt_len: ids.len(),
             ids,
-            rng: Rng::new(settings.seed),
+            rng: Rng::new(request.seed),
             ends: end_tokens(tokenizer),
-            hold: settings.stop.iter().map(|s| s.len().saturating_sub(1)).max().unwrap_or(0),
+            hold: request.stop.iter().map(|s| s.len().saturating_sub(1)).max().unwrap_or(0),
             emitted: 0,
             text: String::new(),
-            finished: if settings.max_new_tokens == 0 { Some(Finish::Length) } else { None },
+            finished: if request.max_new_tokens == 0 { Some(Finish::Length) } else { None },
             top_logprobs: None,
             logprob: None,
         })
@@ -348,7 +350,7 @@ impl<'a> Sequence<'a> {
     /// Completes a step whose logits were computed elsewhere (a batched forward pass over [`Self::batchable`]).
     pub fn step_with(&mut self, logits: Vec<f32>) -> Result<String, GenerateError> {
         self.seen = self.ids.len();
-        let next = sample(&logits, &self.settings, &self.ids, self.prompt_len, &mut self.rng);
+        let next = sample(&logits, &self.request.sampling, &self.ids, self.prompt_len, &mut self.rng);
         if self.ends.contains(&next) {
             self.finished = Some(Finish::Stop);
         } else {
@@ -357,10 +359,10 @@ impl<'a> Sequence<'a> {
             // Decode everything generated so far, so multi-token characters stay whole.
             self.text =
                 tokenizer::decode(self.tokenizer, &self.ids[self.prompt_len..]).map_err(GenerateError::Decode)?;
-            if let Some(at) = self.settings.stop.iter().filter_map(|s| self.text.find(s.as_str())).min() {
+            if let Some(at) = self.request.stop.iter().filter_map(|s| self.text.find(s.as_str())).min() {
                 self.text.truncate(at);
                 self.finished = Some(Finish::Stop);
-            } else if self.new_tokens() >= self.settings.max_new_tokens {
+            } else if self.new_tokens() >= self.request.max_new_tokens {
                 self.finished = Some(Finish::Length);
             }
         }
@@ -397,14 +399,14 @@ pub fn prompt_ids(
 
 /// Generates up to `max_new_tokens` after the prompt, calling `on_text` with each newly final piece of text.
 pub fn generate(
-    model: &Gpt,
+    model: &CausalLm,
     tokenizer: &Tokenizer,
-    settings: &SampleConfig,
+    request: &GenerationRequest,
     kv: KvSpec,
     device: &Device,
     mut on_text: impl FnMut(&str),
-) -> Result<Generation, GenerateError> {
-    let mut sequence = Sequence::new(model, tokenizer, settings, kv, device)?;
+) -> Result<GenerationStats, GenerateError> {
+    let mut sequence = Sequence::new(model, tokenizer, request, kv, device)?;
     let started = std::time::Instant::now();
     let mut prompt_seconds = None;
     while sequence.finished().is_none() {
@@ -415,7 +417,7 @@ pub fn generate(
         }
     }
     let prompt_seconds = prompt_seconds.unwrap_or(0.0);
-    Ok(Generation {
+    Ok(GenerationStats {
         text: sequence.text().to_string(),
         prompt_tokens: sequence.prompt_tokens(),
         new_tokens: sequence.new_tokens(),
@@ -423,4 +425,22 @@ pub fn generate(
         decode_seconds: started.elapsed().as_secs_f64() - prompt_seconds,
         kv_bytes: sequence.kv_bytes(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a paged store has pages: a model whose context is shorter than a page decodes with every other store,
+    /// and a paged store is refused naming both sizes.
+    #[test]
+    fn the_page_size_binds_only_a_paged_store() {
+        let config = ModelConfig::gpt(20, 1, 2, 8, 8);
+        for kind in [KvKind::None, KvKind::Contiguous, KvKind::Int8, KvKind::Int4] {
+            assert_eq!(KvSpec::from(kind).check(&config), Ok(()), "{kind:?}");
+        }
+        let refused = KvSpec::from(KvKind::Paged).check(&config);
+        assert_eq!(refused, Err("--page-size 16 is larger than the model's context of 8 tokens".into()));
+        assert_eq!(KvSpec { page_size: 8, ..KvKind::Paged.into() }.check(&config), Ok(()));
+    }
 }

@@ -1,5 +1,6 @@
 //! Generation from a trained model: sampling, the decoding loop with its KV stores, the continuous-batching
-//! scheduler and the OpenAI-compatible HTTP server.
+//! scheduler and the OpenAI-compatible HTTP server. What a generation asks for is ember-formats' `request`, which
+//! the readers of configs and request bodies produce.
 
 pub mod beam;
 pub mod generate;
@@ -7,9 +8,9 @@ pub mod http;
 pub mod kv;
 pub mod metrics;
 pub mod openai;
+pub mod sampling;
 pub mod scheduler;
 pub mod server;
 
-pub use ember_formats::sampling;
-pub use generate::{Decoder, Finish, GenerateError, Generation, KvKind, KvSpec, Sequence, generate, prompt_ids};
-pub use sampling::SampleConfig;
+pub use ember_formats::request::{GenerationRequest, Sampling};
+pub use generate::{Decoder, Finish, GenerateError, GenerationStats, KvKind, KvSpec, Sequence, generate, prompt_ids};

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
 
 use burn::tensor::Device;
-use ember_core_model::Gpt;
+use ember_core_model::CausalLm;
 use ember_core_model::cache::KvCache;
 use tokenizers::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
@@ -17,12 +17,13 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::generate::{Finish, GenerateError, KvKind, KvSpec, Sequence};
 use crate::kv::{PagePool, PagedCache};
 use crate::metrics::Metrics;
-use crate::sampling::{SampleConfig, TokenLogprob};
+use crate::sampling::TokenLogprob;
+use ember_formats::request::GenerationRequest;
 
 /// A request for one completion, choice `choice` of its response; its events go back on `events`, tagged with the
 /// choice. With `logprobs`, every token comes with its log-probability and that many alternatives.
 pub struct Job {
-    pub settings: SampleConfig,
+    pub request: GenerationRequest,
     pub choice: usize,
     pub logprobs: Option<usize>,
     pub events: UnboundedSender<(usize, Event)>,
@@ -58,7 +59,7 @@ pub struct Batching {
 /// Serves `jobs` until every sender is dropped and every admitted job has finished, as `batching` says; `metrics`
 /// hears the queue, the running sequences, their KV bytes and the prefix cache's hits after every round.
 pub fn run(
-    model: &Gpt,
+    model: &CausalLm,
     tokenizer: &Tokenizer,
     device: &Device,
     batching: Batching,
@@ -94,7 +95,7 @@ pub fn run(
         }
         while active.len() < max_batch.max(1) {
             let Some(job) = waiting.pop_front() else { break };
-            match Sequence::with_store(model, tokenizer, &job.settings, device, store) {
+            match Sequence::with_store(model, tokenizer, &job.request, device, store) {
                 Ok(sequence) => {
                     metrics.prompt_reuse(sequence.prompt_tokens(), sequence.reused_tokens());
                     active.push(Active {

@@ -19,7 +19,7 @@ use axum::http::{Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use ember_formats::chat::{ChatError, ChatTemplate, Context};
+use ember_formats::chat::{ChatError, ChatTemplate, RenderContext};
 use ember_formats::tokenizer;
 use http_body::Frame;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -31,8 +31,9 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use crate::generate::Finish;
 use crate::metrics::Metrics;
 use crate::openai::{self, Api, ApiError, ChoiceBody, Output, TokenText};
-use crate::sampling::{SampleConfig, TokenLogprob};
+use crate::sampling::TokenLogprob;
 use crate::scheduler::{Event, Job};
+use ember_formats::request::GenerationRequest;
 
 /// What `/v1/chat/completions` needs of the model: its chat template and the special tokens the template names.
 pub struct ChatPrompt {
@@ -337,16 +338,16 @@ fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
 }
 
 async fn completions(State(app): Shared, body: Body) -> Response {
-    generate(app, body, Api::Completions).await.unwrap_or_else(error_response)
+    run_request(app, body, Api::Completions).await.unwrap_or_else(error_response)
 }
 
 async fn chat_completions(State(app): Shared, body: Body) -> Response {
-    generate(app, body, Api::Chat).await.unwrap_or_else(error_response)
+    run_request(app, body, Api::Chat).await.unwrap_or_else(error_response)
 }
 
-/// A chat request's sampling settings, its prompt the model's template rendered over the messages (with the
-/// assistant's turn opened). The template's own refusal (`raise_exception`) is a 400.
-fn chat_settings(body: &[u8], id: &str, served: &Served) -> Result<(SampleConfig, Output), ApiError> {
+/// A chat request's generation, its prompt the model's template rendered over the messages (with the assistant's
+/// turn opened). The template's own refusal (`raise_exception`) is a 400.
+fn chat_request(body: &[u8], id: &str, served: &Served) -> Result<(GenerationRequest, Output), ApiError> {
     let chat = openai::parse_chat(body, id)?;
     let Some(prompt) = &served.chat else {
         return Err(ApiError::status(
@@ -354,7 +355,7 @@ fn chat_settings(body: &[u8], id: &str, served: &Served) -> Result<(SampleConfig
             "this model has no chat template (ember serve --chat-template FILE gives it one); use /v1/completions",
         ));
     };
-    let context = Context {
+    let context = RenderContext {
         bos_token: &prompt.bos_token,
         eos_token: &prompt.eos_token,
         add_generation_prompt: true,
@@ -364,27 +365,27 @@ fn chat_settings(body: &[u8], id: &str, served: &Served) -> Result<(SampleConfig
         ChatError::Refused(message) => ApiError::invalid("messages", message),
         other => ApiError::invalid("messages", other.to_string()),
     })?;
-    Ok((SampleConfig { prompt: rendered, ..chat.settings }, chat.output))
+    Ok((GenerationRequest { prompt: rendered, ..chat.request }, chat.output))
 }
 
 /// Parses, admits and runs a request: `n` jobs (choice i seeded with seed + i), answered whole or streamed. The
 /// first event decides the status, so that a prompt the model cannot take is still a 4xx when streaming.
-async fn generate(app: Arc<App>, body: Body, api: Api) -> Result<Response, ApiError> {
+async fn run_request(app: Arc<App>, body: Body, api: Api) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let served = app.loaded()?;
     let body = read_body(body, &app.options).await?;
-    let (settings, output) = match api {
-        Api::Completions => openai::parse_completion(&body, &app.id).map(|c| (c.settings, c.output))?,
-        Api::Chat => chat_settings(&body, &app.id, served)?,
+    let (request, output) = match api {
+        Api::Completions => openai::parse_completion(&body, &app.id).map(|c| (c.request, c.output))?,
+        Api::Chat => chat_request(&body, &app.id, served)?,
     };
     let admission = app.admit(output.n)?;
     let (events, received) = channel::unbounded_channel();
     for choice in 0..output.n {
-        let settings = SampleConfig { seed: settings.seed.wrapping_add(choice as u64), ..settings.clone() };
-        let job = Job { settings, choice, logprobs: output.logprobs, events: events.clone() };
+        let request = GenerationRequest { seed: request.seed.wrapping_add(choice as u64), ..request.clone() };
+        let job = Job { request, choice, logprobs: output.logprobs, events: events.clone() };
         app.jobs.send(job).map_err(|_| ApiError::status(503, "the server is shutting down"))?;
     }
-    let mut response = Generation {
+    let mut response = Reply {
         id: api.id(app.next_id.fetch_add(1, Ordering::Relaxed)),
         created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         api,
@@ -419,7 +420,7 @@ struct Choice {
 }
 
 /// A response being generated: the events of its choices, folded into a whole response or stream chunks.
-struct Generation {
+struct Reply {
     app: Arc<App>,
     api: Api,
     id: String,
@@ -435,7 +436,7 @@ struct Generation {
     prompt_tokens: usize,
 }
 
-impl Generation {
+impl Reply {
     /// The next event: an error as an [`ApiError`], and the deadline as a 504.
     async fn next(&mut self) -> Result<(usize, Event), ApiError> {
         match tokio::time::timeout_at(self.deadline, self.events.recv()).await {
@@ -579,7 +580,7 @@ fn token_text(tokenizer: &Tokenizer, lp: TokenLogprob) -> TokenText {
     }
 }
 
-/// A streamed response body: the frames [`Generation::stream`] sends.
+/// A streamed response body: the frames [`Reply::stream`] sends.
 struct EventStream(channel::Receiver<Bytes>);
 
 impl HttpBody for EventStream {

@@ -9,7 +9,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_core_model::cache::KvCache;
 use ember_core_model::config::{AttentionKernel, AttentionKind};
 use ember_core_model::params::{load_state_dict, state_dict};
-use ember_core_model::{Gpt, ModelConfig, Rng};
+use ember_core_model::{CausalLm, ModelConfig, Rng};
 use ember_serve::kv::{Bits, ContiguousCache, PagePool, PagedCache, QuantizedCache, StateCache};
 use ember_serve::sampling::argmax;
 use ember_serve::{Decoder, KvKind, KvSpec};
@@ -33,7 +33,7 @@ fn configs() -> Vec<(&'static str, ModelConfig)> {
 }
 
 /// Weights of std 0.02 give near-uniform logits; std 0.16 (norm gains left at 1) makes the comparison sharp.
-fn sharpened(model: Gpt) -> Gpt {
+fn sharpened(model: CausalLm) -> CausalLm {
     let scaled: HashMap<String, TensorData> = state_dict(&model)
         .into_iter()
         .map(|(path, data)| {
@@ -47,7 +47,7 @@ fn sharpened(model: Gpt) -> Gpt {
 
 /// Greedy decoding of `steps` tokens after `prompt` with a store and by recomputation; returns the largest logit
 /// difference and the largest logit.
-fn cached_vs_recomputed(model: &Gpt, kv: KvSpec, prompt: &[u32], steps: usize, device: &Device) -> (f32, f32) {
+fn cached_vs_recomputed(model: &CausalLm, kv: KvSpec, prompt: &[u32], steps: usize, device: &Device) -> (f32, f32) {
     let mut cached = Decoder::new(model, kv, device);
     let mut full = Decoder::new(model, KvKind::None, device);
     let mut ids = prompt.to_vec();
@@ -73,7 +73,7 @@ fn prompt() -> Vec<u32> {
 fn cached_decoding_equals_full_recomputation_for_64_steps() {
     let device = Device::flex();
     for (name, config) in configs() {
-        let model = sharpened(Gpt::new(&config, &mut Rng::new(3), &device));
+        let model = sharpened(CausalLm::new(&config, &mut Rng::new(3), &device));
         let mut stores = vec![KvSpec::from(KvKind::Contiguous), KvSpec { page_size: 5, ..KvKind::Paged.into() }];
         if KvKind::for_model(&config) == KvKind::State {
             stores.push(KvKind::State.into());
@@ -89,7 +89,7 @@ fn cached_decoding_equals_full_recomputation_for_64_steps() {
 fn int8_and_int4_stores_stay_close_and_int8_closer() {
     let device = Device::flex();
     for (name, config) in configs() {
-        let model = sharpened(Gpt::new(&config, &mut Rng::new(3), &device));
+        let model = sharpened(CausalLm::new(&config, &mut Rng::new(3), &device));
         let error = |kind: KvKind| {
             let (worst, scale) =
                 cached_vs_recomputed(&model, KvSpec { group: 8, ..kind.into() }, &prompt(), 32, &device);
@@ -105,7 +105,7 @@ fn contiguous_bytes_are_two_b_l_t_g_dh_floats() {
     let device = Device::flex();
     let ids = Tensor::<2, Int>::from_data(TensorData::new((0..24i64).collect::<Vec<_>>(), [2, 12]), &device);
     for (name, config) in configs() {
-        let model = Gpt::new(&config, &mut Rng::new(3), &device);
+        let model = CausalLm::new(&config, &mut Rng::new(3), &device);
         let mut cache = ContiguousCache::new(1);
         model.forward_step(ids.clone(), &mut cache);
         let (b, l, t) = (2, config.n_layers, 12);
@@ -125,7 +125,7 @@ fn contiguous_bytes_are_two_b_l_t_g_dh_floats() {
 fn a_recurrent_state_keeps_the_same_bytes_at_every_length() {
     let device = Device::flex();
     for (name, config) in configs().into_iter().filter(|(_, c)| KvKind::for_model(c) == KvKind::State) {
-        let model = Gpt::new(&config, &mut Rng::new(3), &device);
+        let model = CausalLm::new(&config, &mut Rng::new(3), &device);
         let mut cache = StateCache::default();
         let ids =
             |n: i64| Tensor::<2, Int>::from_data(TensorData::new((0..n).collect::<Vec<_>>(), [1, n as usize]), &device);
@@ -154,7 +154,7 @@ fn a_softmax_model_is_refused_a_recurrent_state() {
 fn quantized_memory_counts_integers_and_scales() {
     let device = Device::flex();
     let (_, llama) = configs().swap_remove(1);
-    let model = Gpt::new(&llama, &mut Rng::new(3), &device);
+    let model = CausalLm::new(&llama, &mut Rng::new(3), &device);
     let ids = Tensor::<2, Int>::from_data(TensorData::new((0..20i64).collect::<Vec<_>>(), [1, 20]), &device);
     // 2 layers × 20 tokens × (k, v) × g = 2 heads × d_h = 8 = 640 values per entry kind, one scale per 8.
     let values = 2 * 20 * 2 * 2 * 8;
@@ -169,7 +169,7 @@ fn quantized_memory_counts_integers_and_scales() {
 fn forked_sequences_share_prompt_pages_and_copy_on_write() {
     let device = Device::flex();
     let (_, llama) = configs().swap_remove(1);
-    let model = sharpened(Gpt::new(&llama, &mut Rng::new(3), &device));
+    let model = sharpened(CausalLm::new(&llama, &mut Rng::new(3), &device));
     let row = |ids: &[i64]| Tensor::<2, Int>::from_data(TensorData::new(ids.to_vec(), [1, ids.len()]), &device);
     let prompt: Vec<i64> = (0..11).map(|i| (i * 7 % 50) as i64).collect();
     let pool = PagePool::new(4);
@@ -208,7 +208,7 @@ fn forked_sequences_share_prompt_pages_and_copy_on_write() {
 fn later_prompts_reuse_the_cached_pages_of_their_shared_prefix() {
     let device = Device::flex();
     let (_, llama) = configs().swap_remove(1);
-    let model = sharpened(Gpt::new(&llama, &mut Rng::new(3), &device));
+    let model = sharpened(CausalLm::new(&llama, &mut Rng::new(3), &device));
     let row = |ids: &[u32]| {
         Tensor::<2, Int>::from_data(TensorData::new(ids.iter().map(|&i| i as i64).collect(), [1, ids.len()]), &device)
     };
@@ -248,7 +248,7 @@ fn later_prompts_reuse_the_cached_pages_of_their_shared_prefix() {
 fn eight_requests_sharing_a_256_token_prompt_use_a_quarter_of_the_pages() {
     let device = Device::flex();
     let config = ModelConfig { block_size: 320, ..configs().swap_remove(1).1 };
-    let model = Gpt::new(&config, &mut Rng::new(3), &device);
+    let model = CausalLm::new(&config, &mut Rng::new(3), &device);
     let row = |ids: &[i64]| Tensor::<2, Int>::from_data(TensorData::new(ids.to_vec(), [1, ids.len()]), &device);
     let prompt: Vec<i64> = (0..256).map(|i| (i * 13 % 50) as i64).collect();
     let pages_in_use = |shared: bool| {
@@ -289,7 +289,7 @@ fn batched_decoding_of_ragged_sequences_equals_one_at_a_time() {
         Tensor::<2, Int>::from_data(data, &device)
     };
     for (name, config) in configs() {
-        let model = sharpened(Gpt::new(&config, &mut Rng::new(3), &device));
+        let model = sharpened(CausalLm::new(&config, &mut Rng::new(3), &device));
         // Three prompts of different lengths (the window is 12: the longest outgrows it).
         let prompts: Vec<Vec<u32>> =
             [3usize, 9, 17].iter().map(|&n| (0..n as u32).map(|i| (i * 7 + n as u32) % 50).collect()).collect();

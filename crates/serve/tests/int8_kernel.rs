@@ -3,7 +3,7 @@
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_core_model::Rng;
-use ember_kernels::{AttentionImpl, AttentionSpec, Int8Kv, attention, int8_attention};
+use ember_kernels::{AttentionAlgorithm, AttentionSpec, Int8Kv, attention, int8_attention};
 use ember_serve::kv::{Bits, dequantize, quantize};
 use ember_test_support::{max_abs_diff, wgpu_test_device};
 
@@ -40,7 +40,7 @@ fn int8_decoding_equals_the_reference_on_dequantized_keys() {
             let heads =
                 |x: Vec<f32>| Tensor::<3>::from_data(TensorData::new(x, [t, hkv, d]), &cpu).swap_dims(0, 1).unsqueeze();
             let (k, v) = (heads(dequantize(&kq, &ks, group)), heads(dequantize(&vq, &vs, group)));
-            let reference = attention(query(&cpu), k, v, &spec.clone().with_implementation(AttentionImpl::Naive));
+            let reference = attention(query(&cpu), k, v, &spec.clone().with_algorithm(AttentionAlgorithm::Naive));
             let (a, b) =
                 (kernel.into_data().try_to_vec::<f32>().unwrap(), reference.into_data().try_to_vec::<f32>().unwrap());
             let diff = max_abs_diff(&a, &b);

@@ -20,7 +20,7 @@ pub mod trainer;
 pub mod translation;
 
 pub use config::{DataConfig, TrainConfig};
-pub use lm::{LanguageModel, Trainer};
-pub use metrics::MetricsWriter;
-pub use trainer::{BatchLoss, EvalReport, LoopConfig, Observer, StepPhases, StepReport, Task, TrainError, TrainLoop};
-pub use translation::{Translation, TranslationTrainer};
+pub use lm::{LanguageModel, LmReport, Trainer};
+pub use metrics::{Evaluation, MetricsWriter, StepReport};
+pub use trainer::{BatchLoss, LoopConfig, Observer, StepPhases, Task, TaskError, TrainError, TrainLoop};
+pub use translation::{Translation, TranslationReport, TranslationTrainer};

@@ -6,7 +6,7 @@ use std::path::Path;
 use burn::module::Module;
 use burn::tensor::Device;
 use ember_core_model::params::ParamInfo;
-use ember_core_model::{Gpt, ModelConfig, Rng};
+use ember_core_model::{CausalLm, ModelConfig, Rng};
 use serde::{Deserialize, Serialize};
 
 use crate::collective::{Collective, Shard};
@@ -14,9 +14,10 @@ use crate::config::TrainConfig;
 use crate::corpus::{Corpus, Sampler};
 use crate::loss::lm_loss;
 use crate::loss_scale::LossScaling;
+use crate::metrics::Evaluation;
 use crate::optim::AdamWConfig;
 use crate::schedule::learning_rate;
-use crate::trainer::{BatchLoss, EvalReport, LoopConfig, Task, TrainError, TrainLoop};
+use crate::trainer::{BatchLoss, LoopConfig, Task, TrainError, TrainLoop};
 
 /// A decoder-only model learning to continue its corpus.
 pub struct LanguageModel {
@@ -42,11 +43,35 @@ impl LanguageModel {
     }
 }
 
-impl Task for LanguageModel {
-    type Model = Gpt;
-    type State = LmState;
+/// A language model's evaluation: mean losses over the same `eval_iters` batches of each split every time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LmReport {
+    pub step: u64,
+    pub train_loss: f32,
+    pub val_loss: f32,
+}
 
-    fn before_step(&self, model: &mut Gpt, step: u64) {
+impl Evaluation for LmReport {
+    fn step(&self) -> u64 {
+        self.step
+    }
+    fn val_loss(&self) -> f32 {
+        self.val_loss
+    }
+    fn train_loss(&self) -> Option<f32> {
+        Some(self.train_loss)
+    }
+    fn summary(&self) -> String {
+        format!("train loss {:.4}, val loss {:.4}", self.train_loss, self.val_loss)
+    }
+}
+
+impl Task for LanguageModel {
+    type Model = CausalLm;
+    type State = LmState;
+    type Report = LmReport;
+
+    fn before_step(&self, model: &mut CausalLm, step: u64) {
         model.set_feature_draw(model.feature_draw(step));
     }
 
@@ -56,10 +81,10 @@ impl Task for LanguageModel {
 
     /// Decoupled decay on 2-D weight matrices; embeddings only when configured.
     fn decays(&self, p: &ParamInfo) -> bool {
-        p.shape.len() == 2 && (self.config.decay_embeddings || !Gpt::is_embedding(&p.path))
+        p.shape.len() == 2 && (self.config.decay_embeddings || !CausalLm::is_embedding(&p.path))
     }
 
-    fn next_loss(&mut self, model: &Gpt) -> BatchLoss {
+    fn next_loss(&mut self, model: &CausalLm) -> BatchLoss {
         let (b, t) = (self.config.batch_size, self.seq_len());
         let batch = self.sampler.shard(&self.corpus.train, b, t, self.shard, &self.device);
         BatchLoss { loss: lm_loss(model.forward(batch.x), batch.y, None), tokens: b * t }
@@ -71,7 +96,7 @@ impl Task for LanguageModel {
 
     /// Mean loss over `eval_iters` batches of the train and val splits, from a fixed generator so every evaluation
     /// sees the same windows and training's sampler is untouched. Each rank scores its shard of every batch.
-    fn evaluate(&mut self, model: &Gpt, step: u64, collective: &dyn Collective) -> Result<EvalReport, TrainError> {
+    fn evaluate(&mut self, model: &CausalLm, step: u64, collective: &dyn Collective) -> Result<LmReport, TrainError> {
         let model = model.valid();
         let inner = self.device.clone().inner();
         let (b, t) = (self.config.batch_size, self.seq_len());
@@ -90,7 +115,7 @@ impl Task for LanguageModel {
         let mut sums = [loss_sum(&self.corpus.train, seed), loss_sum(&self.corpus.val, seed)];
         collective.all_reduce_sum(&mut sums);
         let mean = |sum: f32| sum / (self.config.eval_iters * self.shard.ranks) as f32;
-        Ok(EvalReport { step, train_loss: Some(mean(sums[0])), val_loss: mean(sums[1]), val_bleu: None })
+        Ok(LmReport { step, train_loss: mean(sums[0]), val_loss: mean(sums[1]) })
     }
 
     fn state(&self) -> LmState {
@@ -132,7 +157,7 @@ impl TrainLoop<LanguageModel> {
         device: &Device,
     ) -> Self {
         let device = device.clone().autodiff();
-        let model = Gpt::new(&model_config, &mut Rng::new(config.seed), &device);
+        let model = CausalLm::new(&model_config, &mut Rng::new(config.seed), &device);
         let sampler = Sampler::new(config.seed.wrapping_add(1));
         let loop_config = LoopConfig::from(&config);
         let task = LanguageModel { model_config, config, corpus, sampler, shard: Shard::WHOLE, device };
@@ -248,7 +273,7 @@ mod tests {
     #[test]
     fn favor_features_are_redrawn_on_schedule_and_kept_for_inference() {
         use ember_core_model::config::AttentionKernel;
-        use ember_core_model::{Gpt, bundle};
+        use ember_core_model::{CausalLm, bundle};
         let dir = tempfile::tempdir().unwrap();
         let mut run = trainer(2, 1, dir.path());
         let favor = ModelConfig {
@@ -257,7 +282,7 @@ mod tests {
             favor_redraw: Some(3),
             ..run.task.model_config.clone()
         };
-        run.model = Gpt::new(&favor, &mut ember_core_model::Rng::new(1), &Device::flex().autodiff());
+        run.model = CausalLm::new(&favor, &mut ember_core_model::Rng::new(1), &Device::flex().autodiff());
         run.task.model_config = favor.clone();
         run.run(&mut ()).unwrap();
         let table = toml::Table::from_iter([("model".to_string(), toml::Value::try_from(&favor).unwrap())]);
@@ -269,7 +294,7 @@ mod tests {
         .unwrap();
         let loaded = bundle::load(dir.path(), &Device::flex()).unwrap().model;
         let ids = burn::tensor::Tensor::<2, burn::tensor::Int>::from_data([[1, 5, 2, 7, 3]], &Device::flex());
-        let logits = |model: &Gpt| model.forward(ids.clone()).into_data().try_to_vec::<f32>().unwrap();
+        let logits = |model: &CausalLm| model.forward(ids.clone()).into_data().try_to_vec::<f32>().unwrap();
         let mut trained = run.model.valid();
         let last = logits(&trained);
         assert_eq!(logits(&loaded), last, "inference keeps the last draw");
@@ -284,8 +309,8 @@ mod tests {
     #[derive(Default)]
     struct Losses(Vec<(u64, f32)>);
 
-    impl crate::trainer::Observer for Losses {
-        fn on_step(&mut self, r: &crate::trainer::StepReport) {
+    impl crate::trainer::Observer<LmReport> for Losses {
+        fn on_step(&mut self, r: &crate::metrics::StepReport) {
             self.0.push((r.step, r.loss));
         }
     }

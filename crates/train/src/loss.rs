@@ -2,12 +2,12 @@
 
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{FloatDType, Int, Tensor, TensorData};
-use ember_core_model::Gpt;
+use ember_core_model::CausalLm;
 use ember_kernels::cross_entropy;
 
 /// Mean cross-entropy (nats/token) of `model` on `ids`, in windows of its context, each predicting its own tokens
 /// (perplexity is its exponential).
-pub fn text_loss(model: &Gpt, ids: &[u32]) -> f64 {
+pub fn text_loss(model: &CausalLm, ids: &[u32]) -> f64 {
     let device = model.wte.device();
     let (mut nll, mut count) = (0.0f64, 0usize);
     for window in ids.chunks(model.block_size() + 1).filter(|w| w.len() >= 2) {

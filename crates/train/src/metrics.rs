@@ -7,15 +7,55 @@ use std::path::{Path, PathBuf};
 use ember_core_model::bundle::{self, BundleError};
 use serde::{Deserialize, Serialize};
 
+use crate::loss_scale::ScaleStep;
 use crate::plot::{Series, loss_svg};
-use crate::trainer::{EvalReport, StepReport};
 
-/// One line of `metrics.jsonl`.
+/// One optimizer step, as the progress bar and `metrics.jsonl` see it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StepReport {
+    pub step: u64,
+    /// Mean training loss of the step's batches.
+    pub loss: f32,
+    pub lr: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Training tokens of this step (all ranks') over its wall time.
+    pub tokens_per_s: f64,
+    /// f16 training: the loss scale the step used, and whether it overflowed (the step skipped) or grew the scale.
+    #[serde(default, flatten, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<ScaleStep>,
+}
+
+/// An evaluation after some optimizer steps, whatever the task measured (each task has its report type, a line of
+/// `metrics.jsonl` with `step` and `val_loss` at least).
+pub trait Evaluation {
+    fn step(&self) -> u64;
+    /// The validation loss, drawn in the loss curve.
+    fn val_loss(&self) -> f32;
+    /// The training loss, where the task measures it at evaluations.
+    fn train_loss(&self) -> Option<f32> {
+        None
+    }
+    /// What was measured, as a person reads it: "train loss 2.4426, val loss 2.4912".
+    fn summary(&self) -> String;
+}
+
+/// The losses every evaluation line of `metrics.jsonl` holds (the task's other figures are skipped), which the loss
+/// curve is drawn from.
+#[derive(Clone, Debug, Deserialize)]
+pub struct EvalLosses {
+    pub step: u64,
+    #[serde(default)]
+    pub train_loss: Option<f32>,
+    pub val_loss: f32,
+}
+
+/// One line of `metrics.jsonl`, as read back.
+#[derive(Clone, Debug, Deserialize)]
 #[serde(untagged)]
 pub enum Record {
     Step(StepReport),
-    Eval(EvalReport),
+    Eval(EvalLosses),
 }
 
 /// Appends records to a run directory's `metrics.jsonl`, a whole line per write.
@@ -121,7 +161,7 @@ mod tests {
         for s in 1..=5 {
             metrics.append(&step(s)).unwrap();
         }
-        metrics.append(&EvalReport { step: 5, train_loss: None, val_loss: 2.0, val_bleu: Some(3.5) }).unwrap();
+        metrics.append(&serde_json::json!({"step": 5, "val_loss": 2.0, "val_bleu": 3.5})).unwrap();
         drop(metrics);
         let mut metrics = MetricsWriter::resume(dir.path(), 3).unwrap();
         metrics.append(&step(4)).unwrap();
@@ -144,11 +184,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut metrics = MetricsWriter::create(dir.path()).unwrap();
         metrics.append(&step(1)).unwrap();
-        metrics.append(&EvalReport { step: 1, train_loss: Some(1.5), val_loss: 2.0, val_bleu: None }).unwrap();
+        metrics.append(&serde_json::json!({"step": 1, "train_loss": 1.5, "val_loss": 2.0})).unwrap();
         let text = fs::read_to_string(metrics.path()).unwrap();
         assert_eq!(text.lines().nth(1), Some(r#"{"step":1,"train_loss":1.5,"val_loss":2.0}"#));
         let records = read(metrics.path()).unwrap();
         assert!(matches!(records[0], Record::Step(StepReport { step: 1, .. })));
-        assert!(matches!(records[1], Record::Eval(EvalReport { train_loss: Some(_), val_bleu: None, .. })));
+        assert!(matches!(records[1], Record::Eval(EvalLosses { train_loss: Some(_), .. })));
     }
 }

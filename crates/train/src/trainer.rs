@@ -16,18 +16,18 @@ use burn::tensor::{Device, Tensor, TensorData};
 use ember_core_model::bundle::BundleError;
 use ember_core_model::config::Precision;
 use ember_core_model::params::{self, Mismatch, ParamInfo};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, CheckpointError, TrainState};
 use crate::collective::{Collective, Shard, Single};
 use crate::loss_scale::{LossScaler, LossScaling, ScaleChange, ScaleStep};
-use crate::metrics::{self, MetricsWriter};
+use crate::metrics::{self, Evaluation, MetricsWriter, StepReport};
 use crate::optim::{AdamW, AdamWConfig, clip_scale, global_grad_norm};
 use crate::replicas::{self, Global};
 
-/// How a BLEU scorer failed (decoding, detokenising).
-pub type BleuError = Box<dyn std::error::Error + Send + Sync>;
+/// How a task's own measurement failed (a translator's BLEU: decoding, detokenising).
+pub type TaskError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
@@ -41,8 +41,8 @@ pub enum TrainError {
     Io { path: PathBuf, cause: std::io::Error },
     #[error("the loss became {loss} at step {step}; the last checkpoint in {run_dir} is intact")]
     NonFinite { loss: f32, step: u64, run_dir: PathBuf },
-    #[error("scoring validation BLEU at step {step} failed: {cause}")]
-    Bleu { step: u64, cause: BleuError },
+    #[error("evaluating at step {step} failed: {cause}")]
+    Evaluation { step: u64, cause: TaskError },
     #[error("{run_dir}: cannot resume: {reason}")]
     Resume { run_dir: PathBuf, reason: String },
     #[error(
@@ -51,43 +51,15 @@ pub enum TrainError {
     Diverged { step: u64, rank: usize, fingerprint: u64 },
 }
 
-/// One optimizer step, as the progress bar and `metrics.jsonl` see it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct StepReport {
-    pub step: u64,
-    /// Mean training loss of the step's batches.
-    pub loss: f32,
-    pub lr: f64,
-    /// Global gradient norm before clipping.
-    pub grad_norm: f64,
-    /// Training tokens of this step (all ranks') over its wall time.
-    pub tokens_per_s: f64,
-    /// f16 training: the loss scale the step used, and whether it overflowed (the step skipped) or grew the scale.
-    #[serde(default, flatten, skip_serializing_if = "Option::is_none")]
-    pub scale: Option<ScaleStep>,
-}
-
-/// An evaluation after `step` optimizer steps: what the task measures (a language model: mean train and val losses
-/// over fixed batches; a translator: val loss and greedy BLEU).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct EvalReport {
-    pub step: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub train_loss: Option<f32>,
-    pub val_loss: f32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub val_bleu: Option<f64>,
-}
-
-/// What the loop tells its caller; the library itself never prints.
-pub trait Observer {
+/// What the loop tells its caller, evaluations being reports `R`; the library itself never prints.
+pub trait Observer<R> {
     fn on_step(&mut self, _report: &StepReport) {}
-    fn on_eval(&mut self, _report: &EvalReport) {}
+    fn on_eval(&mut self, _report: &R) {}
     fn on_checkpoint(&mut self, _step: u64) {}
 }
 
 /// An observer that hears nothing.
-impl Observer for () {}
+impl<R> Observer<R> for () {}
 
 /// The loss of one training batch, and the training tokens it covers.
 pub struct BatchLoss {
@@ -103,6 +75,8 @@ pub trait Task {
     /// The data position a checkpoint records (sampler or batch-order generator), so that a resumed run draws
     /// exactly the batches an uninterrupted one would. Serialised as a JSON object beside the step count.
     type State: Serialize + DeserializeOwned;
+    /// What an evaluation measures, one line of `metrics.jsonl`.
+    type Report: Evaluation + Serialize;
 
     /// Prepares `model` for optimizer step `step` (counted from 0): the language model draws FAVOR+'s random
     /// features afresh on its schedule.
@@ -122,7 +96,7 @@ pub trait Task {
         model: &Self::Model,
         step: u64,
         collective: &dyn Collective,
-    ) -> Result<EvalReport, TrainError>;
+    ) -> Result<Self::Report, TrainError>;
     fn state(&self) -> Self::State;
     /// Puts the data position back where [`Task::state`] found it.
     fn restore(&mut self, state: Self::State, run_dir: &Path) -> Result<(), TrainError>;
@@ -338,7 +312,7 @@ impl<T: Task> TrainLoop<T> {
     }
 
     /// The task's evaluation of the current model, in the precision it trains in.
-    pub fn evaluate(&mut self) -> Result<EvalReport, TrainError> {
+    pub fn evaluate(&mut self) -> Result<T::Report, TrainError> {
         let model = params::in_precision(self.model.clone(), self.precision);
         self.task.evaluate(&model, self.step, &*self.collective)
     }
@@ -361,7 +335,7 @@ impl<T: Task> TrainLoop<T> {
     /// end, checkpoints every `checkpoint_interval` steps and at the end, appends every step and evaluation to
     /// `metrics.jsonl` (started afresh at step 0, cut back to the checkpoint's step when resumed) and draws
     /// `loss.svg`. Returns the last evaluation.
-    pub fn run(&mut self, observer: &mut dyn Observer) -> Result<EvalReport, TrainError> {
+    pub fn run(&mut self, observer: &mut dyn Observer<T::Report>) -> Result<T::Report, TrainError> {
         let ranks = self.collective.ranks();
         if self.step > 0 && self.trained_ranks != ranks {
             let reason = format!(
@@ -410,7 +384,7 @@ impl<T: Task> TrainLoop<T> {
             }
         }
         let last_eval = match last_eval {
-            Some(e) if e.step == self.step => e,
+            Some(e) if e.step() == self.step => e,
             // Resumed at or past max_steps: nothing to train, but the caller still hears how the model does.
             _ => self.eval_and_log(&mut metrics, observer)?,
         };
@@ -424,8 +398,8 @@ impl<T: Task> TrainLoop<T> {
     fn eval_and_log(
         &mut self,
         metrics: &mut Option<MetricsWriter>,
-        observer: &mut dyn Observer,
-    ) -> Result<EvalReport, TrainError> {
+        observer: &mut dyn Observer<T::Report>,
+    ) -> Result<T::Report, TrainError> {
         let report = self.evaluate()?;
         if let Some(metrics) = metrics {
             metrics.append(&report)?;

@@ -7,7 +7,7 @@ use std::path::Path;
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use ember_core_model::{Gpt, ModelConfig, bundle, params};
+use ember_core_model::{CausalLm, ModelConfig, bundle, params};
 use ember_train::loss::lm_loss;
 use ember_train::optim::{AdamW, AdamWConfig, clip_scale, global_grad_norm};
 
@@ -35,7 +35,7 @@ fn gpt_logits_loss_gradient_norm_and_one_adamw_step_match_pytorch() {
     // The fixture file holds the weights beside the reference values ("fixture.*").
     let weights: HashMap<String, TensorData> =
         t.iter().filter(|(k, _)| !k.starts_with("fixture.")).map(|(k, v)| (k.clone(), v.clone())).collect();
-    let model = Gpt::load(&config, &weights, &device).unwrap();
+    let model = CausalLm::load(&config, &weights, &device).unwrap();
     let (x, y) = (ids(&t, "fixture.x", &device), ids(&t, "fixture.y", &device));
 
     let logits = model.forward(x.clone());
@@ -54,7 +54,7 @@ fn gpt_logits_loss_gradient_norm_and_one_adamw_step_match_pytorch() {
     let decay: HashSet<_> =
         params::param_infos(&model).into_iter().filter(|p| p.shape.len() == 2).map(|p| p.id).collect();
     let mut adamw = AdamW::new(AdamWConfig { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.1 }, decay);
-    let model: Gpt = adamw.step(model, &grads, 1e-2, clip_scale(norm, 0.5));
+    let model: CausalLm = adamw.step(model, &grads, 1e-2, clip_scale(norm, 0.5));
     let after = lm_loss(
         model.valid().forward(ids(&t, "fixture.x", &device.clone().inner())),
         ids(&t, "fixture.y", &device.inner()),

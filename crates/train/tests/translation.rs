@@ -7,8 +7,10 @@ use std::path::Path;
 use burn::tensor::Device;
 use ember_core_model::{Rng, bundle};
 use ember_test_support::step_losses;
+use ember_train::metrics::StepReport;
 use ember_train::parallel::token_batches;
-use ember_train::trainer::{BleuError, EvalReport, Observer, StepReport, Task, TrainError};
+use ember_train::trainer::{Observer, Task, TaskError, TrainError};
+use ember_train::translation::TranslationReport;
 use ember_train::translation::{self, BleuOf, TranslationConfig, TranslationTrainer};
 
 /// Writes `pairs` pairs of made-up sentences: the target spells each source word in another "language", in reverse.
@@ -83,21 +85,21 @@ out_dir = "{out}"
 
 /// A stand-in scorer (BLEU needs a decoder, which lives in ember-serve): the number of sentences it was given.
 fn scorer() -> Box<BleuOf> {
-    Box::new(|_: &_, _: &_, pairs: &[(String, String)]| -> Result<f64, BleuError> { Ok(pairs.len() as f64) })
+    Box::new(|_: &_, _: &_, pairs: &[(String, String)]| -> Result<f64, TaskError> { Ok(pairs.len() as f64) })
 }
 
 #[derive(Default)]
 struct Record {
     steps: Vec<(u64, f32)>,
-    evals: Vec<EvalReport>,
+    evals: Vec<TranslationReport>,
     checkpoints: Vec<u64>,
 }
 
-impl Observer for Record {
+impl Observer<TranslationReport> for Record {
     fn on_step(&mut self, r: &StepReport) {
         self.steps.push((r.step, r.loss));
     }
-    fn on_eval(&mut self, r: &EvalReport) {
+    fn on_eval(&mut self, r: &TranslationReport) {
         self.evals.push(r.clone());
     }
     fn on_checkpoint(&mut self, step: u64) {
@@ -128,7 +130,7 @@ fn a_resumed_run_takes_the_steps_of_an_uninterrupted_one() {
     );
     assert_eq!(uninterrupted.checkpoints, [2, 4, 6, 8, 9]);
     assert_eq!(uninterrupted.evals.iter().map(|e| e.step).collect::<Vec<_>>(), [4, 8, 9]);
-    assert_eq!(uninterrupted.evals[0].val_bleu, Some(4.0), "BLEU of bleu_sentences validation pairs");
+    assert_eq!(uninterrupted.evals[0].val_bleu, 4.0, "BLEU of bleu_sentences validation pairs");
 
     let split_dir = data.path().join("split");
     let mut first = TranslationTrainer::new(config(data.path(), &split_dir, 3), &device, scorer()).unwrap();
@@ -167,15 +169,15 @@ fn a_resumed_run_takes_the_steps_of_an_uninterrupted_one() {
 fn a_failed_bleu_evaluation_stops_training() {
     let data = data_dir();
     let out = data.path().join("run");
-    let failing: Box<BleuOf> = Box::new(|_: &_, _: &_, _: &[(String, String)]| -> Result<f64, BleuError> {
+    let failing: Box<BleuOf> = Box::new(|_: &_, _: &_, _: &[(String, String)]| -> Result<f64, TaskError> {
         Err("decoding failed: token 999 is not in the vocabulary".into())
     });
     let mut run = TranslationTrainer::new(config(data.path(), &out, 9), &Device::flex(), failing).unwrap();
     let err = run.run(&mut ()).unwrap_err();
-    assert!(matches!(err, TrainError::Bleu { step: 4, .. }), "{err}");
+    assert!(matches!(err, TrainError::Evaluation { step: 4, .. }), "{err}");
     assert_eq!(
         err.to_string(),
-        "scoring validation BLEU at step 4 failed: decoding failed: token 999 is not in the vocabulary"
+        "evaluating at step 4 failed: scoring validation BLEU: decoding failed: token 999 is not in the vocabulary"
     );
 }
 

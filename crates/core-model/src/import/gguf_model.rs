@@ -15,16 +15,16 @@ use tokenizers::Tokenizer;
 
 use super::ImportError;
 use super::gguf::{Array, Gguf, Value};
-use crate::ModelConfig;
-use crate::config::{FfnKind, NormPlacement};
-use crate::tokenizer;
 use crate::weights::Weights;
+use ember_formats::config::ModelConfig;
+use ember_formats::config::{FfnKind, NormPlacement};
 use ember_formats::packed::Packed;
+use ember_formats::tokenizer;
 
 /// Config, Ember-named weights, tokenizer and chat format of a llama GGUF file.
 pub fn load(path: &Path) -> Result<(ModelConfig, Weights, Tokenizer, ChatFormat), ImportError> {
     let bad = |reason: String| ImportError::new(path, reason);
-    let bytes = crate::files::read(path).map_err(|e| bad(e.to_string()))?;
+    let bytes = ember_formats::files::read(path).map_err(|e| bad(e.to_string()))?;
     let gguf = Gguf::parse(bytes).map_err(|e| bad(e.to_string()))?;
     let config = config(&gguf).map_err(bad)?;
     let tensors = tensors(&gguf, &config).map_err(bad)?;

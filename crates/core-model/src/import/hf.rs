@@ -8,7 +8,8 @@ use ember_formats::hf::{self, Family};
 use ember_formats::safetensors;
 
 use super::{ImportError, Tensors, concat_rows, transpose};
-use crate::{ModelConfig, files};
+use ember_formats::config::ModelConfig;
+use ember_formats::files;
 
 /// The model config and Ember-named tensors of a Hugging Face directory.
 pub fn load(dir: &Path) -> Result<(ModelConfig, Tensors), ImportError> {

@@ -12,11 +12,13 @@ use burn::tensor::{Device, TensorData};
 use ember_formats::chat::ChatFormat;
 
 use crate::bundle::{self, Bundle, BundleError};
+use crate::causal_lm::CausalLm;
 use crate::weights::{WeightFormat, Weights};
-use crate::{Gpt, ModelConfig, tokenizer};
+use ember_formats::config::ModelConfig;
+use ember_formats::tokenizer;
 use tokenizers::Tokenizer;
 
-pub use crate::bundle::Tensors;
+pub use crate::weights::Tensors;
 
 /// What is wrong with a file being imported.
 #[derive(Debug, thiserror::Error)]
@@ -79,7 +81,7 @@ pub fn load_as(path: &Path, device: &Device, format: WeightFormat) -> Result<Bun
     }
     let (config, weights, tokenizer, chat) = read(path)?;
     let weights = weights.convert(format).map_err(|e| ImportError::new(path, e.to_string()))?;
-    let model = Gpt::load_packed(&config, &weights.dense, &weights.packed, device)
+    let model = CausalLm::load_packed(&config, &weights.dense, &weights.packed, device)
         .map_err(|cause| BundleError::Mismatch { path: path.to_path_buf(), cause })?;
     Ok(Bundle { config, model, tokenizer, chat })
 }

@@ -5,17 +5,19 @@ use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::{FloatDType, Tensor};
 use ember_kernels::{
-    AttentionImpl, AttentionSpec, PackedHeads, Similarity, attention, merge_heads, packed_attention, split_heads,
+    AttentionAlgorithm, AttentionSpec, GpuTuning, PackedHeads, Similarity, attention, merge_heads, packed_attention,
+    split_heads,
 };
 
-use crate::cache::{Context, append_rows};
-use crate::config::{AttentionKernel, DEFAULT_FAVOR_FEATURES, FeatureMap, NormKind, PositionKind};
+use crate::cache::Context;
 use crate::init::Init;
-use crate::nn::norm::Norm;
+use crate::nn::norm::{Norm, NormConfig};
 use crate::nn::position::{Positions, Rotary};
 use crate::nn::projection;
 use crate::nn::projection::Projection;
-use crate::{ModelConfig, Rng};
+use ember_formats::Rng;
+use ember_formats::config::ModelConfig;
+use ember_formats::config::{AttentionKernel, DEFAULT_FAVOR_FEATURES, FeatureMap, NormKind, PositionKind};
 
 #[derive(Module, Debug)]
 pub struct CausalSelfAttention {
@@ -37,7 +39,9 @@ pub struct CausalSelfAttention {
     #[module(skip)]
     rope: Option<Rotary>,
     #[module(skip)]
-    implementation: AttentionImpl,
+    algorithm: AttentionAlgorithm,
+    #[module(skip)]
+    tuning: GpuTuning,
     /// κ(q, k): softmax's, or a feature map's.
     #[module(skip)]
     similarity: Similarity,
@@ -50,52 +54,108 @@ pub struct CausalSelfAttention {
     packed: bool,
 }
 
-impl CausalSelfAttention {
-    /// GPT-2 init: N(0, 0.02) weights, residual projection N(0, 0.02/√(2L)), zero biases; the config's window and
-    /// RoPE base (an encoder–decoder's layers).
-    pub fn new(config: &ModelConfig, init: &mut Init) -> Self {
-        Self::build(config, config.window, config.rope_theta, init)
+/// Causal self-attention of width d over h query heads and g key/value heads of width d_h (MHA g = h, GQA, MQA
+/// g = 1), with its biases, per-head q/k RMSNorm (its ε) when set, sliding window, RoPE, dropout, similarity κ and the
+/// init scale of its output projection.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SelfAttentionConfig {
+    pub d_model: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub qkv_bias: bool,
+    pub bias: bool,
+    pub qk_norm_eps: Option<f64>,
+    pub window: Option<usize>,
+    pub rope: Option<Rotary>,
+    pub dropout: f64,
+    pub attention_dropout: f64,
+    pub kernel: AttentionKernel,
+    pub feature_map: FeatureMap,
+    pub favor_features: usize,
+    /// σ of W_O's initial weights.
+    pub residual_std: f64,
+}
+
+impl SelfAttentionConfig {
+    /// The self-attention of `model` with its global window and RoPE base (an encoder–decoder's layers).
+    pub fn of(model: &ModelConfig) -> Self {
+        Self::with(model, model.window, model.rope_theta)
     }
 
-    /// Layer `layer` of a decoder: its window and RoPE base as the config's local/global pattern gives them.
-    pub fn for_layer(config: &ModelConfig, layer: usize, init: &mut Init) -> Self {
-        Self::build(config, config.layer_window(layer), config.layer_rope_theta(layer), init)
+    /// Layer `layer` of a decoder: its window and RoPE base as the model's local/global pattern gives them.
+    pub fn of_layer(model: &ModelConfig, layer: usize) -> Self {
+        Self::with(model, model.layer_window(layer), model.layer_rope_theta(layer))
     }
 
-    fn build(config: &ModelConfig, window: Option<usize>, rope_theta: f64, init: &mut Init) -> Self {
-        let (d, h, g, dh) = (config.d_model, config.n_heads, config.kv_heads(), config.head_dim());
-        let residual_std = 0.02 / (2.0 * config.n_layers as f64).sqrt();
-        let head_norm = |init: &mut Init, name: &str| {
-            config
-                .qk_norm
-                .then(|| init.scope(name, |init| Norm::new(NormKind::RmsNorm, dh, config.norm_eps, false, init)))
-        };
+    fn with(model: &ModelConfig, window: Option<usize>, rope_theta: f64) -> Self {
+        let head_dim = model.head_dim();
         Self {
-            c_attn: projection(init, "c_attn", d, (h + 2 * g) * dh, 0.02, config.qkv_bias()),
-            c_proj: projection(init, "c_proj", h * dh, d, residual_std, config.bias),
+            d_model: model.d_model,
+            n_heads: model.n_heads,
+            n_kv_heads: model.kv_heads(),
+            head_dim,
+            qkv_bias: model.qkv_bias(),
+            bias: model.bias,
+            qk_norm_eps: model.qk_norm.then_some(model.norm_eps),
+            window,
+            rope: (model.positions == PositionKind::Rope).then_some(Rotary { theta: rope_theta, dim: head_dim }),
+            dropout: model.dropout,
+            attention_dropout: model.attention_dropout,
+            kernel: model.attention_kernel,
+            feature_map: model.feature_map,
+            favor_features: model.favor_features.unwrap_or(DEFAULT_FAVOR_FEATURES),
+            residual_std: model.residual_std(),
+        }
+    }
+
+    /// κ: softmax's, or the feature map's (FAVOR+'s projections drawn from `seed`).
+    fn similarity(&self, seed: u64) -> Similarity {
+        match (self.kernel, self.feature_map) {
+            (AttentionKernel::Softmax, _) => Similarity::Softmax,
+            (AttentionKernel::Linear, FeatureMap::Elu) => Similarity::LinearElu,
+            (AttentionKernel::Linear, FeatureMap::Relu) => Similarity::LinearRelu,
+            (AttentionKernel::Favor, _) => Similarity::Favor { features: self.favor_features, seed },
+        }
+    }
+
+    /// GPT-2 init: N(0, 0.02) weights, W_O N(0, `residual_std`), zero biases, norm gains 1.
+    pub fn init(&self, init: &mut Init) -> CausalSelfAttention {
+        let (d, h, g, dh) = (self.d_model, self.n_heads, self.n_kv_heads, self.head_dim);
+        let head_norm = |init: &mut Init, name: &str| {
+            self.qk_norm_eps.map(|eps| {
+                init.scope(name, |init| NormConfig { kind: NormKind::RmsNorm, d: dh, eps, bias: false }.init(init))
+            })
+        };
+        CausalSelfAttention {
+            c_attn: projection(init, "c_attn", d, (h + 2 * g) * dh, 0.02, self.qkv_bias),
+            c_proj: projection(init, "c_proj", h * dh, d, self.residual_std, self.bias),
             q_norm: head_norm(init, "q_norm"),
             k_norm: head_norm(init, "k_norm"),
-            resid_drop: DropoutConfig::new(config.dropout).init(),
+            resid_drop: DropoutConfig::new(self.dropout).init(),
             n_heads: h,
             n_kv_heads: g,
-            window,
-            attention_dropout: config.attention_dropout,
-            rope: (config.positions == PositionKind::Rope).then_some(Rotary { theta: rope_theta, dim: dh }),
-            implementation: AttentionImpl::Auto,
-            similarity: similarity(config, init.scope_seed()),
+            window: self.window,
+            attention_dropout: self.attention_dropout,
+            rope: self.rope,
+            algorithm: AttentionAlgorithm::Ember,
+            tuning: GpuTuning::default(),
+            similarity: self.similarity(init.scope_seed()),
             scope_seed: init.scope_seed(),
             packed: true,
         }
     }
+}
 
+impl CausalSelfAttention {
     /// The same layer, splitting q, k, v into heads before attending in every pass.
     pub fn with_split_heads(self) -> Self {
         Self { packed: false, ..self }
     }
 
-    /// Computes attention with `implementation` from now on.
-    pub fn set_implementation(&mut self, implementation: AttentionImpl) {
-        self.implementation = implementation;
+    /// Computes attention with `algorithm`, tuned by `tuning` on a GPU, from now on.
+    pub fn set_attention(&mut self, algorithm: AttentionAlgorithm, tuning: GpuTuning) {
+        (self.algorithm, self.tuning) = (algorithm, tuning);
     }
 
     /// Weighs values by `similarity` from now on (the weights stay: a trained softmax layer run with FAVOR+).
@@ -134,14 +194,14 @@ impl CausalSelfAttention {
         self.project(attention(q, k, v, spec))
     }
 
-    /// Causal attention (in this layer's window, with its dropout and implementation) for heads of width
+    /// Causal attention (in this layer's window, with its dropout and algorithm) for heads of width
     /// `head_dim`, queries from `query_offset`.
     pub fn spec(&self, head_dim: usize, query_offset: usize) -> AttentionSpec {
         AttentionSpec {
             query_offset,
             dropout: self.attention_dropout,
             similarity: self.similarity,
-            ..AttentionSpec::causal(head_dim).with_window(self.window).with_implementation(self.implementation)
+            ..AttentionSpec::causal(head_dim).with_window(self.window).computed_by(self.algorithm, self.tuning)
         }
     }
 
@@ -159,8 +219,11 @@ impl CausalSelfAttention {
         PackedHeads { q: self.n_heads, kv: self.n_kv_heads }
     }
 
-    /// y = softmax(q kᵀ / √d_k + mask) v W_O for x [B, T, d] at `positions`, the keys and values being this pass's
-    /// and whatever `context` holds for `layer` (this pass's appended to it).
+    /// y = softmax(q kᵀ / √d_k + mask) v W_O for x at `positions`, the keys and values being this pass's and whatever
+    /// `context` holds for `layer` (this pass's appended to it).
+    ///
+    /// # Shapes
+    /// x [B, T, d] → [B, T, d]; q [B, h, T, d_h], k and v [B, g, T, d_h] inside.
     pub fn forward(&self, x: Tensor<3>, positions: &Positions, layer: usize, context: &mut Context) -> Tensor<3> {
         if self.packed && self.rope.is_none() && self.q_norm.is_none() && matches!(context, Context::Full) {
             // Unrotated q, k, v are read where the fused projection put them.
@@ -169,37 +232,7 @@ impl CausalSelfAttention {
         }
         let (q, k, v) = self.qkv(x, positions);
         let spec = self.spec(q.dims()[3], positions.query_offset());
-        match context {
-            Context::Full => self.attend(q, k, v, &spec),
-            Context::Cached(cache) => self.project(cache.attend(layer, q, k, v, &spec)),
-            Context::Batched(caches) if self.similarity != Similarity::Softmax => {
-                // Each row from its own store (a recurrent state holds no keys to pad and batch).
-                let rows = caches.iter_mut().enumerate().map(|(b, cache)| {
-                    let row = |x: &Tensor<4>| x.clone().narrow(0, b, 1);
-                    let spec = AttentionSpec { query_offset: cache.len(), ..spec.clone() };
-                    cache.attend(layer, row(&q), row(&k), row(&v), &spec)
-                });
-                self.project(Tensor::cat(rows.collect(), 0))
-            }
-            Context::Batched(caches) => {
-                // Each row against its own keys, padded to the longest row and masked by length.
-                let ([k, v], lengths) = append_rows(caches, layer, [k, v], self.window);
-                let spec = AttentionSpec { causal: false, window: None, key_lengths: Some(lengths), ..spec };
-                self.attend(q, k, v, &spec)
-            }
-        }
-    }
-}
-
-/// The similarity `config` asks for; FAVOR+ draws its projections from `seed`.
-fn similarity(config: &ModelConfig, seed: u64) -> Similarity {
-    match (config.attention_kernel, config.feature_map) {
-        (AttentionKernel::Softmax, _) => Similarity::Softmax,
-        (AttentionKernel::Linear, FeatureMap::Elu) => Similarity::LinearElu,
-        (AttentionKernel::Linear, FeatureMap::Relu) => Similarity::LinearRelu,
-        (AttentionKernel::Favor, _) => {
-            Similarity::Favor { features: config.favor_features.unwrap_or(DEFAULT_FAVOR_FEATURES), seed }
-        }
+        self.project(context.attend(layer, q, [k, v], &spec))
     }
 }
 
@@ -211,7 +244,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn layer(config: &ModelConfig, seed: u64) -> CausalSelfAttention {
-        CausalSelfAttention::new(config, &mut Init::draw(&mut Rng::new(seed), &Device::flex()))
+        SelfAttentionConfig::of(config).init(&mut Init::draw(&mut Rng::new(seed), &Device::flex()))
     }
 
     /// Full causal self-attention over x [B, T, d].

@@ -4,11 +4,11 @@
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::tensor::Tensor;
-use ember_kernels::{AttentionImpl, AttentionSpec, attention, linear};
+use ember_kernels::{AttentionAlgorithm, AttentionSpec, GpuTuning, attention, linear};
 
-use crate::ModelConfig;
 use crate::init::Init;
 use crate::nn::linear_layer;
+use ember_formats::config::ModelConfig;
 
 #[derive(Module, Debug)]
 pub struct CrossAttention {
@@ -24,7 +24,9 @@ pub struct CrossAttention {
     #[module(skip)]
     attention_dropout: f64,
     #[module(skip)]
-    implementation: AttentionImpl,
+    algorithm: AttentionAlgorithm,
+    #[module(skip)]
+    tuning: GpuTuning,
 }
 
 /// The memory's keys and values for one layer, [B, g, S, d_h] each, and the valid source length of each row.
@@ -35,28 +37,62 @@ pub struct Memory {
     pub lengths: Vec<usize>,
 }
 
-impl CrossAttention {
-    /// N(0, 0.02) weights, zero biases.
-    pub fn new(config: &ModelConfig, init: &mut Init) -> Self {
-        let (d, h, g, dh) = (config.d_model, config.n_heads, config.kv_heads(), config.head_dim());
+/// Attention of a decoder of width d over an encoder's output: h query heads and g key/value heads of width d_h,
+/// its biases and dropout.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CrossAttentionConfig {
+    pub d_model: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub qkv_bias: bool,
+    pub bias: bool,
+    pub dropout: f64,
+    pub attention_dropout: f64,
+}
+
+impl CrossAttentionConfig {
+    /// The cross-attention of every decoder layer of `model`.
+    pub fn of(model: &ModelConfig) -> Self {
         Self {
-            q_proj: linear_layer(init, "q_proj", d, h * dh, 0.02, config.qkv_bias()),
-            kv_proj: linear_layer(init, "kv_proj", d, 2 * g * dh, 0.02, config.qkv_bias()),
-            c_proj: linear_layer(init, "c_proj", h * dh, d, 0.02, config.bias),
-            resid_drop: DropoutConfig::new(config.dropout).init(),
-            n_heads: h,
-            n_kv_heads: g,
-            attention_dropout: config.attention_dropout,
-            implementation: AttentionImpl::Auto,
+            d_model: model.d_model,
+            n_heads: model.n_heads,
+            n_kv_heads: model.kv_heads(),
+            head_dim: model.head_dim(),
+            qkv_bias: model.qkv_bias(),
+            bias: model.bias,
+            dropout: model.dropout,
+            attention_dropout: model.attention_dropout,
         }
     }
 
-    /// Computes attention with `implementation` from now on.
-    pub fn set_implementation(&mut self, implementation: AttentionImpl) {
-        self.implementation = implementation;
+    /// N(0, 0.02) weights, zero biases.
+    pub fn init(&self, init: &mut Init) -> CrossAttention {
+        let (d, h, g, dh) = (self.d_model, self.n_heads, self.n_kv_heads, self.head_dim);
+        CrossAttention {
+            q_proj: linear_layer(init, "q_proj", d, h * dh, 0.02, self.qkv_bias),
+            kv_proj: linear_layer(init, "kv_proj", d, 2 * g * dh, 0.02, self.qkv_bias),
+            c_proj: linear_layer(init, "c_proj", h * dh, d, 0.02, self.bias),
+            resid_drop: DropoutConfig::new(self.dropout).init(),
+            n_heads: h,
+            n_kv_heads: g,
+            attention_dropout: self.attention_dropout,
+            algorithm: AttentionAlgorithm::Ember,
+            tuning: GpuTuning::default(),
+        }
+    }
+}
+
+impl CrossAttention {
+    /// Computes attention with `algorithm`, tuned by `tuning` on a GPU, from now on.
+    pub fn set_attention(&mut self, algorithm: AttentionAlgorithm, tuning: GpuTuning) {
+        (self.algorithm, self.tuning) = (algorithm, tuning);
     }
 
-    /// k = memory W_K, v = memory W_V for encoder output [B, S, d] whose rows hold `lengths` real tokens.
+    /// k = memory W_K, v = memory W_V for an encoder output whose rows hold `lengths` real tokens.
+    ///
+    /// # Shapes
+    /// encoded [B, S, d] → k, v [B, g, S, d_h].
     pub fn memory(&self, encoded: Tensor<3>, lengths: Vec<usize>) -> Memory {
         let [b, s, _] = encoded.dims();
         let g = self.n_kv_heads;
@@ -69,6 +105,9 @@ impl CrossAttention {
     }
 
     /// softmax(q kᵀ / √d_k + padding mask) v with q = x W_Q, heads concatenated, then W_O.
+    ///
+    /// # Shapes
+    /// x [B, T, d] → [B, T, d].
     pub fn forward(&self, x: Tensor<3>, memory: &Memory) -> Tensor<3> {
         let [b, t, _] = x.dims();
         let h = self.n_heads;
@@ -78,7 +117,7 @@ impl CrossAttention {
             causal: false,
             key_lengths: Some(memory.lengths.clone()),
             dropout: self.attention_dropout,
-            ..AttentionSpec::causal(dh).with_implementation(self.implementation)
+            ..AttentionSpec::causal(dh).computed_by(self.algorithm, self.tuning)
         };
         let y = attention(q, memory.k.clone(), memory.v.clone(), &spec).swap_dims(1, 2).reshape([b, t, h * dh]);
         self.resid_drop.forward(linear(&self.c_proj, y))

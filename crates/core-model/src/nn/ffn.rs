@@ -6,11 +6,11 @@ use burn::tensor::Tensor;
 use burn::tensor::activation::{gelu_approximate, relu};
 use ember_kernels::{gelu, swiglu};
 
-use crate::ModelConfig;
-use crate::config::FfnKind;
 use crate::init::Init;
 use crate::nn::projection;
 use crate::nn::projection::Projection;
+use ember_formats::config::FfnKind;
+use ember_formats::config::ModelConfig;
 
 #[derive(Module, Debug)]
 pub struct Ffn {
@@ -25,25 +25,51 @@ pub struct Ffn {
     drop: Dropout,
 }
 
-impl Ffn {
-    /// GPT-2 init: N(0, 0.02), the residual projection N(0, 0.02/√(2L)).
-    pub fn new(config: &ModelConfig, init: &mut Init) -> Self {
-        let (d, f) = (config.d_model, config.ffn_dim());
-        let residual_std = 0.02 / (2.0 * config.n_layers as f64).sqrt();
-        let c_fc = projection(init, "c_fc", d, f, 0.02, config.bias);
-        let gated = matches!(config.ffn, FfnKind::Swiglu | FfnKind::Geglu);
-        let c_gate = gated.then(|| projection(init, "c_gate", d, f, 0.02, config.bias));
+/// An FFN d → f → d: its activation, biases, dropout on its output, and the init scale of its down-projection.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FfnConfig {
+    pub d_model: usize,
+    pub hidden: usize,
+    pub kind: FfnKind,
+    pub bias: bool,
+    pub dropout: f64,
+    /// σ of W_proj's initial weights (GPT-2: 0.02/√(2L), the residual scaling).
+    pub residual_std: f64,
+}
+
+impl FfnConfig {
+    /// The FFN of each block of `model`.
+    pub fn of(model: &ModelConfig) -> Self {
         Self {
-            c_fc,
-            c_gate,
-            c_proj: projection(init, "c_proj", f, d, residual_std, config.bias),
-            kind: config.ffn,
-            drop: DropoutConfig::new(config.dropout).init(),
+            d_model: model.d_model,
+            hidden: model.ffn_dim(),
+            kind: model.ffn,
+            bias: model.bias,
+            dropout: model.dropout,
+            residual_std: model.residual_std(),
         }
     }
 
+    /// GPT-2 init: N(0, 0.02), the down-projection N(0, `residual_std`).
+    pub fn init(&self, init: &mut Init) -> Ffn {
+        let (d, f, bias) = (self.d_model, self.hidden, self.bias);
+        let gated = matches!(self.kind, FfnKind::Swiglu | FfnKind::Geglu);
+        Ffn {
+            c_fc: projection(init, "c_fc", d, f, 0.02, bias),
+            c_gate: gated.then(|| projection(init, "c_gate", d, f, 0.02, bias)),
+            c_proj: projection(init, "c_proj", f, d, self.residual_std, bias),
+            kind: self.kind,
+            drop: DropoutConfig::new(self.dropout).init(),
+        }
+    }
+}
+
+impl Ffn {
     /// FFN(x) = act(x W_fc + b) W_proj + b, or SwiGLU: [SiLU(x W_g) ⊙ (x W_u)] W_d, or GeGLU:
     /// [GELU-tanh(x W_g) ⊙ (x W_u)] W_d.
+    ///
+    /// # Shapes
+    /// x [B, T, d] → [B, T, d].
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let h = match (&self.c_gate, self.kind) {
             (Some(gate), FfnKind::Geglu) => gelu_approximate(gate.forward(x.clone())) * self.c_fc.forward(x),
@@ -59,12 +85,12 @@ impl Ffn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Rng;
     use crate::params::param_infos;
     use burn::tensor::Device;
+    use ember_formats::Rng;
 
     fn count(config: &ModelConfig) -> usize {
-        let ffn = Ffn::new(config, &mut Init::draw(&mut Rng::new(0), &Device::flex()));
+        let ffn = FfnConfig::of(config).init(&mut Init::draw(&mut Rng::new(0), &Device::flex()));
         param_infos(&ffn).iter().map(|p| p.shape.iter().product::<usize>()).sum()
     }
 

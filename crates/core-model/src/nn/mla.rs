@@ -6,14 +6,14 @@
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::tensor::{FloatDType, Tensor};
-use ember_kernels::{AttentionImpl, AttentionSpec, attention, linear};
+use ember_kernels::{AttentionAlgorithm, AttentionSpec, GpuTuning, attention, linear};
 
-use crate::ModelConfig;
 use crate::cache::{Context, append_rows};
 use crate::init::Init;
 use crate::nn::position::{Positions, Rotary};
 use crate::nn::projection::Projection;
 use crate::nn::{linear_layer, projection};
+use ember_formats::config::ModelConfig;
 
 #[derive(Module, Debug)]
 pub struct MlaAttention {
@@ -41,7 +41,9 @@ pub struct MlaAttention {
     #[module(skip)]
     rope: Rotary,
     #[module(skip)]
-    implementation: AttentionImpl,
+    algorithm: AttentionAlgorithm,
+    #[module(skip)]
+    tuning: GpuTuning,
 }
 
 /// What a layer of MLA derives from its input: queries per head, and the per-token state a cache keeps.
@@ -56,34 +58,71 @@ pub struct MlaProjections {
     pub k_r: Tensor<4>,
 }
 
-impl MlaAttention {
-    /// GPT-2 init: N(0, 0.02) weights, residual projection N(0, 0.02/√(2L)), zero biases.
-    pub fn new(config: &ModelConfig, init: &mut Init) -> Self {
-        let (d, h, dh) = (config.d_model, config.n_heads, config.head_dim());
-        let dc = config.mla_latent_dim.expect("an MLA config sets mla_latent_dim (validate checks it)");
-        let dr = config.mla_rope_dim.expect("an MLA config sets mla_rope_dim (validate checks it)");
-        let bias = config.qkv_bias();
-        let residual_std = 0.02 / (2.0 * config.n_layers as f64).sqrt();
+/// Multi-head latent attention of width d: h heads of content width d_h, a latent of width d_c, a decoupled RoPE key
+/// of width d_R, its biases, window, dropout and the init scale of its output projection.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MlaConfig {
+    pub d_model: usize,
+    pub n_heads: usize,
+    pub head_dim: usize,
+    pub latent_dim: usize,
+    pub rope: Rotary,
+    pub qkv_bias: bool,
+    pub bias: bool,
+    pub window: Option<usize>,
+    pub dropout: f64,
+    pub attention_dropout: f64,
+    /// σ of W_O's initial weights.
+    pub residual_std: f64,
+}
+
+impl MlaConfig {
+    /// The attention of every block of `model` (`attention = "mla"`).
+    pub fn of(model: &ModelConfig) -> Self {
+        let latent_dim = model.mla_latent_dim.expect("an MLA config sets mla_latent_dim (validate checks it)");
+        let rope_dim = model.mla_rope_dim.expect("an MLA config sets mla_rope_dim (validate checks it)");
         Self {
+            d_model: model.d_model,
+            n_heads: model.n_heads,
+            head_dim: model.head_dim(),
+            latent_dim,
+            rope: Rotary { theta: model.rope_theta, dim: rope_dim },
+            qkv_bias: model.qkv_bias(),
+            bias: model.bias,
+            window: model.window,
+            dropout: model.dropout,
+            attention_dropout: model.attention_dropout,
+            residual_std: model.residual_std(),
+        }
+    }
+
+    /// GPT-2 init: N(0, 0.02) weights, W_O N(0, `residual_std`), zero biases.
+    pub fn init(&self, init: &mut Init) -> MlaAttention {
+        let (d, h, dh, dc, dr) = (self.d_model, self.n_heads, self.head_dim, self.latent_dim, self.rope.dim);
+        let bias = self.qkv_bias;
+        MlaAttention {
             w_q: linear_layer(init, "w_q", d, h * dh, 0.02, bias),
             w_qr: linear_layer(init, "w_qr", d, h * dr, 0.02, bias),
             w_dkv: linear_layer(init, "w_dkv", d, dc, 0.02, bias),
             w_kr: linear_layer(init, "w_kr", d, dr, 0.02, bias),
             u_k: linear_layer(init, "u_k", dc, h * dh, 0.02, false),
             u_v: linear_layer(init, "u_v", dc, h * dh, 0.02, false),
-            c_proj: projection(init, "c_proj", h * dh, d, residual_std, config.bias),
-            resid_drop: DropoutConfig::new(config.dropout).init(),
+            c_proj: projection(init, "c_proj", h * dh, d, self.residual_std, self.bias),
+            resid_drop: DropoutConfig::new(self.dropout).init(),
             n_heads: h,
-            window: config.window,
-            attention_dropout: config.attention_dropout,
-            rope: Rotary { theta: config.rope_theta, dim: dr },
-            implementation: AttentionImpl::Auto,
+            window: self.window,
+            attention_dropout: self.attention_dropout,
+            rope: self.rope,
+            algorithm: AttentionAlgorithm::Ember,
+            tuning: GpuTuning::default(),
         }
     }
+}
 
-    /// Computes attention with `implementation` from now on.
-    pub fn set_implementation(&mut self, implementation: AttentionImpl) {
-        self.implementation = implementation;
+impl MlaAttention {
+    /// Computes attention with `algorithm`, tuned by `tuning` on a GPU, from now on.
+    pub fn set_attention(&mut self, algorithm: AttentionAlgorithm, tuning: GpuTuning) {
+        (self.algorithm, self.tuning) = (algorithm, tuning);
     }
 
     /// q_C = x W_Q, q_R = RoPE(x W_QR), c = x W_DKV, k_R = RoPE(x W_KR) at `positions`, split into heads.
@@ -103,13 +142,13 @@ impl MlaAttention {
     }
 
     /// Causal attention of [q_C; q_R] against [k_C; k_R] scaled by 1/√(d_h + d_R) (in this layer's window, with its
-    /// dropout and implementation), queries from `query_offset`.
+    /// dropout and algorithm), queries from `query_offset`.
     pub fn spec(&self, p: &MlaProjections, query_offset: usize) -> AttentionSpec {
         let (dh, dr) = (p.q_c.dims()[3], p.q_r.dims()[3]);
         AttentionSpec {
             query_offset,
             dropout: self.attention_dropout,
-            ..AttentionSpec::causal(dh + dr).with_window(self.window).with_implementation(self.implementation)
+            ..AttentionSpec::causal(dh + dr).with_window(self.window).computed_by(self.algorithm, self.tuning)
         }
     }
 
@@ -153,7 +192,7 @@ impl MlaAttention {
         self.resid_drop.forward(self.c_proj.forward(o.swap_dims(1, 2).reshape([b, t, h * dh])))
     }
 
-    /// Attention for x [B, T, d] at `positions`: expanded over this pass's tokens, absorbed against the latents
+    /// Attention for x at `positions`: expanded over this pass's tokens, absorbed against the latents
     /// `context` holds for `layer` (this pass's appended to it).
     pub fn forward(&self, x: Tensor<3>, positions: &Positions, layer: usize, context: &mut Context) -> Tensor<3> {
         let p = self.project(x, positions);
@@ -178,16 +217,16 @@ impl MlaAttention {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Rng;
     use crate::params::{load_state_dict, state_dict};
     use burn::tensor::Device;
+    use ember_formats::Rng;
 
     #[test]
     fn absorbed_inference_equals_the_expanded_computation() {
         let dev = Device::flex();
         let config = ModelConfig { bias: false, ..ModelConfig::gpt(10, 1, 4, 64, 32).mla_style(24, 8) };
         // Weights of std 0.1 rather than 0.02, so the outputs are O(1) and 1e-5 is a real bound.
-        let mla = MlaAttention::new(&config, &mut Init::draw(&mut Rng::new(5), &dev));
+        let mla = MlaConfig::of(&config).init(&mut Init::draw(&mut Rng::new(5), &dev));
         let scaled = state_dict(&mla).into_iter().map(|(k, v)| {
             let t = Tensor::<2>::from_data(v, &dev) * 5.0;
             (k, t.into_data())

@@ -157,7 +157,7 @@ mod tests {
     #[test]
     fn rope_scores_depend_only_on_the_offset_j_minus_i() {
         let dev = Device::flex();
-        let mut rng = crate::Rng::new(4);
+        let mut rng = ember_formats::Rng::new(4);
         let mut init = crate::init::Init::draw(&mut rng, &dev);
         let q = init.normal("q", [1, 1, 1, 8], 1.0).val();
         let k = init.normal("k", [1, 1, 1, 8], 1.0).val();

@@ -2,8 +2,8 @@
 
 use burn::tensor::Tensor;
 
-use crate::config::NormPlacement;
 use crate::nn::norm::Norm;
+use ember_formats::config::NormPlacement;
 
 /// Post: LN(x + F(x)); Pre: x + F(LN(x)); Peri: x + LN_out(F(LN_in(x))).
 pub fn sublayer(

@@ -9,7 +9,9 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use burn::tensor::{Device, Distribution, Tensor};
 use clap::{Args, ValueEnum};
-use ember_kernels::{AttentionImpl, AttentionSpec, KernelTier, device_memory};
+use ember_kernels::{
+    AttentionAlgorithm, AttentionSpec, GpuTuning, KernelTier, NAMED_ATTENTION, device_memory, named_attention,
+};
 
 use super::median;
 use crate::devices::{self, DeviceChoice};
@@ -62,31 +64,18 @@ fn tolerance(precision: Precision) -> f64 {
     }
 }
 
-const IMPLS: [(&str, AttentionImpl); 10] = [
-    ("ember", AttentionImpl::Auto),
-    ("portable", AttentionImpl::Tier(KernelTier::Portable)),
-    ("subgroup", AttentionImpl::Tier(KernelTier::Subgroup)),
-    ("portable-2pass", AttentionImpl::FoldDq(KernelTier::Portable, false)),
-    ("subgroup-2pass", AttentionImpl::FoldDq(KernelTier::Subgroup, false)),
-    ("portable-f16", AttentionImpl::Half(KernelTier::Portable)),
-    ("subgroup-f16", AttentionImpl::Half(KernelTier::Subgroup)),
-    ("cooperative", AttentionImpl::Cooperative),
-    ("burn", AttentionImpl::Burn),
-    ("naive", AttentionImpl::Naive),
-];
-
-/// A tier's name in [`IMPLS`].
+/// A tier's name in [`NAMED_ATTENTION`].
 fn tier_name(tier: KernelTier) -> &'static str {
-    IMPLS.iter().find(|(_, i)| *i == AttentionImpl::Tier(tier)).map_or("ember", |(n, _)| n)
+    let named = NAMED_ATTENTION.iter().find(|(_, a, t)| *a == AttentionAlgorithm::Ember && *t == GpuTuning::tier(tier));
+    named.map_or("ember", |(n, ..)| n)
 }
 
 pub fn bench_attention(args: BenchAttentionArgs, choice: DeviceChoice) -> Result<()> {
     if let Some(one) = &args.one {
         return measure_one(&args, one, choice);
     }
-    if let Some(bad) = args.impls.iter().find(|n| !IMPLS.iter().any(|(m, _)| *m == n.as_str())) {
-        let names = IMPLS.map(|(name, _)| name).join(", ");
-        bail!("--impls: unknown implementation {bad:?} ({names})");
+    if let Some(Err(e)) = args.impls.iter().map(|n| named_attention(n)).find(Result::is_err) {
+        bail!("--impls: {e}");
     }
     // Ember's figure for the speed-up row: "ember", else the tier Ember picks on this adapter.
     let adapter = devices::adapter(choice);
@@ -219,14 +208,14 @@ fn child(args: &BenchAttentionArgs, choice: DeviceChoice, name: &str, t: usize, 
 fn measure_one(args: &BenchAttentionArgs, one: &str, choice: DeviceChoice) -> Result<()> {
     let parts: Vec<&str> = one.split(':').collect();
     let [name, t, d] = parts[..] else { bail!("--one takes IMPL:T:D, got {one:?}") };
-    let imp = IMPLS.iter().find(|(n, _)| *n == name).map(|&(_, i)| i).context("unknown path")?;
+    let (algorithm, tuning) = named_attention(name).map_err(anyhow::Error::msg)?;
     let (t, d): (usize, usize) = (t.parse()?, d.parse()?);
     let (device, _) = devices::select(choice)?;
     // The naive path, and Burn's built-in under autodiff, hold the B·h·T×T scores in one buffer: past the adapter's
     // storage-binding limit wgpu refuses the dispatch, and the timings would be of nothing.
     let scores = (args.batch * args.heads * t * t * args.dtype.bytes()) as u64;
     let binding = devices::adapter(choice).map(|a| a.limits.max_storage_buffer_binding_size);
-    if let Some(limit) = binding.filter(|&l| scores > l && matches!(imp, AttentionImpl::Naive | AttentionImpl::Burn)) {
+    if let Some(limit) = binding.filter(|&l| scores > l && algorithm != AttentionAlgorithm::Ember) {
         bail!(
             "not run: its T×T scores, {} MiB, exceed the adapter's {} MiB storage-binding limit",
             scores >> 20,
@@ -234,7 +223,7 @@ fn measure_one(args: &BenchAttentionArgs, one: &str, choice: DeviceChoice) -> Re
         );
     }
     let shape = [args.batch, args.heads, t, d];
-    let spec = AttentionSpec::causal(d).with_implementation(imp);
+    let spec = AttentionSpec::causal(d).computed_by(algorithm, tuning);
     let x = |device: &Device| {
         Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(params::float_dtype(args.dtype))
     };

@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use burn::tensor::{Int, Tensor, TensorData};
 use clap::Args;
 use ember_core_model::config::{AttentionKernel, PositionKind};
-use ember_core_model::{Gpt, ModelConfig, Rng};
+use ember_core_model::{CausalLm, ModelConfig, Rng};
 use ember_serve::KvKind;
 use ember_train::loss::lm_loss;
 use ember_train::plot::{Axes, Series, line_svg};
@@ -113,7 +113,7 @@ fn measure(config: &ModelConfig, t: usize, args: &BenchContextArgs, device: &bur
     let mut rng = Rng::new(1);
     let vocab = config.vocab();
     let ids: Vec<u32> = (0..t + 1).map(|_| rng.below(vocab) as u32).collect();
-    let trainable = Gpt::new(config, &mut Rng::new(0), &device.clone().autodiff());
+    let trainable = CausalLm::new(config, &mut Rng::new(0), &device.clone().autodiff());
     let tensor = |from: usize| {
         let row: Vec<i64> = ids[from..from + t].iter().map(|&i| i as i64).collect();
         Tensor::<2, Int>::from_data(TensorData::new(row, [1, t]), &device.clone().autodiff())
@@ -126,7 +126,7 @@ fn measure(config: &ModelConfig, t: usize, args: &BenchContextArgs, device: &bur
     };
     step();
     let mut steps: Vec<f64> = (0..args.rounds).map(|_| step()).collect();
-    let model = Gpt::new(config, &mut Rng::new(0), device);
+    let model = CausalLm::new(config, &mut Rng::new(0), device);
     let kv = KvKind::for_model(config);
     let mut tokens: Vec<f64> =
         (0..args.rounds).map(|_| 1.0 / greedy_timed(&model, kv, &ids[..t], args.decode_tokens + 1, device).1).collect();

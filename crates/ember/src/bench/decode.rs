@@ -1,7 +1,6 @@
 //! `ember bench decode`: generation tokens/s with the KV cache against recomputing the context every step, at
 //! several lengths, side by side in one run.
 
-use ember_core_model::weights::WeightFormat;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -9,15 +8,15 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ember_core_model::config::PositionKind;
-use ember_core_model::{Gpt, Rng, import, params};
+use ember_core_model::{CausalLm, Rng, params};
 use ember_serve::sampling::argmax;
 use ember_serve::{Decoder, KvKind};
 
 use super::median;
 use super::memory::Memory;
-use crate::devices::{self, DeviceChoice};
+use crate::devices::DeviceChoice;
+use crate::inference::{HoldFlags, Placement, load_for_inference};
 use crate::inspect::model_config;
-use ember_core_model::config::Precision;
 
 #[derive(Args)]
 pub struct BenchDecodeArgs {
@@ -28,13 +27,8 @@ pub struct BenchDecodeArgs {
     /// A run directory, Hugging Face directory or GGUF file.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// How projections and the token embedding are held on the CPU and wgpu: native (a GGUF file's blocks, used as they are;
-    /// a run directory as stored), f32, or converted to f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1.
-    #[arg(long, default_value = "native")]
-    weights: WeightFormat,
-    /// f16: the model's weights (dense), activations and KV store in f16, on wgpu adapters with `SHADER_F16`.
-    #[arg(long, default_value = "f32")]
-    dtype: Precision,
+    #[command(flatten)]
+    hold: HoldFlags,
     /// Generated tokens per measurement (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "128,512,1024")]
     lengths: Vec<usize>,
@@ -66,8 +60,8 @@ pub struct BenchDecodeArgs {
 }
 
 pub fn bench_decode(args: BenchDecodeArgs, choice: DeviceChoice) -> Result<()> {
-    let (device, description, precision) = devices::select_in(choice, args.dtype)?;
-    let description = format!("{description}, {}", precision.name());
+    let placement = Placement::new(choice, args.hold.dtype)?;
+    let precision = placement.precision;
     let longest = args.prompt_tokens + args.lengths.iter().copied().max().unwrap_or(0);
     let (model, source) = match (&args.config, &args.model) {
         (Some(path), _) => {
@@ -76,19 +70,14 @@ pub fn bench_decode(args: BenchDecodeArgs, choice: DeviceChoice) -> Result<()> {
             if config.positions == PositionKind::Learned || config.block_size < longest {
                 config.block_size = config.block_size.max(longest);
             }
-            let model = params::in_precision(Gpt::new(&config, &mut Rng::new(0), &device), precision);
+            let model = params::in_precision(CausalLm::new(&config, &mut Rng::new(0), &placement.device), precision);
             (model, format!("{} (random weights)", path.display()))
         }
-        (None, Some(path)) => {
-            let model = params::in_precision(
-                import::load_as(path, &device, devices::weights_in(precision, args.weights)?)?.model,
-                precision,
-            );
-            crate::release_load_buffers();
-            (model, path.display().to_string())
-        }
+        (None, Some(path)) => (load_for_inference(path, args.hold, &placement, 1)?.model, path.display().to_string()),
         (None, None) => bail!("give --config FILE or --model PATH"),
     };
+    let device = placement.device;
+    let description = format!("{}, {}", placement.description, precision.name());
     if let Some(python) = &args.transformers {
         // The reference loads the same GGUF file, or builds the config's shape with random weights.
         let mut model_args: Vec<OsString> = match (&args.config, &args.model) {
@@ -142,7 +131,7 @@ pub fn bench_decode(args: BenchDecodeArgs, choice: DeviceChoice) -> Result<()> {
 /// `generate` (`python script model_args...`), on the prompt ids (i · 7919 + 13) mod V that
 /// scripts/reference/hf_generate.py also uses; `run` is (prompt tokens, new tokens, rounds).
 fn against_transformers(
-    model: &Gpt,
+    model: &CausalLm,
     (python, script, model_args): (&str, &std::path::Path, &[OsString]),
     source: &str,
     (prompt_tokens, n, rounds): (usize, usize, usize),
@@ -192,7 +181,7 @@ fn against_transformers(
 }
 
 /// The prompt ids (i · 7919 + 13) mod V both sides of a comparison decode after.
-fn reference_prompt(model: &Gpt, tokens: usize) -> Vec<u32> {
+fn reference_prompt(model: &CausalLm, tokens: usize) -> Vec<u32> {
     let vocab = model.config().vocab();
     (0..tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect()
 }
@@ -201,7 +190,7 @@ fn reference_prompt(model: &Gpt, tokens: usize) -> Vec<u32> {
 /// the same GGUF file, rounds alternating; T is Ember's thread count. Both decode their N tokens after a P-token
 /// context: llama.cpp's generation test at depth P (at depth 0 it would attend over P fewer keys each step).
 fn against_llama_cpp(
-    model: &Gpt,
+    model: &CausalLm,
     (llama_bench, gguf): (&std::path::Path, &std::path::Path),
     (prompt_tokens, n, rounds): (usize, usize, usize),
     device: &burn::tensor::Device,
@@ -275,7 +264,7 @@ fn print_memory() {
 /// `n` greedy steps after the prompt: seconds to the first new token (the prompt's pass and one sample), and
 /// tokens/s of the other n − 1.
 pub(super) fn greedy_timed(
-    model: &Gpt,
+    model: &CausalLm,
     kv: KvKind,
     prompt: &[u32],
     n: usize,

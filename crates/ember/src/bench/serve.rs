@@ -2,7 +2,6 @@
 //! concurrencies, in one process: requests/s, generated tokens/s, time to first token and time per output token
 //! (p50 and p99), errors, and the process' resident memory after every round, so that growth across rounds shows.
 
-use ember_core_model::weights::WeightFormat;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -13,26 +12,23 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, bail};
 use clap::Args;
-use ember_core_model::import;
 use ember_serve::http::{self, Limits};
 use ember_serve::metrics::Metrics;
 use ember_serve::scheduler::{self, Batching};
 use ember_serve::server::{self, App, Options, Served};
-use ember_serve::{KvKind, KvSpec};
 use serde_json::{Value, json};
 
 use super::memory::Memory;
-use crate::devices::{self, DeviceChoice};
+use crate::devices::DeviceChoice;
+use crate::inference::{HoldFlags, KvFlags, Placement, load_for_inference};
 
 #[derive(Args)]
 pub struct BenchServeArgs {
     /// A run directory, Hugging Face directory or GGUF file.
     #[arg(long)]
     model: PathBuf,
-    /// How projections and the token embedding are held on the CPU and wgpu: native (a GGUF file's blocks, used as they are;
-    /// a run directory as stored), f32, or converted to f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1.
-    #[arg(long, default_value = "native")]
-    weights: WeightFormat,
+    #[command(flatten)]
+    hold: HoldFlags,
     /// Requests per concurrency level and round.
     #[arg(long, default_value_t = 32)]
     requests: usize,
@@ -48,12 +44,8 @@ pub struct BenchServeArgs {
     /// The prompt every request sends.
     #[arg(long, default_value = "\n")]
     prompt: String,
-    /// Where keys and values live between steps: contiguous, paged, int8, int4, state (linear attention's fixed
-    /// recurrent state) or none (recompute); by default state for linear-attention models, else contiguous.
-    #[arg(long)]
-    kv_cache: Option<KvKind>,
-    #[arg(long, default_value_t = 16)]
-    page_size: usize,
+    #[command(flatten)]
+    kv: KvFlags,
     /// With `--kv-cache paged`: full prompt pages kept for later requests (as `ember serve`'s).
     #[arg(long, default_value_t = 256)]
     prefix_cache_pages: usize,
@@ -140,17 +132,14 @@ fn run_level(address: &str, body: &str, requests: usize, concurrency: usize) -> 
     Level { wall: started.elapsed(), timings, errors }
 }
 
-pub fn bench_serve(args: BenchServeArgs, device: DeviceChoice) -> Result<()> {
+pub fn bench_serve(args: BenchServeArgs, choice: DeviceChoice) -> Result<()> {
     if args.concurrency.contains(&0) || args.requests == 0 || args.rounds == 0 || args.max_tokens < 2 {
         bail!("--concurrency levels, --requests and --rounds must be at least 1, --max-tokens at least 2");
     }
-    let (device, description) = devices::select(device)?;
-    let run = import::load_as(&args.model, &device, args.weights)?;
-    crate::release_load_buffers();
-    let kind = args.kv_cache.unwrap_or(KvKind::for_model(run.model.config()));
-    let kv = KvSpec { page_size: args.page_size, ..kind.into() };
-    kv.check(run.model.config()).map_err(anyhow::Error::msg)?;
     let batch = args.concurrency.iter().copied().max().unwrap_or(1);
+    let placement = Placement::new(choice, args.hold.dtype)?;
+    let run = load_for_inference(&args.model, args.hold, &placement, batch)?;
+    let kv = args.kv.spec(run.model.config())?;
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let address = listener.local_addr()?.to_string();
     let metrics = Arc::new(Metrics::default());
@@ -177,14 +166,16 @@ pub fn bench_serve(args: BenchServeArgs, device: DeviceChoice) -> Result<()> {
         results
     });
     let batching = Batching { max_batch: batch, kv, prefix_pages: args.prefix_cache_pages };
-    scheduler::run(&run.model, &run.tokenizer, &device, batching, received, &metrics);
+    scheduler::run(&run.model, &run.tokenizer, &placement.device, batching, received, &metrics);
     listening.join().map_err(|_| anyhow!("the HTTP thread panicked"))??;
     let results = driver.join().map_err(|_| anyhow!("the load generator panicked"))?;
 
     println!(
-        "bench serve: {} on {description}: {requests} streaming requests of {} tokens per level and round, {rounds} \
+        "bench serve: {} on {}, {}: {requests} streaming requests of {} tokens per level and round, {rounds} \
          rounds, greedy",
         args.model.display(),
+        placement.description,
+        placement.precision,
         args.max_tokens
     );
     println!(

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use ember_kernels::{AttentionImpl, device_memory};
+use ember_kernels::{device_memory, named_attention};
 use ember_train::collective::Collective;
 use ember_train::{StepPhases, Trainer, corpus};
 
@@ -47,16 +47,17 @@ pub struct BenchTrainArgs {
     /// autocast).
     #[arg(long, value_delimiter = ',', default_value = "f32")]
     pytorch_dtype: Vec<String>,
-    /// Attention implementation: auto (Ember's kernels: WGSL on wgpu, Rust on the CPU), burn (Burn's built-in) or
-    /// naive.
+    /// Attention implementation: auto (Ember's kernels: WGSL on wgpu, Rust on the CPU), a WGSL tuning of them
+    /// (portable, subgroup, portable-f16, cooperative, ...), burn (Burn's built-in) or naive.
     #[arg(long, default_value = "auto")]
-    attention: AttentionImpl,
+    attention: String,
 }
 
 /// Under `mpiexec` every rank trains its shard of each batch and rank 0 reports global tokens/s, each rank's share
 /// and the time spent averaging gradients.
 pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice, collective: Rc<dyn Collective>) -> Result<()> {
     let config = RunConfig::load(&args.config, &args.overrides)?;
+    let (algorithm, tuning) = named_attention(&args.attention).map_err(anyhow::Error::msg)?;
     let (ranks, rank) = (collective.ranks(), collective.rank());
     if ranks > 1 && args.pytorch.is_some() {
         bail!("--pytorch runs beside one process; leave it out under mpiexec");
@@ -79,7 +80,7 @@ pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice, collective: Rc<dy
     };
     say(format!(
         "bench train: {} in {precision} on {description}, {} warm-up + {} timed steps per round, {threads} threads, \
-         attention {:?}{}",
+         attention {}{}",
         args.config.display(),
         args.warmup,
         args.steps,
@@ -103,7 +104,7 @@ pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice, collective: Rc<dy
             Trainer::new(model_config.clone(), config.train.clone(), corpus.clone(), scratch.path(), &device)
                 .with_collective(collective.clone())
                 .with_precision(precision);
-        trainer.model = trainer.model.with_attention(args.attention);
+        trainer.model = trainer.model.with_attention(algorithm, tuning);
         for _ in 0..args.warmup {
             trainer.step();
         }

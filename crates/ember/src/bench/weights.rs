@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use ember_core_model::Gpt;
+use ember_core_model::CausalLm;
 use ember_core_model::import;
 use ember_core_model::nn::projection::{Projection, TokenEmbedding};
 use ember_core_model::weights::WeightFormat;
@@ -53,7 +53,7 @@ pub fn bench_weights(args: BenchWeightsArgs, device: DeviceChoice) -> Result<()>
 }
 
 /// The bytes the projections and token embedding take: f32 dense, or their blocks.
-fn weight_bytes(model: &Gpt) -> usize {
+fn weight_bytes(model: &CausalLm) -> usize {
     let projection = |p: &Projection| match p {
         Projection::Dense(l) => 4 * l.weight.dims().iter().product::<usize>(),
         Projection::Packed(p) => p.weight().bytes.len(),
@@ -67,8 +67,8 @@ fn weight_bytes(model: &Gpt) -> usize {
         .iter()
         .map(|b| {
             let attn = match &b.attn {
-                ember_core_model::decoder::Attention::Mha(a) => projection(&a.c_attn) + projection(&a.c_proj),
-                ember_core_model::decoder::Attention::Mla(m) => projection(&m.c_proj),
+                ember_core_model::causal_lm::Attention::Mha(a) => projection(&a.c_attn) + projection(&a.c_proj),
+                ember_core_model::causal_lm::Attention::Mla(m) => projection(&m.c_proj),
             };
             attn + projection(&b.mlp.c_fc) + b.mlp.c_gate.as_ref().map_or(0, projection) + projection(&b.mlp.c_proj)
         })

@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod server;
+
 /// The repository's test fixtures (tests/fixtures: slices of the reference corpora, see its README).
 pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
@@ -53,6 +55,34 @@ max_new_tokens = 20
     let path = dir.join("tiny.toml");
     std::fs::write(&path, text).unwrap();
     path
+}
+
+/// A fresh temporary directory holding the first `bytes` of Shakespeare and the tiny config (`extra_train` added to
+/// its `[train]`) of a run at `dir/run`, not trained yet.
+pub struct Tiny {
+    pub dir: tempfile::TempDir,
+    pub run: PathBuf,
+    config: PathBuf,
+}
+
+impl Tiny {
+    pub fn new(bytes: usize, extra_train: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let corpus = small_corpus(dir.path(), bytes);
+        let run = dir.path().join("run");
+        let config = tiny_config(dir.path(), &corpus, &run, extra_train);
+        Self { dir, run, config }
+    }
+
+    /// The config's path, as an argument.
+    pub fn config(&self) -> &str {
+        self.config.to_str().unwrap()
+    }
+
+    /// `ember train --device cpu --config CONFIG` with `args` after it.
+    pub fn train(&self, args: &[&str]) -> Output {
+        ember(&[&["train", "--device", "cpu", "--config", self.config()], args].concat())
+    }
 }
 
 /// A tiny run (`tiny_config`) trained for `steps` steps on the first 20 kB of Shakespeare, in `dir/run`.

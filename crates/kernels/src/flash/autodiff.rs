@@ -14,7 +14,8 @@ use burn::backend::{
 
 use burn::tensor::FloatDType;
 
-use super::{FlashOps, FlashParams, KvLayout, PackedAttentionOps, PackedHeads};
+use super::{FlashOps, FlashParams, KvLayout, PackedAttentionOps};
+use crate::spec::PackedHeads;
 
 #[derive(Debug)]
 struct FlashBackward;

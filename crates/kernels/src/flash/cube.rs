@@ -1,16 +1,15 @@
 //! Launching the WGSL kernels on CubeCL wgpu tensors.
 
 use burn::backend::ops::FloatTensorOps;
-use burn::backend::wgpu::{
-    CubeBackend, CubeDim, CubeTensor, KernelSource, SourceKernel, SourceTemplate, into_contiguous,
-};
+use burn::backend::wgpu::{CubeBackend, CubeTensor, into_contiguous};
 use burn::cubecl::features::{AtomicUsage, Plane};
 use burn::cubecl::ir::{ElemType, FloatKind, Type};
-use burn::cubecl::{CubeCount, prelude::KernelId, server::KernelArguments};
 use burn::tensor::{DType, FloatDType, Shape};
 
 use super::tiers::Geometry;
-use super::{DECODE_ROWS, FlashOps, FlashParams, KernelTier, KvLayout};
+use super::{DECODE_ROWS, FlashOps, FlashParams, KvLayout};
+use crate::spec::KernelTier;
+use crate::wgsl::{Wgsl, empty, f32_contiguous, launch, launch_with_info_at};
 
 /// Invocations of a flash-decoding workgroup, and of a merge workgroup (one per vec4 of a row of up to 256).
 const DECODE_WG: u32 = 128;
@@ -34,7 +33,7 @@ const DECODE_BYTES: usize = 16384;
 fn tier(like: &CubeTensor, params: &FlashParams) -> KernelTier {
     let properties = like.client.properties();
     let subgroups = properties.features.plane.contains(Plane::Ops) && properties.hardware.plane_size_min >= 8;
-    params.tier.unwrap_or(if subgroups { KernelTier::Subgroup } else { KernelTier::Portable })
+    params.tuning.tier.unwrap_or(if subgroups { KernelTier::Subgroup } else { KernelTier::Portable })
 }
 
 /// Whether the backward folds dq into the dk/dv pass: as `params` forces, else where the adapter adds f32 atomically
@@ -42,7 +41,7 @@ fn tier(like: &CubeTensor, params: &FlashParams) -> KernelTier {
 fn fold_dq(like: &CubeTensor, params: &FlashParams) -> bool {
     let f32_atomic = Type::atomic(ElemType::Float(FloatKind::F32));
     let atomic_add = like.client.properties().atomic_type_usage(f32_atomic).contains(AtomicUsage::Add);
-    let fold = params.fold_dq.unwrap_or(atomic_add);
+    let fold = params.tuning.fold_dq.unwrap_or(atomic_add);
     assert!(atomic_add || !fold, "folding dq into the dk/dv pass needs f32 atomics (wgpu SHADER_FLOAT32_ATOMIC)");
     fold
 }
@@ -50,7 +49,7 @@ fn fold_dq(like: &CubeTensor, params: &FlashParams) -> bool {
 /// Whether the tiles in workgroup memory hold f16: as `params` forces, else where the inputs (of dtype `elem`) are
 /// f16.
 fn half_tiles(like: &CubeTensor, params: &FlashParams, elem: DType) -> bool {
-    let half = params.half.unwrap_or(elem == DType::F16);
+    let half = params.tuning.half_tiles(elem == DType::F16);
     let f16 = like.client.properties().supports_type(ElemType::Float(FloatKind::F16));
     assert!(f16 || !(half || elem == DType::F16), "f16 attention needs an adapter with wgpu SHADER_F16");
     half
@@ -81,28 +80,6 @@ fn cooperative_forward(d: usize, threads: u32, elem: DType) -> Wgsl {
         ("types", types(elem, true)),
     ];
     Wgsl { name: "flash_forward_coop", text: include_str!("../../../../shaders/flash_forward_coop.wgsl"), values }
-}
-
-/// A WGSL file with its `{{ name }}` placeholders filled.
-#[derive(Debug)]
-pub(crate) struct Wgsl {
-    pub name: &'static str,
-    pub text: &'static str,
-    pub values: Vec<(&'static str, String)>,
-}
-
-impl KernelSource for Wgsl {
-    fn source(&self) -> SourceTemplate {
-        let common =
-            SourceTemplate::new(self.text).register("common", include_str!("../../../../shaders/flash_common.wgsl"));
-        self.values.iter().fold(common, |t, (k, v)| t.register(*k, v.as_str()))
-    }
-    fn id(&self) -> KernelId {
-        KernelId::new::<Self>().info((self.name, self.values.clone()))
-    }
-    fn lang(&self) -> &'static str {
-        "wgsl"
-    }
 }
 
 /// The decoding kernel's layout for head width d and `packed` query rows per (batch row, KV head) (its GQA group's
@@ -167,51 +144,6 @@ impl DecodeGeometry {
         .map(|(k, v)| (k, v.to_string()))
         .collect()
     }
-}
-
-/// Launches `kernel` with the tensors bound in order and the info words bound last.
-pub(crate) fn launch(
-    like: &CubeTensor,
-    kernel: Wgsl,
-    threads: u32,
-    count: (u32, u32),
-    tensors: &[&CubeTensor],
-    info: &[u32],
-) {
-    launch_with_info_at(like, kernel, threads, [count.0, count.1, 1], tensors, tensors.len(), info);
-}
-
-/// The same over a grid of `count` workgroups with the info words bound at binding `at` and the tensors around it,
-/// in order.
-fn launch_with_info_at(
-    like: &CubeTensor,
-    kernel: Wgsl,
-    threads: u32,
-    count: [u32; 3],
-    tensors: &[&CubeTensor],
-    at: usize,
-    info: &[u32],
-) {
-    let bytes: Vec<u8> = info.iter().flat_map(|w| w.to_le_bytes()).collect();
-    let info = like.client.create_from_slice(&bytes);
-    let mut buffers: Vec<_> = tensors.iter().map(|t| t.handle.clone().binding()).collect();
-    buffers.insert(at, info.binding());
-    like.client.launch(
-        Box::new(SourceKernel::new(kernel, CubeDim::new_1d(threads))),
-        CubeCount::Static(count[0], count[1], count[2]),
-        KernelArguments::new().with_buffers(buffers),
-    );
-}
-
-pub(crate) fn empty(like: &CubeTensor, dims: &[usize], dtype: DType) -> CubeTensor {
-    let shape = Shape::from(dims.to_vec());
-    let handle = like.client.empty(shape.num_elements().max(1) * dtype.size());
-    CubeTensor::new_contiguous(like.client.clone(), like.device.clone(), shape, handle, dtype)
-}
-
-pub(crate) fn f32_contiguous(t: CubeTensor) -> CubeTensor {
-    assert_eq!(t.dtype, DType::F32, "the WGSL kernels take f32 tensors here");
-    into_contiguous(t)
 }
 
 /// q, k, v (or dO) contiguous, all f32 or all f16; their dtype.
@@ -329,7 +261,7 @@ impl FlashOps for CubeBackend {
             decode(&q, DECODE_FLOAT.into(), &[&k, &v], words, half, [&o, &lse]);
         } else if tq <= DECODE_ROWS {
             decode(&q, DECODE_FLOAT.into(), &[&k, &v], info(&params, &qs, ks[1], ks[2]), half, [&o, &lse]);
-        } else if params.cooperative {
+        } else if params.tuning.cooperative {
             let (hkv, tk) = (ks[1], ks[2]);
             let threads = q.client.properties().hardware.plane_size_max;
             let kernel = cooperative_forward(d, threads, dtype);
@@ -448,6 +380,7 @@ impl FlashOps for CubeBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::backend::wgpu::KernelSource;
 
     /// The cooperative-matrix forward is valid WGSL for naga with its capabilities (wgpu's
     /// EXPERIMENTAL_COOPERATIVE_MATRIX and SHADER_F16) and compiles to SPIR-V, the form Vulkan drivers with

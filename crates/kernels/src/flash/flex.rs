@@ -12,9 +12,10 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use rayon::prelude::*;
 
-use super::{FlashOps, FlashParams, KvLayout, PackedAttentionOps, PackedHeads};
+use super::{FlashOps, FlashParams, KvLayout, PackedAttentionOps};
 use crate::cpu::{Mat, contiguous, dot, floats, matmul, multiversion, stay_awake, tensor};
 use crate::math;
+use crate::spec::PackedHeads;
 
 /// One call's shapes: q [b, hq, tq, d], keys and values [b, hkv, tk, d] (logically).
 #[derive(Clone, Copy)]

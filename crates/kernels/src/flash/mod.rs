@@ -4,7 +4,7 @@
 //! the same operations on the CPU are Rust (`flex.rs`). [`crate::attention`] routes here.
 
 mod autodiff;
-pub(crate) mod cube;
+mod cube;
 mod flex;
 mod tiers;
 
@@ -15,7 +15,8 @@ use burn::backend::{
 };
 use burn::tensor::{DType, Int, Shape, Tensor};
 
-use crate::attention::AttentionSpec;
+use crate::spec::{AttentionSpec, GpuTuning, PackedHeads, Similarity};
+use crate::wgsl::on_wgpu;
 
 /// Head dimensions the kernels take: multiples of 4 (rows are vec4s) up to 256.
 pub fn supports_head_dim(d: usize) -> bool {
@@ -34,30 +35,8 @@ pub struct FlashParams {
     pub key_lengths: Vec<usize>,
     /// Where keys and values are read from.
     pub layout: KvLayout,
-    /// The WGSL tier to run (None: the adapter's best).
-    pub tier: Option<KernelTier>,
-    /// Whether the WGSL backward folds dq into the dk/dv pass with f32 atomic adds (true: the adapter must have wgpu
-    /// `SHADER_FLOAT32_ATOMIC`) or runs it as a pass of its own (None: folded where the adapter has them).
-    pub fold_dq: Option<bool>,
-    /// Whether the tiles in workgroup memory (K and V; Q and dO in the dk/dv pass) hold f16, twice the rows per tile,
-    /// with every product and sum still in f32 (true: the adapter must have wgpu `SHADER_F16`; None: where q, k and v
-    /// are f16 themselves).
-    pub half: Option<bool>,
-    /// Whether the tiled forward multiplies on cooperative matrices (flash_forward_coop.wgsl: 16×16 f16 tiles, f32
-    /// accumulators; the adapter must offer them, [`crate::adapters::Adapter::cooperative_attention`]). The backward
-    /// then runs in the adapter's tier with f16 tiles, which round q, k and v as the forward did.
-    pub cooperative: bool,
-}
-
-/// How the WGSL kernels spread query (or key) rows over lanes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum KernelTier {
-    /// One lane per row, keys scored in chunks, tiles within WebGPU's portable 16 KiB of workgroup memory; no
-    /// subgroup operations.
-    Portable,
-    /// G lanes share a pair of rows, each lane a slice of the head dimension, partial scores summed with subgroup
-    /// shuffles (wgpu `SUBGROUP`).
-    Subgroup,
+    /// How the WGSL kernels run (the CPU kernels ignore it).
+    pub tuning: GpuTuning,
 }
 
 /// How keys and values are stored.
@@ -89,19 +68,7 @@ impl FlashParams {
             window: spec.window.unwrap_or(0),
             key_lengths: spec.key_lengths.clone().unwrap_or_default(),
             layout: KvLayout::Contiguous,
-            tier: match spec.implementation {
-                crate::AttentionImpl::Tier(tier)
-                | crate::AttentionImpl::FoldDq(tier, _)
-                | crate::AttentionImpl::Half(tier) => Some(tier),
-                _ => None,
-            },
-            fold_dq: match spec.implementation {
-                crate::AttentionImpl::FoldDq(_, fold) => Some(fold),
-                _ => None,
-            },
-            half: matches!(spec.implementation, crate::AttentionImpl::Half(_) | crate::AttentionImpl::Cooperative)
-                .then_some(true),
-            cooperative: spec.implementation == crate::AttentionImpl::Cooperative,
+            tuning: spec.tuning,
         }
     }
 }
@@ -172,13 +139,6 @@ pub trait FlashOps: Backend {
     ) -> FloatTensor<Self>;
 }
 
-/// The heads of a fused projection [B, T, (q + 2·kv)·d]: q query heads, then kv key heads, then kv value heads.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct PackedHeads {
-    pub q: usize,
-    pub kv: usize,
-}
-
 /// Self-attention reading q, k and v in place from a fused projection and writing o's heads side by side (CPU).
 #[backend_extension(Flex, Autodiff)]
 pub trait PackedAttentionOps: Backend {
@@ -205,19 +165,9 @@ pub const DECODE_ROWS: usize = 4;
 
 /// True when a KV store may hand q and its own layout to [`paged_attention`] or [`int8_attention`]: q is on wgpu,
 /// its head width is supported and it has at most [`DECODE_ROWS`] query rows.
-pub fn decodes_in_place(q: &Tensor<4>, spec: &crate::AttentionSpec) -> bool {
+pub fn decodes_in_place(q: &Tensor<4>, spec: &AttentionSpec) -> bool {
     let [_, _, t, d] = q.dims();
-    spec.similarity == crate::Similarity::Softmax && t <= DECODE_ROWS && supports_head_dim(d) && on_wgpu(q)
-}
-
-/// True when `tensor` lives on a wgpu device (with or without autodiff), where the WGSL kernels run.
-pub fn on_wgpu(tensor: &Tensor<4>) -> bool {
-    matches!(tensor.device().as_dispatch().clone().inner(), burn::backend::DispatchDevice::Cube(_))
-}
-
-/// Whether a tensor lives on the CPU device (burn-flex), where the kernels are Rust (`flex.rs`).
-pub fn on_flex(tensor: &Tensor<4>) -> bool {
-    crate::cpu::on_cpu(&tensor.device())
+    spec.similarity == Similarity::Softmax && t <= DECODE_ROWS && supports_head_dim(d) && on_wgpu(&q.device())
 }
 
 /// o = softmax(q kᵀ·scale + mask) v on wgpu with Ember's kernels; differentiable under autodiff.

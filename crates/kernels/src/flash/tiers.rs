@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use super::KernelTier;
+use crate::spec::KernelTier;
 
 /// WebGPU's portable workgroup memory.
 const PORTABLE_BYTES: usize = 16384;

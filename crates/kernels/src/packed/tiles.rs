@@ -4,7 +4,10 @@
 //! with no horizontal sums. x's codes enter as unsigned bytes, q_x + 128; each tile holds −128 Σ q_w per half block
 //! to take the 128 back out, so the integer sums equal Σ q_x q_w of the module comment above.
 
-use super::{Activations, Codes, Format, unpack_row};
+use ember_formats::ggml::Format;
+
+use super::codes::{Codes, unpack_row};
+use super::quantize::Activations;
 use std::arch::x86_64::*;
 
 /// Rows of W per tile: one i32 lane each of a 256-bit vector.

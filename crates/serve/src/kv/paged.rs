@@ -370,3 +370,88 @@ impl PagedCache {
         (end, pools)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A prefix-caching pool of one layer holding at most `capacity` indexed pages.
+    fn pool(capacity: usize) -> PagePool {
+        let pool = Rc::into_inner(PagePool::with_prefix_cache(2, capacity)).expect("one owner").into_inner();
+        PagePool { pools: vec![None], ..pool }
+    }
+
+    /// The page a prompt's first page is keyed to, for `tokens`.
+    fn first(tokens: &[u32]) -> (u64, u64, &[u32]) {
+        (page_key(0, tokens), 0, tokens)
+    }
+
+    /// Indexes a fresh page for the first page `tokens`, and hands the sequence's own reference back.
+    fn index(pool: &mut PagePool, tokens: &[u32]) -> usize {
+        let page = pool.allocator.allocate();
+        let (key, parent, tokens) = first(tokens);
+        pool.index(key, parent, tokens, 0, page);
+        pool.allocator.release(page);
+        page
+    }
+
+    /// The pages a lookup of the chain `keys` shares, released again.
+    fn found(pool: &mut PagePool, keys: &[(u64, u64, &[u32])]) -> Vec<usize> {
+        let pages = pool.lookup(keys).pop().unwrap_or_default();
+        pages.iter().for_each(|&p| pool.allocator.release(p));
+        pages
+    }
+
+    #[test]
+    fn the_least_recently_used_page_leaves_first_and_its_page_is_freed() {
+        let mut pool = pool(2);
+        let a = index(&mut pool, &[1, 2]);
+        let b = index(&mut pool, &[3, 4]);
+        // Using a makes b the oldest: indexing c evicts b.
+        assert_eq!(found(&mut pool, &[first(&[1, 2])]), [a]);
+        let c = index(&mut pool, &[5, 6]);
+        assert_eq!(pool.cached_pages(), 2);
+        assert_eq!(found(&mut pool, &[first(&[3, 4])]), Vec::<usize>::new());
+        assert_eq!(pool.allocator.users(b), 0, "an evicted page keeps no user");
+        assert_eq!((pool.allocator.users(a), pool.allocator.users(c)), (1, 1), "the index holds one reference each");
+        assert_eq!(found(&mut pool, &[first(&[5, 6])]), [c]);
+        // b's page is free again: the next allocation takes it.
+        assert_eq!(pool.allocator.allocate(), b);
+    }
+
+    #[test]
+    fn a_lookup_follows_the_chain_and_stops_at_the_first_miss() {
+        let mut pool = pool(8);
+        let (one, two, three) = ([1, 2], [3, 4], [5, 6]);
+        let (k1, k2) = (page_key(0, &one), page_key(page_key(0, &one), &two));
+        let p1 = index(&mut pool, &one);
+        let p2 = pool.allocator.allocate();
+        pool.index(k2, k1, &two, 0, p2);
+        let chain = [(k1, 0, &one[..]), (k2, k1, &two[..]), (page_key(k2, &three), k2, &three[..])];
+        assert_eq!(found(&mut pool, &chain), [p1, p2]);
+        // The same tokens after another prefix are another key: a miss from the second page on.
+        let other = [(k1, 0, &one[..]), (page_key(99, &two), 99, &two[..])];
+        assert_eq!(found(&mut pool, &other), [p1]);
+    }
+
+    #[test]
+    fn a_key_whose_tokens_differ_is_a_miss() {
+        let mut pool = pool(4);
+        let page = index(&mut pool, &[1, 2]);
+        // A collision: the same key with other tokens neither matches nor replaces the entry.
+        let (key, _, _) = first(&[1, 2]);
+        assert_eq!(found(&mut pool, &[(key, 0, &[7, 8])]), Vec::<usize>::new());
+        pool.index(key, 0, &[7, 8], 0, pool.allocator.counts().0);
+        assert_eq!(found(&mut pool, &[first(&[1, 2])]), [page]);
+        assert_eq!(pool.cached_pages(), 1);
+    }
+
+    #[test]
+    fn a_capacity_of_zero_keeps_nothing() {
+        let mut pool = pool(0);
+        let page = index(&mut pool, &[1, 2]);
+        assert_eq!(pool.cached_pages(), 0);
+        assert_eq!(pool.allocator.users(page), 0);
+        assert_eq!(found(&mut pool, &[first(&[1, 2])]), Vec::<usize>::new());
+    }
+}

@@ -1,5 +1,6 @@
-//! The decoder-only language model. GPT-2 (learned positions, Pre-LN LayerNorm, GELU, tied output) and Llama
-//! (RoPE, RMSNorm, GQA, SwiGLU, untied output) are configs of this one model; see [`ModelConfig`].
+//! The decoder-only causal language model. GPT-2 (learned positions, Pre-LN LayerNorm, GELU, tied output), Llama
+//! (RoPE, RMSNorm, GQA, SwiGLU, untied output), Gemma 3 and MLA models are configs of this one model; see
+//! [`ModelConfig`].
 
 use std::collections::HashMap;
 
@@ -7,21 +8,21 @@ use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Embedding};
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 use ember_formats::packed::Packed;
-use ember_kernels::{AttentionImpl, Similarity};
+use ember_kernels::{AttentionAlgorithm, GpuTuning, Similarity};
 
 use crate::cache::{Context, KvCache};
-use crate::config::{AttentionKind, NormPlacement, PositionKind};
 use crate::init::Init;
-use crate::nn::attention::CausalSelfAttention;
-use crate::nn::ffn::Ffn;
-use crate::nn::mla::MlaAttention;
-use crate::nn::norm::Norm;
+use crate::nn::attention::{CausalSelfAttention, SelfAttentionConfig};
+use crate::nn::ffn::{Ffn, FfnConfig};
+use crate::nn::mla::{MlaAttention, MlaConfig};
+use crate::nn::norm::{Norm, NormConfig};
 use crate::nn::position::Positions;
 use crate::nn::projection::{Projection, TokenEmbedding};
 use crate::nn::residual::sublayer;
 use crate::nn::{embedding, projection, token_embedding};
 use crate::params::Mismatch;
-use crate::{ModelConfig, Rng};
+use ember_formats::config::{AttentionKind, NormPlacement, PositionKind};
+use ember_formats::{Rng, config::ModelConfig};
 
 /// Self-attention of one block: MHA / GQA / MQA, or multi-head latent attention.
 #[allow(clippy::large_enum_variant)] // one per block; boxing would buy nothing
@@ -40,11 +41,11 @@ impl Attention {
         }
     }
 
-    /// Computes attention with `implementation` from now on.
-    fn set_implementation(&mut self, implementation: AttentionImpl) {
+    /// Computes attention with `algorithm`, tuned by `tuning` on a GPU, from now on.
+    fn set_attention(&mut self, algorithm: AttentionAlgorithm, tuning: GpuTuning) {
         match self {
-            Attention::Mha(attn) => attn.set_implementation(implementation),
-            Attention::Mla(mla) => mla.set_implementation(implementation),
+            Attention::Mha(attn) => attn.set_attention(algorithm, tuning),
+            Attention::Mla(mla) => mla.set_attention(algorithm, tuning),
         }
     }
 }
@@ -64,21 +65,19 @@ pub struct Block {
 
 impl Block {
     fn new(config: &ModelConfig, layer: usize, init: &mut Init) -> Self {
-        let norm = |init: &mut Init, name: &str| {
-            init.scope(name, |init| Norm::new(config.norm, config.d_model, config.norm_eps, config.bias, init))
-        };
+        let norm = |init: &mut Init, name: &str| init.scope(name, |init| NormConfig::of(config).init(init));
         let peri = config.norm_placement.has_output_norms();
         let attn = match config.attention {
             AttentionKind::Mha => {
-                Attention::Mha(init.scope("attn", |init| CausalSelfAttention::for_layer(config, layer, init)))
+                Attention::Mha(init.scope("attn", |init| SelfAttentionConfig::of_layer(config, layer).init(init)))
             }
-            AttentionKind::Mla => Attention::Mla(init.scope("attn", |init| MlaAttention::new(config, init))),
+            AttentionKind::Mla => Attention::Mla(init.scope("attn", |init| MlaConfig::of(config).init(init))),
         };
         Self {
             ln_1: norm(init, "ln_1"),
             attn,
             ln_2: norm(init, "ln_2"),
-            mlp: init.scope("mlp", |init| Ffn::new(config, init)),
+            mlp: init.scope("mlp", |init| FfnConfig::of(config).init(init)),
             ln_1_out: peri.then(|| norm(init, "ln_1_out")),
             ln_2_out: peri.then(|| norm(init, "ln_2_out")),
             placement: config.norm_placement,
@@ -95,7 +94,7 @@ impl Block {
 }
 
 #[derive(Module, Debug)]
-pub struct Gpt {
+pub struct CausalLm {
     pub wte: TokenEmbedding,
     /// Learned positions.
     pub wpe: Option<Embedding>,
@@ -111,7 +110,7 @@ pub struct Gpt {
     config: ModelConfig,
 }
 
-impl Gpt {
+impl CausalLm {
     /// GPT-2 initialisation from `rng`: embeddings N(0, 0.02), norms γ = 1, β = 0.
     pub fn new(config: &ModelConfig, rng: &mut Rng, device: &Device) -> Self {
         Self::build(config, &mut Init::draw(rng, device))
@@ -127,7 +126,7 @@ impl Gpt {
         Init::load(tensors, device, |init| Self::build(config, init))
     }
 
-    /// [`Gpt::load`] with the projections and token embedding of `packed` kept in their ggml blocks.
+    /// [`CausalLm::load`] with the projections and token embedding of `packed` kept in their ggml blocks.
     pub fn load_packed(
         config: &ModelConfig,
         tensors: &HashMap<String, TensorData>,
@@ -139,9 +138,7 @@ impl Gpt {
 
     fn build(config: &ModelConfig, init: &mut Init) -> Self {
         let (d, v) = (config.d_model, config.vocab());
-        let norm = |init: &mut Init, name: &str| {
-            init.scope(name, |init| Norm::new(config.norm, d, config.norm_eps, config.bias, init))
-        };
+        let norm = |init: &mut Init, name: &str| init.scope(name, |init| NormConfig::of(config).init(init));
         let wte = token_embedding(init, "wte", v, d, 0.02);
         let wpe =
             (config.positions == PositionKind::Learned).then(|| embedding(init, "wpe", config.block_size, d, 0.02));
@@ -161,10 +158,10 @@ impl Gpt {
         }
     }
 
-    /// The same model with every attention layer computed by `implementation`.
-    pub fn with_attention(mut self, implementation: AttentionImpl) -> Self {
+    /// The same model with every attention layer computed by `algorithm`, tuned by `tuning` on a GPU.
+    pub fn with_attention(mut self, algorithm: AttentionAlgorithm, tuning: GpuTuning) -> Self {
         for block in &mut self.blocks {
-            block.attn.set_implementation(implementation);
+            block.attn.set_attention(algorithm, tuning);
         }
         self
     }
@@ -286,8 +283,8 @@ impl Gpt {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{FfnKind, NormKind};
     use crate::params::state_dict;
+    use ember_formats::config::{FfnKind, NormKind};
 
     fn layouts() -> Vec<ModelConfig> {
         let gpt = ModelConfig::gpt(50, 2, 4, 32, 16);
@@ -315,9 +312,9 @@ mod tests {
     fn load_reads_back_every_parameter_of_every_layout() {
         let device = Device::flex();
         for config in layouts() {
-            let model = Gpt::new(&config, &mut Rng::new(1), &device);
+            let model = CausalLm::new(&config, &mut Rng::new(1), &device);
             let saved = state_dict(&model);
-            let loaded = Gpt::load(&config, &saved.iter().cloned().collect(), &device).unwrap();
+            let loaded = CausalLm::load(&config, &saved.iter().cloned().collect(), &device).unwrap();
             assert_eq!(state_dict(&loaded), saved, "{config:?}");
         }
     }
@@ -327,14 +324,14 @@ mod tests {
         let device = Device::flex();
         let config = ModelConfig::gpt(50, 2, 4, 32, 16);
         let saved: HashMap<String, TensorData> =
-            state_dict(&Gpt::new(&config, &mut Rng::new(1), &device)).into_iter().collect();
+            state_dict(&CausalLm::new(&config, &mut Rng::new(1), &device)).into_iter().collect();
         let mut missing = saved.clone();
         missing.remove("blocks.1.mlp.c_fc.bias");
-        let err = Gpt::load(&config, &missing, &device).unwrap_err();
+        let err = CausalLm::load(&config, &missing, &device).unwrap_err();
         assert_eq!(err, Mismatch::Missing("blocks.1.mlp.c_fc.bias".into()));
         let mut misshapen = saved;
         misshapen.insert("ln_f.gamma".into(), TensorData::new(vec![1.0f32; 31], [31]));
-        let err = Gpt::load(&config, &misshapen, &device).unwrap_err();
+        let err = CausalLm::load(&config, &misshapen, &device).unwrap_err();
         assert_eq!(err, Mismatch::Shape { path: "ln_f.gamma".into(), expected: vec![32], found: vec![31] });
     }
 
@@ -344,12 +341,13 @@ mod tests {
         let ids: Vec<i64> = (0..24).map(|i| i * 7 % 50).collect();
         let idx = Tensor::<2, Int>::from_data(TensorData::new(ids, [2, 12]), &device);
         for config in layouts() {
-            let model = Gpt::new(&config, &mut Rng::new(2), &device);
+            let model = CausalLm::new(&config, &mut Rng::new(2), &device);
             let auto = model.forward(idx.clone());
-            for implementation in [AttentionImpl::Naive, AttentionImpl::Burn] {
-                let model = Gpt::new(&config, &mut Rng::new(2), &device).with_attention(implementation);
+            for algorithm in [AttentionAlgorithm::Naive, AttentionAlgorithm::Burn] {
+                let model =
+                    CausalLm::new(&config, &mut Rng::new(2), &device).with_attention(algorithm, GpuTuning::default());
                 let diff: f32 = (model.forward(idx.clone()) - auto.clone()).abs().max().into_scalar();
-                assert!(diff <= 1e-5, "{implementation:?}, {config:?}: {diff}");
+                assert!(diff <= 1e-5, "{algorithm:?}, {config:?}: {diff}");
             }
         }
     }

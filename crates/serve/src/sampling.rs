@@ -1,109 +1,8 @@
-//! `[sample]` settings and drawing the next token from logits.
+//! Drawing the next token from a model's logits as a request's [`Sampling`] says (penalties, temperature, top-k,
+//! top-p), and the log-probabilities the completions APIs report.
 
-use crate::Rng;
-use crate::config::{Invalid, require};
-use serde::{Deserialize, Serialize};
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SampleConfig {
-    #[serde(default = "default_prompt")]
-    pub prompt: String,
-    #[serde(default = "default_max_new_tokens")]
-    pub max_new_tokens: usize,
-    /// Divides the logits; 0 means greedy.
-    #[serde(default = "default_temperature")]
-    pub temperature: f64,
-    /// Sample among the k most likely tokens only.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top_k: Option<usize>,
-    /// Nucleus sampling: among the most likely tokens whose probabilities first sum to at least p.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top_p: Option<f64>,
-    /// Penalty θ on tokens already in the context (prompt included): z / θ where z > 0, z · θ otherwise (CTRL).
-    #[serde(default = "one")]
-    pub repetition_penalty: f64,
-    /// α_f: z_j − α_f · c_j, with c_j the times token j was generated so far (OpenAI's frequency_penalty).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub frequency_penalty: f64,
-    /// α_p: z_j − α_p when token j was generated so far (OpenAI's presence_penalty).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub presence_penalty: f64,
-    /// Generation ends before the first of these strings appears; it is not part of the output.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub stop: Vec<String>,
-    #[serde(default = "default_seed")]
-    pub seed: u64,
-}
-
-fn default_prompt() -> String {
-    "\n".into()
-}
-fn default_max_new_tokens() -> usize {
-    500
-}
-fn default_temperature() -> f64 {
-    0.8
-}
-fn default_seed() -> u64 {
-    1337
-}
-fn one() -> f64 {
-    1.0
-}
-fn is_zero(x: &f64) -> bool {
-    *x == 0.0
-}
-
-impl Default for SampleConfig {
-    fn default() -> Self {
-        Self {
-            prompt: default_prompt(),
-            max_new_tokens: default_max_new_tokens(),
-            temperature: default_temperature(),
-            top_k: None,
-            top_p: None,
-            repetition_penalty: 1.0,
-            frequency_penalty: 0.0,
-            presence_penalty: 0.0,
-            stop: Vec::new(),
-            seed: default_seed(),
-        }
-    }
-}
-
-impl SampleConfig {
-    pub fn validate(&self) -> Result<(), Invalid> {
-        require(
-            self.temperature >= 0.0 && self.temperature.is_finite(),
-            "sample.temperature",
-            self.temperature,
-            "a finite number ≥ 0 (0 is greedy)",
-        )?;
-        if let Some(k) = self.top_k {
-            require(k >= 1, "sample.top_k", k, "at least 1")?;
-        }
-        if let Some(p) = self.top_p {
-            require(p > 0.0 && p <= 1.0, "sample.top_p", p, "in (0, 1]")?;
-        }
-        let theta = self.repetition_penalty;
-        require(
-            theta > 0.0 && theta.is_finite(),
-            "sample.repetition_penalty",
-            theta,
-            "a finite number > 0 (1 is off)",
-        )?;
-        for (key, alpha) in
-            [("sample.frequency_penalty", self.frequency_penalty), ("sample.presence_penalty", self.presence_penalty)]
-        {
-            require((-2.0..=2.0).contains(&alpha), key, alpha, "from -2 to 2 (0 is off)")?;
-        }
-        if let Some(empty) = self.stop.iter().find(|s| s.is_empty()) {
-            require(false, "sample.stop", format!("{empty:?}"), "stop strings must not be empty")?;
-        }
-        Ok(())
-    }
-}
+use ember_formats::request::Sampling;
+use ember_formats::rng::Rng;
 
 /// The index of the largest value (the first of equals), as a token id.
 pub fn argmax<T: PartialOrd + Copy>(values: &[T]) -> u32 {
@@ -150,7 +49,7 @@ pub fn logprobs(logits: &[f32], chosen: u32, top: usize) -> TokenLogprob {
 /// are penalised (`repetition_penalty`), those of generated tokens lowered by the frequency and presence penalties,
 /// then the argmax when `temperature` is 0, else a draw from softmax(z / temperature) restricted to the `top_k`
 /// largest logits and then to the smallest set whose probability reaches `top_p`.
-pub fn sample(logits: &[f32], settings: &SampleConfig, history: &[u32], prompt_len: usize, rng: &mut Rng) -> u32 {
+pub fn sample(logits: &[f32], settings: &Sampling, history: &[u32], prompt_len: usize, rng: &mut Rng) -> u32 {
     let mut z: Vec<f64> = logits.iter().map(|&x| x as f64).collect();
     let theta = settings.repetition_penalty;
     if theta != 1.0 {
@@ -262,7 +161,7 @@ mod tests {
     fn greedy_top1_and_frequencies_follow_softmax() {
         let logits = [0.0f32, 2.0, 1.0, -1.0];
         let mut rng = Rng::new(1);
-        let with = |temperature: f64, top_k: Option<usize>| SampleConfig { temperature, top_k, ..Default::default() };
+        let with = |temperature: f64, top_k: Option<usize>| Sampling { temperature, top_k, ..Default::default() };
         assert_eq!(sample(&logits, &with(0.0, None), &[], 0, &mut rng), 1);
         assert!((0..50).all(|_| sample(&logits, &with(1.0, Some(1)), &[], 0, &mut rng) == 1));
         let mut counts = [0usize; 4];
@@ -281,17 +180,17 @@ mod tests {
         // Probabilities ∝ e^(2, 1, 0, -1): 0.644, 0.237, 0.087, 0.032.
         let logits = [2.0f32, 1.0, 0.0, -1.0];
         let mut rng = Rng::new(2);
-        let nucleus = SampleConfig { temperature: 1.0, top_p: Some(0.85), ..Default::default() };
+        let nucleus = Sampling { temperature: 1.0, top_p: Some(0.85), ..Default::default() };
         let mut seen = [false; 4];
         for _ in 0..2000 {
             seen[sample(&logits, &nucleus, &[], 0, &mut rng) as usize] = true;
         }
         assert_eq!(seen, [true, true, false, false], "0.644 + 0.237 ≥ 0.85: the top two only");
-        let greedy = SampleConfig { temperature: 0.0, repetition_penalty: 4.0, ..Default::default() };
+        let greedy = Sampling { temperature: 0.0, repetition_penalty: 4.0, ..Default::default() };
         assert_eq!(sample(&logits, &greedy, &[0], 0, &mut rng), 1, "2/4 < 1: the penalised token loses");
         assert_eq!(sample(&logits, &greedy, &[], 0, &mut rng), 0);
         // Once per token however often it occurs, as transformers applies it: 2/1.5 = 1.33 > 1.
-        let mild = SampleConfig { temperature: 0.0, repetition_penalty: 1.5, ..Default::default() };
+        let mild = Sampling { temperature: 0.0, repetition_penalty: 1.5, ..Default::default() };
         assert_eq!(sample(&logits, &mild, &[0, 0, 0], 0, &mut rng), 0);
     }
 
@@ -311,12 +210,12 @@ mod tests {
     fn frequency_and_presence_penalties_count_generated_tokens_only() {
         let logits = [2.0f32, 1.0, 0.0, -1.0];
         let mut rng = Rng::new(3);
-        let frequency = SampleConfig { temperature: 0.0, frequency_penalty: 0.6, ..Default::default() };
+        let frequency = Sampling { temperature: 0.0, frequency_penalty: 0.6, ..Default::default() };
         // Token 0 once in the prompt and once generated: 2 − 0.6 = 1.4 > 1.
         assert_eq!(sample(&logits, &frequency, &[0, 0], 1, &mut rng), 0);
         // Generated twice: 2 − 1.2 = 0.8 < 1.
         assert_eq!(sample(&logits, &frequency, &[0, 0], 0, &mut rng), 1);
-        let presence = SampleConfig { temperature: 0.0, presence_penalty: 1.5, ..Default::default() };
+        let presence = Sampling { temperature: 0.0, presence_penalty: 1.5, ..Default::default() };
         // 2 − 1.5 = 0.5 whatever the count.
         assert_eq!(sample(&logits, &presence, &[3, 0], 1, &mut rng), 1);
         assert_eq!(sample(&logits, &presence, &[0, 3], 1, &mut rng), 0);
@@ -329,7 +228,7 @@ mod tests {
     fn lazily_ranked_draws_equal_fully_sorted_ones() {
         let mut rng = Rng::new(9);
         let logits: Vec<f32> = (0..5000).map(|i| if i % 97 == 0 { 3.0 } else { (rng.normal() * 2.0) as f32 }).collect();
-        let full = |settings: &SampleConfig, rng: &mut Rng| -> u32 {
+        let full = |settings: &Sampling, rng: &mut Rng| -> u32 {
             let z: Vec<f64> = logits.iter().map(|&x| x as f64).collect();
             let mut order: Vec<usize> = (0..z.len()).collect();
             order.sort_by(|&a, &b| z[b].total_cmp(&z[a]));
@@ -361,7 +260,7 @@ mod tests {
             (3.0, None, Some(0.95)),
             (1.0, Some(40), Some(0.9)),
         ] {
-            let settings = SampleConfig { temperature, top_k, top_p, ..Default::default() };
+            let settings = Sampling { temperature, top_k, top_p, ..Default::default() };
             let (mut a, mut b) = (Rng::new(1), Rng::new(1));
             let draws: Vec<(u32, u32)> =
                 (0..300).map(|_| (sample(&logits, &settings, &[], 0, &mut a), full(&settings, &mut b))).collect();

@@ -1,0 +1,140 @@
+//! What a translation run directory keeps: the vocabularies, the last checkpoints' weights for averaging, and the
+//! trained translator loaded back.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{DType, Device, TensorData};
+use ember_core_model::bundle::{self, BundleError};
+use ember_core_model::seq2seq::Seq2Seq;
+use ember_core_model::tokenizer;
+use tokenizers::Tokenizer;
+
+use super::{SOURCE_TOKENIZER, TranslationConfig, TranslationError, io};
+use crate::parallel::Vocabularies;
+
+/// The directory of a run's `step-N.safetensors` weights.
+pub const CHECKPOINTS: &str = "checkpoints";
+
+/// The checkpoints of a run directory, by step.
+pub fn checkpoints(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>, TranslationError> {
+    let dir = run_dir.join(CHECKPOINTS);
+    step_files(&dir).map_err(io(&dir))
+}
+
+/// The `step-N.safetensors` files of `dir`, by step.
+pub(super) fn step_files(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
+    let mut found: Vec<(u64, PathBuf)> = fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter_map(|p| {
+            let name = p.file_name()?.to_str()?;
+            let step = name.strip_prefix("step-")?.strip_suffix(".safetensors")?.parse().ok()?;
+            Some((step, p))
+        })
+        .collect();
+    found.sort();
+    Ok(found)
+}
+
+/// A trained translator: its config, model and vocabularies.
+pub struct Translator {
+    pub config: TranslationConfig,
+    pub model: Seq2Seq,
+    pub vocab: Vocabularies,
+}
+
+/// Writes `tokenizer.json` (the joint or target vocabulary) and, for separate vocabularies, `source_tokenizer.json`.
+pub(super) fn save_vocabularies(vocab: &Vocabularies, run_dir: &Path) -> Result<(), BundleError> {
+    let save = |tok: &Tokenizer, name: &str| {
+        let path = run_dir.join(name);
+        tokenizer::save(tok, &path).map_err(|cause| BundleError::Tokenizer { path, cause })
+    };
+    save(&vocab.target, bundle::TOKENIZER)?;
+    if !vocab.joint {
+        save(&vocab.source, SOURCE_TOKENIZER)?;
+    }
+    Ok(())
+}
+
+/// The vocabularies [`save_vocabularies`] wrote: separate when `source_tokenizer.json` is present.
+pub(super) fn load_vocabularies(run_dir: &Path) -> Result<Vocabularies, BundleError> {
+    let load = |name: &str| {
+        let path = run_dir.join(name);
+        tokenizer::load(&path).map_err(|cause| BundleError::Tokenizer { path, cause })
+    };
+    let target = load(bundle::TOKENIZER)?;
+    if !run_dir.join(SOURCE_TOKENIZER).exists() {
+        return Ok(Vocabularies { source: target.clone(), target, joint: true });
+    }
+    Ok(Vocabularies { source: load(SOURCE_TOKENIZER)?, target, joint: false })
+}
+
+/// Loads a translation run directory, with the weights of `weights` (default `model.safetensors`).
+pub fn load(run_dir: &Path, weights: Option<&Path>, device: &Device) -> Result<Translator, TranslationError> {
+    let path = run_dir.join(bundle::CONFIG);
+    let text = ember_core_model::files::read_to_string(&path).map_err(io(&path))?;
+    let table: toml::Table = toml::from_str(&text)
+        .map_err(|e| TranslationError::Config { path: path.clone(), reason: e.message().into() })?;
+    if !table.contains_key("seq2seq") {
+        return Err(TranslationError::NotTranslation(run_dir.to_path_buf()));
+    }
+    let config: TranslationConfig = toml::Value::Table(table)
+        .try_into()
+        .map_err(|e: toml::de::Error| TranslationError::Config { path: path.clone(), reason: e.message().into() })?;
+    let vocab = load_vocabularies(run_dir)?;
+    let weights = weights.map_or_else(|| run_dir.join(bundle::MODEL), Path::to_path_buf);
+    let (tensors, _) = bundle::load_tensors(&weights)?;
+    let model = Seq2Seq::load(&config.seq2seq_config(&vocab), &tensors, device)
+        .map_err(|cause| BundleError::Mismatch { path: weights.clone(), cause })?;
+    Ok(Translator { config, model, vocab })
+}
+
+/// θ̄ = (1/n) Σ θ_i over the last `n` checkpoints (Vaswani et al. 2017: the last 5, written 10 minutes apart),
+/// written as `model.safetensors` of a new run directory `out` with the same config and vocabularies. Every
+/// checkpoint must hold the same f32 tensors with the same shapes.
+pub fn average(run_dir: &Path, n: usize, out: &Path) -> Result<Vec<u64>, TranslationError> {
+    let all = checkpoints(run_dir)?;
+    if all.len() < n || n == 0 {
+        return Err(TranslationError::TooFewCheckpoints { dir: run_dir.join(CHECKPOINTS), have: all.len(), want: n });
+    }
+    let chosen = &all[all.len() - n..];
+    let first = &chosen[0].1;
+    let mut sum: BTreeMap<String, (Vec<f32>, Vec<usize>)> = BTreeMap::new();
+    for (i, (_, path)) in chosen.iter().enumerate() {
+        let bad = |tensor: &str, reason: String| TranslationError::Average {
+            path: path.clone(),
+            tensor: tensor.to_string(),
+            reason,
+        };
+        let (tensors, _) = bundle::load_tensors(path)?;
+        if let Some(missing) = sum.keys().find(|name| !tensors.contains_key(*name)) {
+            return Err(bad(missing, format!("missing here but present in {}", first.display())));
+        }
+        for (name, data) in tensors {
+            if data.dtype() != DType::F32 {
+                return Err(bad(&name, format!("it is {:?}, not F32", data.dtype())));
+            }
+            let values = data.as_slice::<f32>().map_err(|e| bad(&name, format!("{e:?}")))?;
+            let shape = data.shape().to_vec();
+            if i == 0 {
+                sum.insert(name.clone(), (vec![0.0; values.len()], shape.clone()));
+            }
+            let Some((acc, acc_shape)) = sum.get_mut(&name) else {
+                return Err(bad(&name, format!("not in {}", first.display())));
+            };
+            if *acc_shape != shape {
+                return Err(bad(&name, format!("shape {shape:?}, but {acc_shape:?} in {}", first.display())));
+            }
+            acc.iter_mut().zip(values).for_each(|(s, v)| *s += v / n as f32);
+        }
+    }
+    fs::create_dir_all(out).map_err(io(out))?;
+    let tensors: Vec<(String, TensorData)> =
+        sum.into_iter().map(|(name, (values, shape))| (name, TensorData::new(values, shape))).collect();
+    bundle::save_tensors(&out.join(bundle::MODEL), &tensors, HashMap::new())?;
+    let config = run_dir.join(bundle::CONFIG);
+    fs::copy(&config, out.join(bundle::CONFIG)).map_err(io(&config))?;
+    save_vocabularies(&load_vocabularies(run_dir)?, out)?;
+    Ok(chosen.iter().map(|(step, _)| *step).collect())
+}
