@@ -85,9 +85,7 @@ pub struct BleuArgs {
 
 pub fn eval(args: EvalArgs, device: DeviceChoice) -> Result<()> {
     match (args.command, args.model, args.data) {
-        (None, Some(model), Some(data)) => {
-            crate::translate::evaluate(&model, &data, args.beam.max(1), args.lenpen, device)
-        }
+        (None, Some(model), Some(data)) => crate::translate::evaluate(&model, &data, args.beam, args.lenpen, device),
         (None, _, _) => {
             bail!("give `ember eval bleu --hyp FILE --ref FILE` or `ember eval --model RUN_DIR --data FILE`")
         }

@@ -51,9 +51,15 @@ pub struct AverageArgs {
     out: Option<PathBuf>,
 }
 
-/// Beam settings for a translator.
-fn beam(beam: usize, lenpen: f64) -> BeamConfig {
-    BeamConfig { beam, alpha: lenpen, bos: BOS, eos: EOS, extra_len: 50 }
+/// Beam settings for a translator: a beam of at least 1 and a finite length penalty.
+fn beam(beam: usize, lenpen: f64) -> Result<BeamConfig> {
+    if beam == 0 {
+        bail!("--beam must be at least 1");
+    }
+    if !lenpen.is_finite() {
+        bail!("--lenpen must be a finite number, not {lenpen}");
+    }
+    Ok(BeamConfig { beam, alpha: lenpen, bos: BOS, eos: EOS, extra_len: 50 })
 }
 
 /// Translations of `lines` in order: an empty line gives an empty line; a source longer than the model's positions
@@ -94,9 +100,7 @@ fn translate_lines(
 }
 
 pub fn translate(args: TranslateArgs, choice: DeviceChoice) -> Result<()> {
-    if args.beam == 0 {
-        bail!("--beam must be at least 1");
-    }
+    let config = beam(args.beam, args.lenpen)?;
     let (device, _) = devices::select(choice)?;
     let t = translation::load(&args.model, None, &device)?;
     let reader: Box<dyn BufRead> = match &args.input {
@@ -105,7 +109,6 @@ pub fn translate(args: TranslateArgs, choice: DeviceChoice) -> Result<()> {
         )),
         None => Box::new(std::io::stdin().lock()),
     };
-    let config = beam(args.beam, args.lenpen);
     // Typed input is answered line by line; files and pipes are translated CHUNK sentences at a time.
     let size = if args.input.is_none() && std::io::stdin().is_terminal() { 1 } else { CHUNK };
     let mut stdout = std::io::stdout().lock();
@@ -140,10 +143,11 @@ pub fn average(args: AverageArgs) -> Result<()> {
 
 /// Corpus BLEU of a translator on a TSV test set.
 pub fn evaluate(model: &Path, data: &Path, beam_size: usize, lenpen: f64, choice: DeviceChoice) -> Result<()> {
+    let config = beam(beam_size, lenpen)?;
     let (device, _) = devices::select(choice)?;
     let t = translation::load(model, None, &device)?;
     let pairs = read_tsv(data)?;
-    let hyps = translate_all(&t.model, &t.vocab, &pairs, beam(beam_size, lenpen), &device)?;
+    let hyps = translate_all(&t.model, &t.vocab, &pairs, config, &device)?;
     let bleu = corpus_bleu(hyps.iter().map(String::as_str), pairs.iter().map(|(_, r)| r.as_str()));
     println!("{} ({} sentences, beam {beam_size}, lenpen {lenpen})", bleu, pairs.len());
     Ok(())
@@ -168,7 +172,7 @@ fn translate_all(
 fn greedy_bleu(device: &Device) -> Box<BleuOf> {
     let device = device.clone();
     Box::new(move |model: &Seq2Seq, vocab: &Vocabularies, pairs: &[(String, String)]| -> Result<f64, TaskError> {
-        let hyps = translate_all(model, vocab, pairs, beam(1, 0.6), &device)?;
+        let hyps = translate_all(model, vocab, pairs, beam(1, 0.6)?, &device)?;
         Ok(corpus_bleu(hyps.iter().map(String::as_str), pairs.iter().map(|(_, r)| r.as_str())).score)
     })
 }

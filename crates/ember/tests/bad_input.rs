@@ -244,3 +244,27 @@ fn serve_names_bad_limits_origins_and_models() {
     assert_clean_error(&serve(&["--cors-origin", "http://a.example\u{1}"]), "is not a valid origin");
     assert_clean_error(&serve(&[]), "/nonexistent/model.gguf");
 }
+
+/// Values that used to be accepted and then panicked, ran something else or trained into the wrong place: a bench
+/// of zero rounds or a zero-dimensional sketch, a beam of 0, a length penalty of NaN, an infinite RoPE base, an empty
+/// run directory.
+#[test]
+fn zero_counts_non_finite_numbers_and_an_empty_out_dir_are_refused() {
+    let tiny = Tiny::new(20_000, "");
+    let config = tiny.config();
+    let missing = tiny.dir.path().join("absent").to_str().unwrap().to_string();
+    for (args, needle) in [
+        (vec!["bench", "train", "--config", config, "--rounds", "0"], "--rounds and --steps must be at least 1"),
+        (
+            vec!["bench", "kernel", "--model", &missing, "--text", &missing, "--sketch", "0"],
+            "--sketch must be at least 1",
+        ),
+        (vec!["eval", "--model", &missing, "--data", &missing, "--beam", "0"], "--beam must be at least 1"),
+        (vec!["translate", "--model", &missing, "--lenpen", "NaN"], "--lenpen must be a finite number, not NaN"),
+        (vec!["train", "--config", config, "--set", "model.rope_theta=inf"], "model.rope_theta = inf: a finite number"),
+        (vec!["train", "--config", config, "--set", "train.out_dir=\"\""], "train.out_dir = \"\": a directory"),
+    ] {
+        assert_clean_error(&ember(&[&["--device", "cpu"], &args[..]].concat()), needle);
+    }
+    assert!(!tiny.dir.path().join("config.toml").exists() && !std::path::Path::new("config.toml").exists());
+}

@@ -363,7 +363,12 @@ impl ModelConfig {
         if let Some(f) = self.d_ff {
             require(f >= 1, "model.d_ff", f, "at least 1")?;
         }
-        require(self.rope_theta > 1.0, "model.rope_theta", self.rope_theta, "greater than 1")?;
+        require(
+            self.rope_theta > 1.0 && self.rope_theta.is_finite(),
+            "model.rope_theta",
+            self.rope_theta,
+            "a finite number greater than 1",
+        )?;
         if self.positions == PositionKind::Rope && self.attention == AttentionKind::Mha {
             let d = self.head_dim();
             require(d.is_multiple_of(2), "model.positions", "\"rope\"", format!("needs an even head width, not {d}"))?;

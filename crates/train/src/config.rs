@@ -1,6 +1,6 @@
 //! `[data]` and `[train]` of a run's TOML config.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use ember_core_model::ModelConfig;
 use ember_core_model::config::{Invalid, require};
@@ -36,6 +36,12 @@ pub struct DataConfig {
 
 fn default_val_fraction() -> f64 {
     0.1
+}
+
+/// `train.out_dir` names a directory: empty, a run would be written into the current directory, over whatever
+/// `config.toml` and `tokenizer.json` are there.
+pub(crate) fn require_out_dir(out_dir: &Path) -> Result<(), Invalid> {
+    require(!out_dir.as_os_str().is_empty(), "train.out_dir", "\"\"", "a directory for the run (not empty)")
 }
 
 pub const KNOWN_DATASETS: &[&str] = &["shakespeare"];
@@ -168,6 +174,7 @@ fn default_eps() -> f64 {
 
 impl TrainConfig {
     pub fn validate(&self, model: &ModelConfig) -> Result<(), Invalid> {
+        require_out_dir(&self.out_dir)?;
         require(self.batch_size >= 1, "train.batch_size", self.batch_size, "at least 1")?;
         if let Some(t) = self.seq_len {
             require(t >= 1, "train.seq_len", t, "at least 1")?;

@@ -94,8 +94,8 @@ struct Row {
 }
 
 pub fn bench_kernel(args: BenchKernelArgs, device: DeviceChoice) -> Result<()> {
-    if args.features.contains(&0) || args.keys.contains(&0) || args.draws == 0 {
-        bail!("--features, --keys and --draws must be at least 1");
+    if args.features.contains(&0) || args.keys.contains(&0) || args.draws == 0 || args.sketch == 0 {
+        bail!("--features, --keys, --draws and --sketch must be at least 1");
     }
     let (device, description) = devices::select(device)?;
     let run = import::load(&args.scored.model, &device)?;

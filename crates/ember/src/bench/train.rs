@@ -56,6 +56,9 @@ pub struct BenchTrainArgs {
 /// Under `mpiexec` every rank trains its shard of each batch and rank 0 reports global tokens/s, each rank's share
 /// and the time spent averaging gradients.
 pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice, collective: Rc<dyn Collective>) -> Result<()> {
+    if args.rounds == 0 || args.steps == 0 {
+        bail!("--rounds and --steps must be at least 1");
+    }
     let config = RunConfig::load(&args.config, &args.overrides)?;
     let (algorithm, tuning) = named_attention(&args.attention).map_err(anyhow::Error::msg)?;
     let (ranks, rank) = (collective.ranks(), collective.rank());

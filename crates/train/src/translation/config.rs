@@ -128,6 +128,7 @@ impl TranslationConfig {
             d.max_len,
             format!("at most model.block_size = {}", self.model.block_size),
         )?;
+        crate::config::require_out_dir(&t.out_dir)?;
         require(t.max_tokens >= d.max_len, "train.max_tokens", t.max_tokens, "at least data.max_len")?;
         require(t.lr.is_finite() && t.lr > 0.0, "train.lr", t.lr, "a finite number > 0")?;
         require(t.warmup_steps >= 1, "train.warmup_steps", t.warmup_steps, "at least 1")?;
