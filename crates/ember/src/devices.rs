@@ -28,10 +28,11 @@ pub fn select(choice: DeviceChoice) -> Result<(Device, String)> {
     Ok((device, description))
 }
 
-/// [`select`], and the precision `dtype` runs in on that device ([`precision_on`]).
-pub fn select_in(choice: DeviceChoice, dtype: Precision) -> Result<(Device, String, Precision)> {
+/// [`select`], the precision `dtype` runs in on that device ([`precision_on`]), and whether it runs in the
+/// machine's memory (no wgpu adapter: the CPU backends).
+pub fn select_in(choice: DeviceChoice, dtype: Precision) -> Result<(Device, String, Precision, bool)> {
     let (device, description, adapter) = pick(choice)?;
-    Ok((device, description, precision_on(dtype, adapter.as_ref())))
+    Ok((device, description, precision_on(dtype, adapter.as_ref()), adapter.is_none()))
 }
 
 /// The device for a choice, its description, and the wgpu adapter it runs on (None on the CPU).

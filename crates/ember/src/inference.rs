@@ -68,8 +68,8 @@ pub struct Placement {
 
 impl Placement {
     pub fn new(choice: DeviceChoice, dtype: Precision) -> Result<Self> {
-        let (device, description, precision) = devices::select_in(choice, dtype)?;
-        Ok(Self { device, description, precision, host: devices::on_host(choice) })
+        let (device, description, precision, host) = devices::select_in(choice, dtype)?;
+        Ok(Self { device, description, precision, host })
     }
 }
 

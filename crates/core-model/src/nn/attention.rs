@@ -54,17 +54,37 @@ pub struct CausalSelfAttention {
     packed: bool,
 }
 
-/// Causal self-attention of width d over h query heads and g key/value heads of width d_h (MHA g = h, GQA, MQA
-/// g = 1), with its biases, per-head q/k RMSNorm (its ε) when set, sliding window, RoPE, dropout, similarity κ and the
-/// init scale of its output projection.
+/// The heads of an attention layer of width d: h query heads and g key/value heads of width d_h (MHA g = h, GQA,
+/// MQA g = 1), and whether the q/k/v and the output projections have biases.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SelfAttentionConfig {
+pub struct HeadsConfig {
     pub d_model: usize,
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
     pub qkv_bias: bool,
     pub bias: bool,
+}
+
+impl HeadsConfig {
+    /// The heads of `model`'s attention layers.
+    pub fn of(model: &ModelConfig) -> Self {
+        Self {
+            d_model: model.d_model,
+            n_heads: model.n_heads,
+            n_kv_heads: model.kv_heads(),
+            head_dim: model.head_dim(),
+            qkv_bias: model.qkv_bias(),
+            bias: model.bias,
+        }
+    }
+}
+
+/// Causal self-attention over its heads, with per-head q/k RMSNorm (its ε) when set, sliding window, RoPE, dropout,
+/// similarity κ and the init scale of its output projection.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SelfAttentionConfig {
+    pub heads: HeadsConfig,
     pub qk_norm_eps: Option<f64>,
     pub window: Option<usize>,
     pub rope: Option<Rotary>,
@@ -89,17 +109,12 @@ impl SelfAttentionConfig {
     }
 
     fn with(model: &ModelConfig, window: Option<usize>, rope_theta: f64) -> Self {
-        let head_dim = model.head_dim();
+        let heads = HeadsConfig::of(model);
         Self {
-            d_model: model.d_model,
-            n_heads: model.n_heads,
-            n_kv_heads: model.kv_heads(),
-            head_dim,
-            qkv_bias: model.qkv_bias(),
-            bias: model.bias,
+            heads,
             qk_norm_eps: model.qk_norm.then_some(model.norm_eps),
             window,
-            rope: (model.positions == PositionKind::Rope).then_some(Rotary { theta: rope_theta, dim: head_dim }),
+            rope: (model.positions == PositionKind::Rope).then_some(Rotary { theta: rope_theta, dim: heads.head_dim }),
             dropout: model.dropout,
             attention_dropout: model.attention_dropout,
             kernel: model.attention_kernel,
@@ -121,15 +136,15 @@ impl SelfAttentionConfig {
 
     /// GPT-2 init: N(0, 0.02) weights, W_O N(0, `residual_std`), zero biases, norm gains 1.
     pub fn init(&self, init: &mut Init) -> CausalSelfAttention {
-        let (d, h, g, dh) = (self.d_model, self.n_heads, self.n_kv_heads, self.head_dim);
+        let HeadsConfig { d_model: d, n_heads: h, n_kv_heads: g, head_dim: dh, qkv_bias, bias } = self.heads;
         let head_norm = |init: &mut Init, name: &str| {
             self.qk_norm_eps.map(|eps| {
                 init.scope(name, |init| NormConfig { kind: NormKind::RmsNorm, d: dh, eps, bias: false }.init(init))
             })
         };
         CausalSelfAttention {
-            c_attn: projection(init, "c_attn", d, (h + 2 * g) * dh, 0.02, self.qkv_bias),
-            c_proj: projection(init, "c_proj", h * dh, d, self.residual_std, self.bias),
+            c_attn: projection(init, "c_attn", d, (h + 2 * g) * dh, 0.02, qkv_bias),
+            c_proj: projection(init, "c_proj", h * dh, d, self.residual_std, bias),
             q_norm: head_norm(init, "q_norm"),
             k_norm: head_norm(init, "k_norm"),
             resid_drop: DropoutConfig::new(self.dropout).init(),

@@ -7,6 +7,7 @@ use burn::tensor::Tensor;
 use ember_kernels::{AttentionAlgorithm, AttentionSpec, GpuTuning, attention, linear};
 
 use crate::init::Init;
+use crate::nn::attention::HeadsConfig;
 use crate::nn::linear_layer;
 use ember_formats::config::ModelConfig;
 
@@ -37,16 +38,10 @@ pub struct Memory {
     pub lengths: Vec<usize>,
 }
 
-/// Attention of a decoder of width d over an encoder's output: h query heads and g key/value heads of width d_h,
-/// its biases and dropout.
+/// Attention of a decoder over an encoder's output, over its heads, with its dropout.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CrossAttentionConfig {
-    pub d_model: usize,
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
-    pub qkv_bias: bool,
-    pub bias: bool,
+    pub heads: HeadsConfig,
     pub dropout: f64,
     pub attention_dropout: f64,
 }
@@ -54,25 +49,16 @@ pub struct CrossAttentionConfig {
 impl CrossAttentionConfig {
     /// The cross-attention of every decoder layer of `model`.
     pub fn of(model: &ModelConfig) -> Self {
-        Self {
-            d_model: model.d_model,
-            n_heads: model.n_heads,
-            n_kv_heads: model.kv_heads(),
-            head_dim: model.head_dim(),
-            qkv_bias: model.qkv_bias(),
-            bias: model.bias,
-            dropout: model.dropout,
-            attention_dropout: model.attention_dropout,
-        }
+        Self { heads: HeadsConfig::of(model), dropout: model.dropout, attention_dropout: model.attention_dropout }
     }
 
     /// N(0, 0.02) weights, zero biases.
     pub fn init(&self, init: &mut Init) -> CrossAttention {
-        let (d, h, g, dh) = (self.d_model, self.n_heads, self.n_kv_heads, self.head_dim);
+        let HeadsConfig { d_model: d, n_heads: h, n_kv_heads: g, head_dim: dh, qkv_bias, bias } = self.heads;
         CrossAttention {
-            q_proj: linear_layer(init, "q_proj", d, h * dh, 0.02, self.qkv_bias),
-            kv_proj: linear_layer(init, "kv_proj", d, 2 * g * dh, 0.02, self.qkv_bias),
-            c_proj: linear_layer(init, "c_proj", h * dh, d, 0.02, self.bias),
+            q_proj: linear_layer(init, "q_proj", d, h * dh, 0.02, qkv_bias),
+            kv_proj: linear_layer(init, "kv_proj", d, 2 * g * dh, 0.02, qkv_bias),
+            c_proj: linear_layer(init, "c_proj", h * dh, d, 0.02, bias),
             resid_drop: DropoutConfig::new(self.dropout).init(),
             n_heads: h,
             n_kv_heads: g,
