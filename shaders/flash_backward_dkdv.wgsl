@@ -27,13 +27,8 @@
 
 {{ common }}
 
-const LANES: u32 = {{ lanes }}u;
-const ROWS: u32 = {{ rows }}u;
-const THREADS: u32 = {{ threads }}u;
-const BLOCK: u32 = {{ block }}u;
-const TILE: u32 = {{ tile }}u;
-const CHUNK: u32 = {{ chunk }}u;
-const V: u32 = {{ vec4s }}u;
+// LANES, ROWS, THREADS, BLOCK, TILE, CHUNK, V: the tier's layout (tiers.rs `Geometry`).
+{{ geometry }}
 
 var<workgroup> q_tile: array<vec4<Shared>, {{ tile_vec4s }}>;
 var<workgroup> do_tile: array<vec4<Elem>, {{ tile_vec4s }}>;

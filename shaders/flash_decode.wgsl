@@ -38,7 +38,6 @@ const V: u32 = {{ vec4s }}u;              // D / 4
 const S: u32 = {{ stride }}u;             // vec4s per row in workgroup memory: V rounded up to odd
 const QD: u32 = {{ dot_parts }}u;         // invocations per score, R · TILE · QD ≤ max(WG, R · TILE)
 const P: u32 = {{ key_parts }}u;          // invocations per vec4 of u, P · V ≤ WG
-const MASKED: f32 = -3.0e38;
 
 var<workgroup> q_tile: array<vec4<f32>, {{ row_vec4s }}>;     // R × S: the block's q rows, scaled; at the end u
 var<workgroup> k_tile: array<vec4<Shared>, {{ tile_vec4s }}>; // TILE × S
@@ -54,7 +53,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
     let c = call();
     let split = info[10];
     let splits = info[11];
-    let rows = c.hq / c.hkv * c.tq;                     // packed query rows of a KV head
+    let rows = packed_rows(c);
     let blocks = (rows + R - 1u) / R;
     let bh = wg.y / blocks;                             // b · Hkv + kvh
     let b = bh / c.hkv;
@@ -78,10 +77,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
     }
     // The split's keys that some row of the block sees: both ends of a row's range grow with its position.
     if (lid == 0u) {
-        let lo = row_keys(c, b, packed_row(c, b, kvh, n0).y).x;
-        let hi = row_keys(c, b, packed_row(c, b, kvh, n0 + count - 1u).y).y;
-        let s0 = max(lo, wg.x * split);
-        split_keys = vec2<u32>(s0, max(s0, min(hi, (wg.x + 1u) * split)));
+        let seen = keys_seen(c, b, kvh, n0, n0 + count - 1u);
+        let s0 = max(seen.x, wg.x * split);
+        split_keys = vec2<u32>(s0, max(s0, min(seen.y, (wg.x + 1u) * split)));
     }
     let keys = workgroupUniformLoad(&split_keys);
 

@@ -13,6 +13,8 @@
 @group(0) @binding(4) var<storage, read_write> lse: array<f32>;             // [rows]
 @group(0) @binding(5) var<storage, read_write> info: array<u32>;
 
+{{ common }}
+
 const WG: u32 = {{ workgroup }}u;
 
 @compute @workgroup_size({{ workgroup }}, 1, 1)
@@ -24,16 +26,15 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
     let splits = info[11];
     let first = row * splits;
     // M, then ℓ.
-    var big_m = -3.0e38;
+    var big_m = MASKED;
     for (var s = 0u; s < splits; s++) { big_m = max(big_m, part_m[first + s]); }
     var l = 0.0;
     for (var s = 0u; s < splits; s++) { l += part_l[first + s] * exp(part_m[first + s] - big_m); }
-    let seen = l > 0.0;
     // o's vec4 e: the splits' u weighted by e^(m_s − M), over ℓ.
     for (var e = lid; e < v4; e += WG) {
         var acc = vec4<f32>(0.0);
         for (var s = 0u; s < splits; s++) { acc += part_u[(first + s) * v4 + e] * exp(part_m[first + s] - big_m); }
-        o[row * v4 + e] = vec4<Elem>(select(vec4<f32>(0.0), acc / l, seen));
+        o[row * v4 + e] = vec4<Elem>(normalized(acc, l));
     }
-    if (lid == 0u) { lse[row] = select(0.0, big_m + log(l), seen); }
+    if (lid == 0u) { lse[row] = log_sum_exp(big_m, l); }
 }

@@ -1,7 +1,7 @@
 // FlashAttention forward on cooperative matrices (wgpu's EXPERIMENTAL_COOPERATIVE_MATRIX; Vulkan's
 // VK_KHR_cooperative_matrix, tensor cores on NVIDIA): o = softmax(q kᵀ·scale + mask) v, exact, 16 keys at a time.
 // A workgroup is one subgroup and takes 16 packed query rows of one (batch, KV head), its GQA group's heads packed
-// head-minor as in flash_forward.wgsl. Per tile of 16 keys:
+// head-minor as in flash_queries.wgsl. Per tile of 16 keys:
 //   S = Q Kᵀ        D/16 multiply-adds of 16×16 f16 tiles into an f32 accumulator, stored to workgroup memory;
 //   online softmax  one invocation per row: m_new = max(m, max_j s_j), α = e^(m − m_new), p_j = e^(s_j − m_new)
 //                   (0 where the mask hides key j), ℓ = α ℓ + Σ_j p_j, with p rounded to f16 as P V will use it;
@@ -40,12 +40,11 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
     let c = call();
     let b = wg.y / c.hkv;
     let kvh = wg.y % c.hkv;
-    let rows = (c.hq / c.hkv) * c.tq;
+    let rows = packed_rows(c);
     let n0 = wg.x * 16u;
     if (lid == 0u) {
         let last = min(n0 + 16u, rows) - 1u;
-        block_keys = vec2<u32>(row_keys(c, b, packed_row(c, b, kvh, n0).y).x,
-                               row_keys(c, b, packed_row(c, b, kvh, last).y).y);
+        block_keys = keys_seen(c, b, kvh, n0, last);
     }
     // Q's rows in f16 (rows past the last zero), U zero.
     for (var idx = lid; idx < TILE; idx += THREADS) {
@@ -58,7 +57,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
         u_tile[idx] = 0.0;
     }
     // Invocation r < 16 keeps row r's softmax state and the keys it sees.
-    var m = -3.0e38;
+    var m = MASKED;
     var l = 0.0;
     var seen = vec2<u32>(0u, 0u);
     if (lid < 16u && n0 + lid < rows) {
@@ -127,7 +126,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
     if (lid < 16u) {
         row_scale[lid] = l;
         if (n0 + lid < rows) {
-            lse[packed_row(c, b, kvh, n0 + lid).x] = select(0.0, m + log(l), l > 0.0);
+            lse[packed_row(c, b, kvh, n0 + lid).x] = log_sum_exp(m, l);
         }
     }
     workgroupBarrier();

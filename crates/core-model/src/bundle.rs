@@ -51,13 +51,22 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BundleError + '_ {
 /// process killed mid-write leaves the previous file whole.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), BundleError> {
     let tmp = path.with_extension("tmp");
-    let mut file = fs::File::create(&tmp).map_err(io(&tmp))?;
-    file.write_all(bytes).and_then(|_| file.sync_all()).map_err(io(&tmp))?;
-    fs::rename(&tmp, path).map_err(io(path))?;
+    let written = fs::File::create(&tmp).and_then(|mut file| file.write_all(bytes).and_then(|_| file.sync_all()));
+    let renamed = written.map_err(io(&tmp)).and_then(|_| fs::rename(&tmp, path).map_err(io(path)));
+    // A write that failed (a full disk) leaves no partial file behind.
+    if renamed.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    renamed?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))?;
     }
     Ok(())
+}
+
+/// The first value of `data` that is NaN or ±∞, if any: a diverged run's weights or moments.
+pub fn non_finite(data: &TensorData) -> Option<f32> {
+    data.iter::<f32>().find(|v| !v.is_finite())
 }
 
 /// Saves f32 tensors by name, with string metadata, as one safetensors file written atomically.
@@ -103,7 +112,7 @@ fn save_with_packed(
 
 /// The f32 tensors and packed matrices of a safetensors file Ember wrote, with its metadata.
 fn load_with_packed(path: &Path) -> Result<(Weights, HashMap<String, String>), BundleError> {
-    let bytes = ember_formats::files::read(path).map_err(io(path))?;
+    let bytes = ember_formats::files::map(path).map_err(io(path))?;
     let corrupt = |reason: String| BundleError::Corrupt { path: path.to_path_buf(), reason };
     let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;
     let metadata = header.metadata().clone().unwrap_or_default();
@@ -147,7 +156,7 @@ fn load_with_packed(path: &Path) -> Result<(Weights, HashMap<String, String>), B
 
 /// Loads every tensor (as f32) and the metadata of a safetensors file Ember wrote (all F32).
 pub fn load_tensors(path: &Path) -> Result<(Tensors, HashMap<String, String>), BundleError> {
-    let bytes = ember_formats::files::read(path).map_err(io(path))?;
+    let bytes = ember_formats::files::map(path).map_err(io(path))?;
     let corrupt = |reason: String| BundleError::Corrupt { path: path.to_path_buf(), reason };
     let (read, metadata) = ember_formats::safetensors::read(&bytes, |_| false).map_err(corrupt)?;
     let mut tensors = HashMap::new();
@@ -249,6 +258,24 @@ pub fn load_as(run_dir: &Path, device: &Device, format: WeightFormat) -> Result<
         model.set_feature_draw(model.feature_draw(steps.saturating_sub(1)));
     }
     let tok_path = run_dir.join(TOKENIZER);
-    let tokenizer = tokenizer::load(&tok_path).map_err(|cause| BundleError::Tokenizer { path: tok_path, cause })?;
+    let tokenizer = tokenizer::load(&tok_path)
+        .and_then(|t| tokenizer::check_fits(&t, config.vocab()).map(|_| t))
+        .map_err(|cause| BundleError::Tokenizer { path: tok_path, cause })?;
     Ok(Bundle { config, model, tokenizer, chat: ChatFormat::default() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write that fails (here the rename, over a directory; on a full disk the write) leaves no `.tmp` behind.
+    #[test]
+    fn a_failed_atomic_write_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("model.safetensors");
+        fs::create_dir(&target).unwrap();
+        fs::write(target.join("inside"), b"someone's file").unwrap();
+        assert!(write_atomic(&target, b"bytes").is_err());
+        assert!(!dir.path().join("model.tmp").exists());
+    }
 }

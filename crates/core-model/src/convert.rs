@@ -29,7 +29,14 @@ pub enum ConvertError {
     #[error(transparent)]
     Invalid(#[from] ember_formats::config::Invalid),
     #[error("the converted weights do not fit the MLA model: {0}")]
-    Mismatch(#[from] Mismatch),
+    Mismatch(Mismatch),
+}
+
+/// Not `#[from]`: the message holds the mismatch, which a chained report would print again as the source.
+impl From<Mismatch> for ConvertError {
+    fn from(mismatch: Mismatch) -> Self {
+        Self::Mismatch(mismatch)
+    }
 }
 
 /// The decoupled RoPE width a conversion uses unless told: d_h/2 for RoPE models (every other frequency pair keeps

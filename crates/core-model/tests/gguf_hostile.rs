@@ -194,3 +194,55 @@ fn tensor_dimensions_whose_product_overflows_are_an_error() {
     let err = load(bytes);
     assert!(err.contains("tensor huge: dimensions [100, 100"), "{err}");
 }
+
+/// Files that would load wrongly rather than fail are errors naming the problem: metadata of the wrong type (an
+/// alignment written as the string "64" would read the weights at shifted offsets, a KV head count as a string would
+/// give MHA), a tensor or a key given twice (which one a reader takes would be a guess), a mixture of experts (it
+/// would load as a dense model).
+#[test]
+fn metadata_of_the_wrong_type_duplicates_and_experts_are_errors() {
+    let with = |key: &'static str, value: Meta| {
+        llama_meta(move |m| match m.iter().position(|(k, _)| *k == key) {
+            Some(i) => m[i].1 = value,
+            None => m.push((key, value)),
+        })
+    };
+    let mut twice = llama_tensors();
+    twice.push(tensor("output_norm.weight", &[4]));
+    let cases = [
+        (with("general.alignment", str_meta("64")), llama_tensors(), "general.alignment is not an unsigned integer"),
+        (
+            with("llama.attention.head_count_kv", str_meta("1")),
+            llama_tensors(),
+            "head_count_kv is not an unsigned integer",
+        ),
+        (with("llama.rope.freq_base", str_meta("10000")), llama_tensors(), "llama.rope.freq_base is not a number"),
+        (
+            llama_meta(|m| m.push(("llama.block_count", u32_meta(1)))),
+            llama_tensors(),
+            "llama.block_count appears twice",
+        ),
+        (llama_meta(|_| {}), twice, "tensor output_norm.weight appears twice"),
+        (
+            with("llama.expert_count", u32_meta(8)),
+            llama_tensors(),
+            "mixture-of-experts models (8 experts) are not supported",
+        ),
+    ];
+    for (meta, tensors, expected) in cases {
+        let err = load(gguf(&meta, &tensors));
+        assert!(err.contains(expected), "{expected}: {err}");
+    }
+}
+
+/// A GGUF file is mapped, not read whole: a model followed by 35 GiB of (sparse) padding opens, and loads, reading
+/// only its header and its tensors' pages.
+#[test]
+fn a_35_gib_file_is_mapped_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.gguf");
+    std::fs::write(&path, gguf(&llama_meta(|_| {}), &llama_tensors())).unwrap();
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(35 << 30).unwrap();
+    assert_eq!(gguf_model::load_config(&path).unwrap().n_layers, 1);
+    assert!(gguf_model::load(&path).is_ok());
+}

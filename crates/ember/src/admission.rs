@@ -29,7 +29,7 @@ fn gib(n: u128) -> String {
 }
 
 /// Fails when `bytes` exceed the memory available.
-fn admit(what: &str, bytes: u128) -> Result<()> {
+pub fn admit(what: &str, bytes: u128) -> Result<()> {
     if let Some(available) = available()
         && bytes > available
     {
@@ -56,4 +56,32 @@ pub fn admit_training(config: &ModelConfig, batch: usize, seq: usize) -> Result<
 pub fn admit_kv_stores(config: &ModelConfig, sequences: usize) -> Result<()> {
     let kv = kv_cache_bytes(config, sequences, config.block_size, F32 as usize).unwrap_or(u128::MAX);
     admit(&format!("{sequences} KV store(s) of this model's {}-token context", config.block_size), kv)
+}
+
+/// A model built in f32 from its config (random weights), with f32 KV stores for `sequences` sequences of its whole
+/// context.
+pub fn admit_built_model(config: &ModelConfig, sequences: usize) -> Result<()> {
+    let weights = total_params(config).saturating_mul(F32);
+    let kv = kv_cache_bytes(config, sequences, config.block_size, F32 as usize).unwrap_or(u128::MAX);
+    let what = format!(
+        "this model ({} parameters) with {sequences} KV store(s) of its {}-token context",
+        total_params(config),
+        config.block_size
+    );
+    admit(&what, weights.saturating_add(kv))
+}
+
+/// Loading the model at `path`: at least its weight files' bytes (a GGUF file, or a directory's `model*.safetensors`;
+/// a run directory's checkpoint is not loaded), which the weights take once in memory in their stored form.
+pub fn admit_model_files(path: &std::path::Path) -> Result<()> {
+    let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len() as u128);
+    let bytes = match std::fs::read_dir(path) {
+        Ok(entries) => entries
+            .flatten()
+            .filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("model") && n.ends_with(".safetensors")))
+            .map(|e| size(&e.path()))
+            .sum(),
+        Err(_) => size(path),
+    };
+    admit(&format!("loading {}", path.display()), bytes)
 }

@@ -56,6 +56,23 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
     if args.out.join(bundle::CONFIG).exists() || args.out.join(bundle::MODEL).exists() {
         bail!("{}: already holds a model; choose another --out", args.out.display());
     }
+    let from_run = Source::of(&args.model)? == Source::Run;
+    // `--config` must be a run config; a source run directory's is taken where it has [train].
+    let setup = match &args.config {
+        Some(path) => {
+            let table = run_table(path)?;
+            if let Some(missing) = ["data", "train"].into_iter().find(|section| !table.contains_key(*section)) {
+                bail!(
+                    "{}: no [{missing}] table: --config takes a run config, whose [data] and [train] the converted \
+                     run is fine-tuned with",
+                    path.display()
+                );
+            }
+            Some(table)
+        }
+        None if from_run => Some(run_table(&args.model.join(bundle::CONFIG))?).filter(|t| t.contains_key("train")),
+        None => None,
+    };
     let started = std::time::Instant::now();
     let source = import::load(&args.model, &burn::tensor::Device::flex())?;
     let config = &source.config;
@@ -63,9 +80,11 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
     let mla = to_mla(&source.model, args.latent_dim, rope)?;
     let converted = mla.config().clone();
     bundle::save(&args.out, &converted, &mla, &source.tokenizer)?;
-    let from_run = Source::of(&args.model)? == Source::Run;
-    if let Some(config) = args.config.clone().or_else(|| from_run.then(|| args.model.join(bundle::CONFIG))) {
-        training_setup(&config, &args.out, &converted)?;
+    if let Some(mut table) = setup {
+        // The run config with the converted [model] becomes the run directory's, so that `ember train --resume`
+        // fine-tunes the converted weights.
+        table.insert("model".into(), toml::Value::try_from(&converted)?);
+        bundle::write_atomic(&args.out.join(bundle::CONFIG), table.to_string().as_bytes())?;
     }
     if from_run {
         // The source's token splits, in the token ids the converted model shares.
@@ -105,14 +124,9 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
     Ok(())
 }
 
-/// The run config `config` with the converted [model] becomes the run directory's, so that `ember train --resume`
-/// fine-tunes the converted weights; a config without [train] (an imported model's) is left out.
-fn training_setup(config: &Path, to: &Path, model: &ember_core_model::ModelConfig) -> Result<()> {
-    let text = files::read_to_string(config).with_context(|| config.display().to_string())?;
-    let mut table: toml::Table = toml::from_str(&text).with_context(|| config.display().to_string())?;
-    if !table.contains_key("train") {
-        return Ok(());
-    }
-    table.insert("model".into(), toml::Value::try_from(model)?);
-    Ok(bundle::write_atomic(&to.join(bundle::CONFIG), table.to_string().as_bytes())?)
+/// The TOML table of the run config at `path`.
+fn run_table(path: &Path) -> Result<toml::Table> {
+    let text = files::read_to_string(path).with_context(|| path.display().to_string())?;
+    let table: toml::Table = toml::from_str(&text).with_context(|| path.display().to_string())?;
+    Ok(table)
 }

@@ -49,13 +49,59 @@ pub struct ScoredText {
     pub tokens: usize,
 }
 
+/// Tokens encoded beyond those kept where a text is read only in part (see [`text_ids`]).
+const CUT_MARGIN: usize = 64;
+
+/// Which end of a text [`text_ids`] keeps.
+#[derive(Clone, Copy, PartialEq)]
+pub enum TextEnd {
+    First,
+    Last,
+}
+
+/// The first or last `tokens` token ids of the UTF-8 text at `path` under `tokenizer` (fewer if the text has fewer).
+/// Only that end of the file is read and encoded: a part cut at a line, doubled until it encodes to [`CUT_MARGIN`]
+/// more tokens than are kept, so the tokens a cut could change (a whitespace run, a BOS) are never among them.
+pub fn text_ids(path: &Path, tokenizer: &tokenizers::Tokenizer, tokens: usize, end: TextEnd) -> Result<Vec<u32>> {
+    let context = || path.display().to_string();
+    ember_core_model::files::check_regular(path).with_context(context)?;
+    let file = std::fs::File::open(path).with_context(context)?;
+    let size = file.metadata().with_context(context)?.len();
+    let mut part = (tokens as u64).saturating_mul(8).max(4096).min(size);
+    loop {
+        let start = if end == TextEnd::Last { size - part } else { 0 };
+        let mut bytes = vec![0; part as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut bytes, start).with_context(context)?;
+        // Whole lines only: from the first line start after `start`, or to the last line end before the cut.
+        let whole = part == size;
+        let lines = match end {
+            _ if whole => Some(0..bytes.len()),
+            TextEnd::Last => bytes.iter().position(|&b| b == b'\n').map(|at| at + 1..bytes.len()),
+            TextEnd::First => bytes.iter().rposition(|&b| b == b'\n').map(|at| 0..at + 1),
+        };
+        if let Some(lines) = lines {
+            let first = start as usize + lines.start;
+            let text = std::str::from_utf8(&bytes[lines]).map_err(|e| {
+                anyhow::anyhow!("{}: not UTF-8 text (invalid byte at offset {})", context(), first + e.valid_up_to())
+            })?;
+            let ids = ember_core_model::tokenizer::encode(tokenizer, text)?;
+            if whole || ids.len() >= tokens.saturating_add(CUT_MARGIN) {
+                let keep = match end {
+                    TextEnd::Last => ids.len().saturating_sub(tokens)..ids.len(),
+                    TextEnd::First => 0..ids.len().min(tokens),
+                };
+                return Ok(ids[keep].to_vec());
+            }
+        }
+        part = part.saturating_mul(2).min(size);
+    }
+}
+
 impl ScoredText {
     /// The text's last `tokens` token ids (at least 2) under `tokenizer`.
     pub fn ids(&self, tokenizer: &tokenizers::Tokenizer) -> Result<Vec<u32>> {
         let path = &self.text;
-        let text = ember_core_model::files::read_to_string(path).with_context(|| path.display().to_string())?;
-        let mut ids = ember_core_model::tokenizer::encode(tokenizer, &text)?;
-        ids.drain(..ids.len().saturating_sub(self.tokens));
+        let ids = text_ids(path, tokenizer, self.tokens, TextEnd::Last)?;
         if ids.len() < 2 {
             bail!("{}: fewer than 2 tokens to score", path.display());
         }

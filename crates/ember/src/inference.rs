@@ -77,6 +77,9 @@ impl Placement {
 /// loading returned to the system and, in the machine's memory, KV stores for `sequences` sequences admitted.
 pub fn load_for_inference(path: &Path, hold: HoldFlags, placement: &Placement, sequences: usize) -> Result<Bundle> {
     let weights = devices::weights_in(placement.precision, hold.weights)?;
+    if placement.host {
+        admission::admit_model_files(path)?;
+    }
     let mut run = import::load_as(path, &placement.device, weights)?;
     run.model = params::in_precision(run.model, placement.precision);
     allocator::release_load_buffers();

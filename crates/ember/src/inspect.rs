@@ -47,7 +47,7 @@ fn config_of(args: &InspectArgs) -> Result<ModelConfig> {
         (None, Some(path)) => match Source::of(path)? {
             Source::Run => Ok(bundle::load_model_config(path)?),
             Source::HuggingFace => Ok(import::hf::load(path)?.0),
-            Source::Gguf => Ok(import::gguf_model::load(path)?.0),
+            Source::Gguf => Ok(import::gguf_model::load_config(path)?),
         },
         (None, None) => bail!("give --config FILE or --model PATH"),
     }
@@ -140,8 +140,8 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
         let gqa = if c.n_heads % 8 == 0 { 8 } else { c.kv_heads() };
         println!("  the same model as MHA {}, GQA g = {gqa} {}, MQA {}", with(c.n_heads), with(gqa), with(1));
         let state = |r: usize| {
-            let elements = state_elements_per_layer(&c, r) as u128;
-            bytes(elements.checked_mul(e as u128 * c.n_layers as u128 * b as u128))
+            let factors = [state_elements_per_layer(&c, r), e, c.n_layers, b];
+            bytes(factors.into_iter().try_fold(1u128, |product, n| product.checked_mul(n as u128)))
         };
         println!(
             "  with linear attention (recurrent state, any length): elu + 1 {}, FAVOR+ r = 256 {}",

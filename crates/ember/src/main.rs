@@ -157,6 +157,7 @@ fn import(args: ImportArgs) -> Result<()> {
         Some(WeightFormat::Packed(format)) => WeightFormat::Packed(format),
         Some(other) => bail!("--quantize {other}: give a ggml format (f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1)"),
     };
+    admission::admit_model_files(&args.source)?;
     let (config, weights, tokenizer, _) = import::read(&args.source)?;
     let weights = weights.convert(format).map_err(|e| anyhow::anyhow!("{}: {e}", args.source.display()))?;
     // The weights must build the model they claim to be before they are written.

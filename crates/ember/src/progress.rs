@@ -13,6 +13,18 @@ pub fn step_range(step: u64, max_steps: u64) -> String {
     }
 }
 
+/// The bar of a corpus being tokenized, bytes done of its size; hidden below 16 MiB, which takes a second or two.
+pub fn tokenizing(corpus: &std::path::Path) -> ProgressBar {
+    let size = std::fs::metadata(corpus).map_or(0, |m| m.len());
+    if size < 16 << 20 {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(size);
+    let template = "tokenizing {bar:30} {binary_bytes}/{binary_total_bytes} ETA {eta}";
+    bar.set_style(ProgressStyle::with_template(template).expect("a valid progress template"));
+    bar
+}
+
 pub struct Progress {
     bar: ProgressBar,
 }

@@ -7,13 +7,28 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use ember_core_model::bundle;
+use ember_train::corpus::TRAIN_BIN;
 
 /// The lock file inside a run directory.
 const LOCK: &str = ".lock";
 
-/// Files that make a directory someone's model: a run directory's weights, a Hugging Face directory's config and
-/// sharded weights.
-const MODEL_FILES: [&str; 3] = [bundle::MODEL, "config.json", "model.safetensors.index.json"];
+/// Files that make a directory someone's model: a run directory's weights, a Hugging Face directory's config, sharded
+/// and PyTorch weights.
+const MODEL_FILES: [&str; 5] =
+    [bundle::MODEL, "config.json", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"];
+
+/// The file in `dir` that makes it someone's model: one of [`MODEL_FILES`], a GGUF file, or a tokenizer that is not
+/// an Ember run's own (a run writes its token files beside it, then `config.toml`).
+fn model_file(dir: &Path) -> Option<String> {
+    if let Some(found) = MODEL_FILES.iter().find(|name| dir.join(name).exists()) {
+        return Some(found.to_string());
+    }
+    let names = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    let gguf = names.map(|e| e.file_name().to_string_lossy().into_owned()).filter(|name| name.ends_with(".gguf"));
+    let ours = [bundle::CONFIG, TRAIN_BIN].iter().any(|name| dir.join(name).exists());
+    let foreign_tokenizer = dir.join(bundle::TOKENIZER).exists() && !ours;
+    gguf.min().or(foreign_tokenizer.then(|| bundle::TOKENIZER.to_string()))
+}
 
 /// Refuses a new run in `dir` when it holds a checkpoint or a model, unless `force` (its files are then replaced).
 pub fn check_new(dir: &Path, force: bool) -> Result<()> {
@@ -27,7 +42,7 @@ pub fn check_new(dir: &Path, force: bool) -> Result<()> {
             dir.display()
         );
     }
-    if let Some(found) = MODEL_FILES.iter().find(|name| dir.join(name).exists()) {
+    if let Some(found) = model_file(dir) {
         bail!(
             "{} already holds a model ({found}); choose another train.out_dir, or pass --force to overwrite it",
             dir.display()

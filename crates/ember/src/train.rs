@@ -51,6 +51,13 @@ pub fn train(args: TrainArgs, device: DeviceChoice, collective: Rc<dyn Collectiv
 fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn Collective>) -> Result<()> {
     let (config_path, run_dir) = match (&args.config, &args.resume) {
         (_, Some(run_dir)) => {
+            if let Some(data) = args.overrides.iter().find(|o| o.trim_start().starts_with("data.")) {
+                bail!(
+                    "--set {data}: a resumed run keeps the data it was trained on (its tokens are stored in {}); \
+                     start a new run to change it",
+                    run_dir.display()
+                );
+            }
             if !run_dir.join(bundle::CHECKPOINT).exists() && !run_dir.join(bundle::MODEL).exists() {
                 bail!(
                     "{} has no checkpoint or weights to resume from (expected {} or {})",
@@ -88,7 +95,13 @@ fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn C
         ensure_corpus(&config)?;
     }
     let (tok, corpus) = match writes {
-        true => corpus::prepare(&config.data, &run_dir, args.resume.is_some())?,
+        true => {
+            let bar = crate::progress::tokenizing(&config.data.corpus);
+            let mut shown = |done, _| bar.set_position(done);
+            let prepared = corpus::prepare_reporting(&config.data, &run_dir, args.resume.is_some(), &mut shown);
+            bar.finish_and_clear();
+            prepared?
+        }
         false => {
             collective.barrier(); // rank 0 has written the tokenizer and the token splits
             corpus::load(&run_dir).map_err(|e| {

@@ -14,7 +14,7 @@ use ember_train::bleu::corpus_bleu;
 use ember_train::collective::Collective;
 use ember_train::parallel::{BOS, EOS, Vocabularies, encode, read_tsv, source_batch};
 use ember_train::trainer::TaskError;
-use ember_train::translation::{self, BleuOf, TranslationConfig, TranslationTrainer};
+use ember_train::translation::{self, BleuOf, TranslationConfig, TranslationTrainer, Translator};
 
 use crate::devices::{self, DeviceChoice};
 use crate::progress::Progress;
@@ -51,10 +51,13 @@ pub struct AverageArgs {
     out: Option<PathBuf>,
 }
 
-/// Beam settings for a translator: a beam of at least 1 and a finite length penalty.
+/// The widest beam: each hypothesis is a row of the decoder's batch (fairseq's default is 5, wide searches 50–200).
+const MAX_BEAM: usize = 1024;
+
+/// Beam settings for a translator: a beam of 1 to [`MAX_BEAM`] and a finite length penalty.
 fn beam(beam: usize, lenpen: f64) -> Result<BeamConfig> {
-    if beam == 0 {
-        bail!("--beam must be at least 1");
+    if !(1..=MAX_BEAM).contains(&beam) {
+        bail!("--beam must be from 1 to {MAX_BEAM}, not {beam}");
     }
     if !lenpen.is_finite() {
         bail!("--lenpen must be a finite number, not {lenpen}");
@@ -143,11 +146,16 @@ pub fn average(args: AverageArgs) -> Result<()> {
 
 /// Corpus BLEU of a translator on a TSV test set.
 pub fn evaluate(model: &Path, data: &Path, beam_size: usize, lenpen: f64, choice: DeviceChoice) -> Result<()> {
-    let config = beam(beam_size, lenpen)?;
+    beam(beam_size, lenpen)?;
     let (device, _) = devices::select(choice)?;
     let t = translation::load(model, None, &device)?;
-    let pairs = read_tsv(data)?;
-    let hyps = translate_all(&t.model, &t.vocab, &pairs, config, &device)?;
+    score(&t, &read_tsv(data)?, beam_size, lenpen, &device)
+}
+
+/// Prints the corpus BLEU of translator `t` on `pairs`.
+fn score(t: &Translator, pairs: &[(String, String)], beam_size: usize, lenpen: f64, device: &Device) -> Result<()> {
+    let config = beam(beam_size, lenpen)?;
+    let hyps = translate_all(&t.model, &t.vocab, pairs, config, device)?;
     let bleu = corpus_bleu(hyps.iter().map(String::as_str), pairs.iter().map(|(_, r)| r.as_str()));
     println!("{} ({} sentences, beam {beam_size}, lenpen {lenpen})", bleu, pairs.len());
     Ok(())
@@ -239,6 +247,8 @@ fn run(trainer: TranslationTrainer, collective: Rc<dyn Collective>, choice: Devi
         crate::ranks::report_end(&*collective, trainer.step, trainer.fingerprint());
         return Ok(());
     }
+    // The test set is read before training, so a bad path fails now rather than after the last step.
+    let test = trainer.task.config.data.test.as_ref().map(|path| read_tsv(path)).transpose()?;
     let task = &trainer.task;
     let vocabularies = match task.vocab.sizes() {
         (joint, _) if task.vocab.joint => format!("joint vocabulary {joint}"),
@@ -258,8 +268,9 @@ fn run(trainer: TranslationTrainer, collective: Rc<dyn Collective>, choice: Devi
     result?;
     crate::ranks::report_end(&*collective, trainer.step, trainer.fingerprint());
     println!("run directory: {}", trainer.run_dir.display());
-    if let Some(test) = &trainer.task.config.data.test {
-        evaluate(&trainer.run_dir, test, 4, 0.6, choice)?;
+    if let Some(pairs) = test {
+        let (device, _) = devices::select(choice)?;
+        score(&translation::load(&trainer.run_dir, None, &device)?, &pairs, 4, 0.6, &device)?;
     }
     Ok(())
 }

@@ -100,6 +100,8 @@ fn corrupt_checkpoint() {
     assert_clean_error(&out, "model.safetensors: not a valid safetensors file");
 }
 
+/// A new run does not replace a checkpoint; a prompt, a checkpoint of another shape and a tokenizer that does not fit
+/// the model are each named.
 #[test]
 fn fresh_run_refuses_to_overwrite_a_checkpoint_and_prompt_outside_vocabulary_is_named() {
     let tiny = Tiny::new(50_000, "");
@@ -109,27 +111,46 @@ fn fresh_run_refuses_to_overwrite_a_checkpoint_and_prompt_outside_vocabulary_is_
     let before = std::fs::read(run.join("checkpoint.safetensors")).unwrap();
     assert_clean_error(&ember(&args), "already holds a checkpoint");
     assert_eq!(std::fs::read(run.join("checkpoint.safetensors")).unwrap(), before, "saved work is untouched");
+    // A checkpoint of another shape is named once, not once more as the error's cause.
+    let resume = ["train", "--device", "cpu", "--resume", run.to_str().unwrap(), "--set", "model.n_layers=3"];
+    let out = ember(&resume);
+    assert_clean_error(&out, "checkpoint does not fit the configured model");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let detail = stderr.split("configured model: ").nth(1).unwrap_or_default().trim();
+    assert_eq!(stderr.matches(detail).count(), 1, "{stderr}");
     let out = generate_on_cpu(run, &["--prompt", "€", "--max-new-tokens", "3"]);
     assert_clean_error(&out, "prompt");
+    // A tokenizer with an id past the model's vocabulary (an embedding lookup out of bounds) is refused on load.
+    let path = run.join("tokenizer.json");
+    let mut tokenizer: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    tokenizer["model"]["vocab"]["e"] = 5000.into();
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+    let corpus = tiny.dir.path().join("corpus.txt");
+    let eval = ["--device", "cpu", "eval", "perplexity", "--model", run.to_str().unwrap(), "--text"];
+    let out = ember(&[&eval[..], &[corpus.to_str().unwrap()]].concat());
+    assert_clean_error(&out, "token \"e\" has id 5000, past the model's vocabulary of");
 }
 
-/// A directory that holds someone's model (a run directory's weights, a Hugging Face directory) but no checkpoint is
-/// not silently overwritten by a new run; `--force` overwrites it on purpose.
+/// A directory that holds someone's model (a run directory's weights, a Hugging Face or PyTorch directory, a GGUF
+/// file, a tokenizer alone) but no checkpoint is not silently overwritten by a new run; `--force` overwrites it on
+/// purpose.
 #[test]
 fn fresh_run_refuses_a_directory_holding_a_model_unless_forced() {
     let dir = tempfile::tempdir().unwrap();
     let corpus = small_corpus(dir.path(), 50_000);
-    for file in ["model.safetensors", "config.json"] {
+    for file in ["model.safetensors", "config.json", "pytorch_model.bin", "llama.gguf", "tokenizer.json"] {
         let run = dir.path().join(format!("holds-{file}"));
         std::fs::create_dir_all(&run).unwrap();
-        std::fs::write(run.join(file), b"someone's model").unwrap();
         std::fs::write(run.join("tokenizer.json"), b"someone's tokenizer").unwrap();
+        std::fs::write(run.join(file), b"someone's model").unwrap();
         let config = tiny_config(dir.path(), &corpus, &run, "");
         let args = ["train", "--device", "cpu", "--no-sample", "--config", config.to_str().unwrap()];
         let args = [&args[..], &["--set", "train.max_steps=1"]].concat();
         assert_clean_error(&ember(&args), &format!("already holds a model ({file})"));
         assert_eq!(std::fs::read(run.join(file)).unwrap(), b"someone's model", "{file} is untouched");
-        assert_eq!(std::fs::read(run.join("tokenizer.json")).unwrap(), b"someone's tokenizer");
+        if file != "tokenizer.json" {
+            assert_eq!(std::fs::read(run.join("tokenizer.json")).unwrap(), b"someone's tokenizer");
+        }
         let forced = ember(&[&args[..], &["--force"]].concat());
         assert!(forced.status.success(), "--force overwrites: {}", String::from_utf8_lossy(&forced.stderr));
     }
@@ -208,7 +229,7 @@ fn a_page_larger_than_the_context_is_refused() {
 #[test]
 fn a_model_or_batch_too_large_for_the_machine_is_refused_before_allocating() {
     let tiny = Tiny::new(20_000, "");
-    for set in ["model.d_model=1000000000", "model.n_layers=100000", "train.batch_size=1000000000000"] {
+    for set in ["model.d_model=1048576", "model.vocab_size=1000000000", "train.batch_size=1000000000000"] {
         let out = tiny.train(&["--no-sample", "--set", set]);
         assert_clean_error(&out, "GiB, more than the");
         assert!(String::from_utf8_lossy(&out.stderr).contains("needs at least"), "{set}");
@@ -245,26 +266,51 @@ fn serve_names_bad_limits_origins_and_models() {
     assert_clean_error(&serve(&[]), "/nonexistent/model.gguf");
 }
 
-/// Values that used to be accepted and then panicked, ran something else or trained into the wrong place: a bench
-/// of zero rounds or a zero-dimensional sketch, a beam of 0, a length penalty of NaN, an infinite RoPE base, an empty
-/// run directory.
+/// Values that used to be accepted and then panicked, aborted, ran something else or trained into the wrong place: a
+/// bench of zero rounds or a zero-dimensional sketch, a beam of 0 or 10⁹, a length penalty of NaN, an infinite RoPE
+/// base, an empty run directory, attention benches of zero or impossible sizes, 10¹² FAVOR+ features.
 #[test]
 fn zero_counts_non_finite_numbers_and_an_empty_out_dir_are_refused() {
     let tiny = Tiny::new(20_000, "");
     let config = tiny.config();
     let missing = tiny.dir.path().join("absent").to_str().unwrap().to_string();
+    // A (sparse) file of 1 TiB: loading it is refused by its size before a byte is read.
+    let huge = tiny.dir.path().join("huge.gguf");
+    std::fs::File::create(&huge).unwrap().set_len(1 << 40).unwrap();
+    let huge = huge.to_str().unwrap();
     for (args, needle) in [
+        (vec!["generate", "--model", huge], "huge.gguf needs at least 1024.0 GiB"),
+        (vec!["import", huge, "--out", &missing], "huge.gguf needs at least 1024.0 GiB"),
         (vec!["bench", "train", "--config", config, "--rounds", "0"], "--rounds and --steps must be at least 1"),
         (
             vec!["bench", "kernel", "--model", &missing, "--text", &missing, "--sketch", "0"],
             "--sketch must be at least 1",
         ),
-        (vec!["eval", "--model", &missing, "--data", &missing, "--beam", "0"], "--beam must be at least 1"),
+        (vec!["eval", "--model", &missing, "--data", &missing, "--beam", "0"], "--beam must be from 1 to 1024, not 0"),
+        (vec!["translate", "--model", &missing, "--beam", "1000000000"], "--beam must be from 1 to 1024"),
         (vec!["translate", "--model", &missing, "--lenpen", "NaN"], "--lenpen must be a finite number, not NaN"),
         (vec!["train", "--config", config, "--set", "model.rope_theta=inf"], "model.rope_theta = inf: a finite number"),
         (vec!["train", "--config", config, "--set", "train.out_dir=\"\""], "train.out_dir = \"\": a directory"),
+        (vec!["train", "--config", config, "--set", "model.d_model=1000000000"], "model.d_model = 1000000000: at most"),
+        (vec!["bench", "train", "--config", config, "--set", "model.d_model=1000000000"], "model.d_model = 1000000000"),
+        (
+            vec!["bench", "decode", "--config", concat!(env!("CARGO_MANIFEST_DIR"), "/../../configs/llama3-70b.toml")],
+            "parameters) with 1 KV store(s) of its",
+        ),
+        (vec!["bench", "attention", "--lengths", "0"], "--lengths, --head-dims, --heads, --batch, --iters and --calls"),
+        (vec!["bench", "attention", "--heads", "0"], "must be at least 1"),
+        (vec!["bench", "attention", "--lengths", "100000000000"], "attention at T = 100000000000, d = 64 needs"),
+        (
+            vec!["bench", "kernel", "--model", &missing, "--text", &missing, "--features", "1000000000000"],
+            "--features and --keys take at most 1048576",
+        ),
     ] {
         assert_clean_error(&ember(&[&["--device", "cpu"], &args[..]].concat()), needle);
     }
     assert!(!tiny.dir.path().join("config.toml").exists() && !std::path::Path::new("config.toml").exists());
+    // Sizes past 2^64 bytes are an answer of inspect's, not an overflow.
+    let max = u64::MAX.to_string();
+    let out = ember(&["inspect", "--config", config, "--length", &max, "--batch", &max, "--bytes", &max]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("more than 2^128 B"));
 }

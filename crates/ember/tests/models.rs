@@ -245,7 +245,27 @@ fn convert_to_mla_keeps_the_loss_at_full_rank_and_fine_tunes_with_resume() {
     let original = loss(&run);
     assert!((loss(&full) - original).abs() < 1e-4, "full rank: {} vs {original}", loss(&full));
     assert_clean_error(&convert("34", &dir.path().join("too-wide")), "at most 33");
+    // --config must be a run config: without [data] and [train] the converted run could not be fine-tuned.
+    let model_only = dir.path().join("model-only.toml");
+    std::fs::write(&model_only, "[model]\nn_layers = 2\n").unwrap();
+    let bare = dir.path().join("bare");
+    let out = ember(&[
+        "convert",
+        "--to",
+        "mla",
+        run.to_str().unwrap(),
+        "--config",
+        model_only.to_str().unwrap(),
+        "--out",
+        bare.to_str().unwrap(),
+    ]);
+    assert_clean_error(&out, "model-only.toml: no [data] table: --config takes a run config");
+    assert!(!bare.exists(), "nothing is written");
     assert!(convert("8", &low).status.success());
+    // A resumed run trains on the tokens stored with it: a data override would be silently ignored.
+    let data =
+        ember(&["train", "--device", "cpu", "--resume", low.to_str().unwrap(), "--set", "data.val_fraction=0.5"]);
+    assert_clean_error(&data, "--set data.val_fraction=0.5: a resumed run keeps the data it was trained on");
     train_ok(&["--device", "cpu", "--resume", low.to_str().unwrap(), "--set", "train.max_steps=5"]);
     assert!(loss(&low).is_finite());
     let metrics = std::fs::read_to_string(low.join("metrics.jsonl")).unwrap();

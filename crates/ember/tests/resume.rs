@@ -1,4 +1,5 @@
-//! Resume is exact, and a process killed while checkpointing leaves a loadable checkpoint.
+//! Resume is exact, a process killed while checkpointing leaves a loadable checkpoint, and a run's memory does not
+//! grow with its corpus.
 
 mod common;
 
@@ -119,4 +120,45 @@ fn unfinished_files_are_removed_and_a_checkpoint_without_its_model_file_resumes(
         .collect();
     assert!(left.is_empty(), "{left:?}");
     assert_eq!(step_losses(&run).last().unwrap().0, 6);
+}
+
+/// The corpus is tokenized chunk by chunk into token files that training reads a window at a time: a run on 40 MB of
+/// text trains under a 400 MiB limit on its address space (`ulimit -v`; holding the text and its tokenizer records
+/// whole took 169 bytes per byte of corpus, 6.8 GB), and its peak memory stays within 64 MiB of a run on 4 MB.
+#[test]
+fn training_memory_does_not_grow_with_the_corpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(small_corpus(dir.path(), 100_000)).unwrap();
+    let peak_kib = |copies: usize, limit: &str| {
+        let corpus = dir.path().join(format!("corpus-{copies}.txt"));
+        std::fs::write(&corpus, text.repeat(copies)).unwrap();
+        let config = tiny_config(dir.path(), &corpus, &dir.path().join(format!("run-{copies}")), "");
+        let log = dir.path().join(format!("train-{copies}.log"));
+        let child = Command::new("sh")
+            .args(["-c", &format!("ulimit -v {limit} && exec \"$0\" \"$@\""), env!("CARGO_BIN_EXE_ember")])
+            .args(["train", "--device", "cpu", "--no-sample", "--config", config.to_str().unwrap()])
+            .args(["--set", "train.max_steps=2"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let (status, peak) = peak_resident_kib(child);
+        assert!(status, "{copies} copies under ulimit -v {limit}: {}", std::fs::read_to_string(&log).unwrap());
+        peak
+    };
+    let (small, large) = (peak_kib(40, "unlimited"), peak_kib(400, "409600"));
+    assert!(large < small + 64 * 1024, "peak {small} KiB on 4 MB of text, {large} KiB on 40 MB");
+}
+
+/// Waits for `child`: whether it succeeded, and its peak resident memory in KiB.
+fn peak_resident_kib(child: std::process::Child) -> (bool, i64) {
+    let mut status = 0;
+    // SAFETY: rusage is plain integers, for which all zeros is a value; wait4 writes the child's exit status and
+    // resource usage into the two locals it is given and reads nothing else.
+    let (pid, usage) = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        (libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage), usage)
+    };
+    assert_eq!(pid, child.id() as libc::pid_t, "waiting for the trainer");
+    (libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, usage.ru_maxrss)
 }

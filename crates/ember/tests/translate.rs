@@ -60,11 +60,17 @@ fn train_translate_average_and_evaluate() {
     assert_clean_error(&ember(&["average", "--model", run.to_str().unwrap(), "--last", "9"]), "holds 3 checkpoints");
 }
 
+/// A test set that cannot be read fails the run before its first step, not after its last; a training line without
+/// a tab is named with its number.
 #[test]
-fn a_tsv_line_without_a_tab_is_reported_with_its_number() {
+fn a_missing_test_set_and_a_tsv_line_without_a_tab_are_reported_before_training() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let config = tiny_translation_config(dir.path(), &run);
+    let set = format!("data.test=\"{}\"", dir.path().join("absent.tsv").display());
+    let out = ember(&["--device", "cpu", "train", "--config", config.to_str().unwrap(), "--set", &set]);
+    assert_clean_error(&out, "absent.tsv");
+    assert!(!run.join("checkpoint.safetensors").exists(), "no step was trained");
     let train = dir.path().join("train.tsv");
     let mut text = std::fs::read_to_string(&train).unwrap();
     text.push_str("a line with no tab\n");

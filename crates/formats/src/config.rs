@@ -336,6 +336,7 @@ impl ModelConfig {
     }
 
     pub fn validate(&self) -> Result<(), Invalid> {
+        self.check_sizes()?;
         if let Some(v) = self.vocab_size {
             require(v >= 1, "model.vocab_size", v, "at least 1")?;
         }
@@ -436,6 +437,34 @@ impl ModelConfig {
         }
     }
 
+    /// Bounds on every size, far above any model's (Llama 3 405B: d 16,384, FFN 53,248, 126 layers, 128 heads), so
+    /// that the sizes derived from them (the FFN width, parameter counts, memory estimates) cannot overflow.
+    fn check_sizes(&self) -> Result<(), Invalid> {
+        const WIDTH: usize = 1 << 20;
+        const COUNT: usize = 1 << 16;
+        const TOKENS: usize = 1 << 30;
+        let sizes = [
+            ("model.vocab_size", self.vocab_size, TOKENS),
+            ("model.block_size", Some(self.block_size), TOKENS),
+            ("model.n_layers", Some(self.n_layers), COUNT),
+            ("model.n_heads", Some(self.n_heads), COUNT),
+            ("model.n_kv_heads", self.n_kv_heads, COUNT),
+            ("model.d_model", Some(self.d_model), WIDTH),
+            ("model.head_dim", self.head_dim, WIDTH),
+            ("model.d_ff", self.d_ff, WIDTH),
+            ("model.mla_latent_dim", self.mla_latent_dim, WIDTH),
+            ("model.mla_rope_dim", self.mla_rope_dim, WIDTH),
+            ("model.favor_features", self.favor_features, WIDTH),
+            ("model.window", self.window, TOKENS),
+        ];
+        for (key, value, most) in sizes {
+            if let Some(value) = value {
+                require(value <= most, key, value, format!("at most {most}"))?;
+            }
+        }
+        Ok(())
+    }
+
     /// The vocabulary, which training fills in from the tokenizer before a model is built.
     pub fn vocab(&self) -> usize {
         self.vocab_size.expect("vocab_size is set from the tokenizer before a model is built")
@@ -506,75 +535,4 @@ pub fn model_from_run_toml(text: &str) -> Result<ModelConfig, RunConfigError> {
         return Err(syntax("model.vocab_size is missing"));
     }
     Ok(config)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn baby() -> ModelConfig {
-        ModelConfig::gpt(65, 4, 4, 128, 64)
-    }
-
-    #[test]
-    fn width_must_split_into_heads() {
-        let bad = ModelConfig { d_model: 130, ..baby() };
-        let err = bad.validate().unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "model.d_model = 130: must be a multiple of model.n_heads = 4 (or set model.head_dim)"
-        );
-        assert!(baby().validate().is_ok());
-    }
-
-    #[test]
-    fn dropout_must_be_a_probability() {
-        let err = ModelConfig { dropout: 1.0, ..baby() }.validate().unwrap_err();
-        assert_eq!(err.key, "model.dropout");
-    }
-
-    #[test]
-    fn kv_heads_must_divide_query_heads() {
-        let err = ModelConfig { n_kv_heads: Some(3), ..baby() }.validate().unwrap_err();
-        assert_eq!(err.to_string(), "model.n_kv_heads = 3: must divide model.n_heads = 4");
-        assert!(ModelConfig { n_kv_heads: Some(1), ..baby() }.validate().is_ok());
-    }
-
-    #[test]
-    fn feature_map_attention_names_what_it_cannot_do() {
-        let linear = ModelConfig { attention_kernel: AttentionKernel::Linear, ..baby() };
-        assert!(linear.validate().is_ok());
-        let windowed = ModelConfig { window: Some(8), ..linear.clone() };
-        assert_eq!(
-            windowed.validate().unwrap_err().to_string(),
-            "model.attention_kernel = \"linear\": has no sliding window (softmax has it)"
-        );
-        let stray = ModelConfig { favor_features: Some(16), ..linear.clone() };
-        assert_eq!(stray.validate().unwrap_err().key, "model.favor_features");
-        let stray = ModelConfig { favor_redraw: Some(100), ..linear.clone() };
-        assert_eq!(stray.validate().unwrap_err().key, "model.favor_redraw");
-        let parsed: ModelConfig = toml::from_str(
-            "n_layers = 1\nn_heads = 2\nd_model = 8\nblock_size = 4\nattention_kernel = \"favor\"\nfavor_features = 8",
-        )
-        .unwrap();
-        assert_eq!((parsed.attention_kernel, parsed.favor_features), (AttentionKernel::Favor, Some(8)));
-    }
-
-    #[test]
-    fn mla_needs_its_widths_and_any_positions_do() {
-        let mla = ModelConfig { attention: AttentionKind::Mla, positions: PositionKind::Rope, ..baby() };
-        assert_eq!(mla.validate().unwrap_err().key, "model.mla_latent_dim");
-        let mla = ModelConfig { mla_latent_dim: Some(32), mla_rope_dim: Some(8), ..mla };
-        assert!(mla.validate().is_ok());
-        // A GPT converted to MLA keeps its learned positions beside the decoupled RoPE key.
-        assert!(ModelConfig { positions: PositionKind::Learned, ..mla.clone() }.validate().is_ok());
-        assert_eq!(ModelConfig { mla_rope_dim: Some(3), ..mla }.validate().unwrap_err().key, "model.mla_rope_dim");
-    }
-
-    #[test]
-    fn swiglu_width_is_eight_thirds_rounded_to_64() {
-        let c = ModelConfig { ffn: FfnKind::Swiglu, d_model: 576, ..baby() };
-        assert_eq!(c.ffn_dim(), 1536);
-        assert_eq!(ModelConfig { ffn: FfnKind::Swiglu, ..baby() }.ffn_dim(), 384);
-    }
 }

@@ -7,10 +7,51 @@ use std::path::Path;
 
 /// The whole file at `path` (symlinks followed), refusing anything but a regular file.
 pub fn read(path: &Path) -> Result<Vec<u8>> {
-    if !fs::metadata(path)?.is_file() {
-        return Err(Error::new(ErrorKind::InvalidInput, "not a regular file (a device, FIFO or directory)"));
-    }
+    check_regular(path)?;
     fs::read(path)
+}
+
+/// A file's bytes: mapped (its pages read from disk as they are first touched, and held by the system's page cache,
+/// which can drop them again), or read into memory.
+pub enum Bytes {
+    Mapped(memmap2::Mmap),
+    Read(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(map) => map,
+            Bytes::Read(bytes) => bytes,
+        }
+    }
+}
+
+impl From<Vec<u8>> for Bytes {
+    fn from(bytes: Vec<u8>) -> Self {
+        Bytes::Read(bytes)
+    }
+}
+
+/// The file at `path` mapped into memory, refusing anything but a regular file: opening a 35 GB model reads only the
+/// pages its reader touches, and loading it costs its memory once (the weights copied out of the page cache).
+pub fn map(path: &Path) -> Result<Bytes> {
+    check_regular(path)?;
+    let file = fs::File::open(path)?;
+    // SAFETY: the map is read-only. Like every reader that maps model files (llama.cpp, safetensors' Python
+    // loader), it relies on no other process truncating the file while it is open, which would end this one with
+    // SIGBUS; nothing here writes through it.
+    let map = unsafe { memmap2::Mmap::map(&file)? };
+    Ok(Bytes::Mapped(map))
+}
+
+/// Fails unless `path` is a regular file: a device such as /dev/zero would be read forever.
+pub fn check_regular(path: &Path) -> Result<()> {
+    match fs::metadata(path)?.is_file() {
+        true => Ok(()),
+        false => Err(Error::new(ErrorKind::InvalidInput, "not a regular file (a device, FIFO or directory)")),
+    }
 }
 
 /// [`read`] as UTF-8 text.

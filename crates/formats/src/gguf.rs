@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use crate::files::Bytes;
 use crate::ggml::{self, Format};
 use crate::packed::Packed;
 
@@ -164,11 +165,12 @@ impl TensorInfo {
     }
 }
 
-/// A parsed GGUF file held in memory.
+/// A parsed GGUF file: its metadata and tensor directory, over the file's bytes (mapped, so parsing reads only the
+/// header and a tensor's pages are read when it is).
 pub struct Gguf {
     pub metadata: HashMap<String, Value>,
     pub tensors: Vec<TensorInfo>,
-    bytes: Vec<u8>,
+    bytes: Bytes,
     data_start: usize,
 }
 
@@ -196,6 +198,12 @@ pub enum GgufError {
     Nesting(usize),
     #[error("general.alignment {0} is not a power of two from 1 to 2^20")]
     Alignment(u64),
+    #[error("metadata {key} is not {expected}")]
+    MetadataType { key: String, expected: &'static str },
+    #[error("metadata key {0} appears twice")]
+    DuplicateKey(String),
+    #[error("tensor {0} appears twice")]
+    DuplicateTensor(String),
     #[error("tensor {name}: dimensions {dims:?} hold more elements than this machine can address")]
     TensorSize { name: String, dims: Vec<usize> },
 }
@@ -296,7 +304,8 @@ impl Reader<'_> {
 
 impl Gguf {
     /// Parses the header, metadata and tensor directory of a GGUF file's bytes.
-    pub fn parse(bytes: Vec<u8>) -> Result<Self, GgufError> {
+    pub fn parse(bytes: impl Into<Bytes>) -> Result<Self, GgufError> {
+        let bytes = bytes.into();
         let mut r = Reader { bytes: &bytes, at: 0 };
         let magic: [u8; 4] = r.array()?;
         if &magic != b"GGUF" {
@@ -311,9 +320,14 @@ impl Gguf {
         for _ in 0..n_kv {
             let key = r.string()?;
             let ty = r.u32()?;
-            metadata.insert(key, r.value(ty)?);
+            let value = r.value(ty)?;
+            if metadata.contains_key(&key) {
+                return Err(GgufError::DuplicateKey(key));
+            }
+            metadata.insert(key, value);
         }
         let mut tensors = Vec::with_capacity(n_tensors);
+        let mut names = std::collections::HashSet::new();
         for _ in 0..n_tensors {
             let name = r.string()?;
             let n_dims = r.u32()? as usize;
@@ -323,9 +337,18 @@ impl Gguf {
             }
             let ggml_type = r.u32()?;
             let offset = r.len()?;
+            if !names.insert(name.clone()) {
+                return Err(GgufError::DuplicateTensor(name));
+            }
             tensors.push(TensorInfo { name, dims, ggml_type, offset });
         }
-        let alignment = metadata.get("general.alignment").and_then(Value::as_u64).unwrap_or(32);
+        let alignment = match metadata.get("general.alignment") {
+            None => 32,
+            Some(value) => value.as_u64().ok_or_else(|| GgufError::MetadataType {
+                key: "general.alignment".into(),
+                expected: "an unsigned integer",
+            })?,
+        };
         if !alignment.is_power_of_two() || alignment > 1 << 20 {
             return Err(GgufError::Alignment(alignment));
         }

@@ -84,6 +84,12 @@ fn llama(json: &Value) -> Result<ModelConfig, String> {
     config.d_ff = Some(usize_of(json, "intermediate_size")?);
     config.rope_theta = theta.unwrap_or(10_000.0);
     config.tie_embeddings = json["tie_word_embeddings"].as_bool().unwrap_or(false);
+    // The gate's activation: SiLU (SwiGLU, Llama's), or GELU's tanh form (GeGLU); exact GELU has no gated form here.
+    config.ffn = match json["hidden_act"].as_str().unwrap_or("silu") {
+        "silu" | "swish" => FfnKind::Swiglu,
+        "gelu_pytorch_tanh" | "gelu_new" => FfnKind::Geglu,
+        other => return Err(format!("hidden_act {other:?} is not supported (silu and gelu_pytorch_tanh are)")),
+    };
     if config.bias {
         return Err("mlp_bias = true is not supported".into());
     }
@@ -102,5 +108,45 @@ pub fn shards(index: &str) -> Result<Vec<String>, String> {
     match files.iter().find(|file| !inside(file)) {
         Some(outside) => Err(format!("shard {outside:?} is outside the model directory")),
         None => Ok(files),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tiny llama's config.json with `edit` applied.
+    fn llama_json(edit: impl FnOnce(&mut serde_json::Map<String, Value>)) -> String {
+        let mut json = serde_json::json!({
+            "model_type": "llama", "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "num_hidden_layers": 2, "intermediate_size": 64, "max_position_embeddings": 64, "vocab_size": 96,
+        });
+        edit(json.as_object_mut().unwrap());
+        json.to_string()
+    }
+
+    /// The gate's activation is read, not assumed: GELU's tanh form gives GeGLU, an activation Ember lacks is
+    /// refused by name instead of running as SiLU.
+    #[test]
+    fn the_hidden_activation_is_honoured_or_refused() {
+        assert_eq!(config(&llama_json(|_| {})).unwrap().1.ffn, FfnKind::Swiglu);
+        let tanh = llama_json(|j| _ = j.insert("hidden_act".into(), "gelu_pytorch_tanh".into()));
+        assert_eq!(config(&tanh).unwrap().1.ffn, FfnKind::Geglu);
+        let exact = llama_json(|j| _ = j.insert("hidden_act".into(), "gelu".into()));
+        assert_eq!(
+            config(&exact).unwrap_err(),
+            "hidden_act \"gelu\" is not supported (silu and gelu_pytorch_tanh are)"
+        );
+    }
+
+    /// Absurd sizes are refused with the key named, before any size derived from them can overflow.
+    #[test]
+    fn absurd_sizes_are_refused_not_overflowed() {
+        let huge = llama_json(|j| _ = j.insert("hidden_size".into(), (1u64 << 62).into()));
+        let err = config(&huge).unwrap_err();
+        assert!(err.contains("model.d_model") && err.contains("at most 1048576"), "{err}");
+        let gpt2 = r#"{"model_type": "gpt2", "vocab_size": 50, "n_layer": 1, "n_head": 1, "n_embd": 4611686018427387904,
+            "n_positions": 8}"#;
+        assert!(config(gpt2).unwrap_err().contains("model.d_model"));
     }
 }

@@ -30,6 +30,10 @@ pub enum TokenizerError {
     Encode(String),
     #[error("ids cannot be decoded: {0}")]
     Decode(String),
+    #[error(
+        "token {token:?} has id {id}, past the model's vocabulary of {vocab}: the tokenizer does not belong to this model"
+    )]
+    PastVocabulary { token: String, id: u32, vocab: usize },
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -213,6 +217,15 @@ pub fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, TokenizerEr
 
 pub fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String, TokenizerError> {
     tokenizer.decode(ids, false).map_err(|e| TokenizerError::Decode(e.to_string()))
+}
+
+/// Fails unless every id `tokenizer` can produce, added tokens included, indexes a model vocabulary of `vocab`
+/// tokens (an embedding lookup past it would fail).
+pub fn check_fits(tokenizer: &Tokenizer, vocab: usize) -> Result<(), TokenizerError> {
+    match tokenizer.get_vocab(true).into_iter().max_by_key(|&(_, id)| id) {
+        Some((token, id)) if id as usize >= vocab => Err(TokenizerError::PastVocabulary { token, id, vocab }),
+        _ => Ok(()),
+    }
 }
 
 pub fn vocab_size(tokenizer: &Tokenizer) -> usize {

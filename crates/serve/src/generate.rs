@@ -247,6 +247,10 @@ pub struct Sequence<'a> {
     hold: usize,
     emitted: usize,
     text: String,
+    /// Incremental detokenizing: `text` holds the decode of `ids[prompt_len..read]`; the tokens from `prefix` to
+    /// `read` are decoded again with each new one, so a token's leading space comes out as in a decode of the whole.
+    prefix: usize,
+    read: usize,
     finished: Option<Finish>,
     /// With Some(k), each token's log-probability and k alternatives are kept for [`Self::take_logprob`].
     top_logprobs: Option<usize>,
@@ -284,6 +288,8 @@ impl<'a> Sequence<'a> {
             tokenizer,
             request: request.clone(),
             prompt_len: ids.len(),
+            prefix: ids.len(),
+            read: ids.len(),
             ids,
             rng: Rng::new(request.seed),
             ends: end_tokens(tokenizer),
@@ -353,16 +359,22 @@ impl<'a> Sequence<'a> {
         let next = sample(&logits, &self.request.sampling, &self.ids, self.prompt_len, &mut self.rng);
         if self.ends.contains(&next) {
             self.finished = Some(Finish::Stop);
+            self.detokenize(true)?;
         } else {
             self.logprob = self.top_logprobs.map(|top| logprobs(&logits, next, top));
             self.ids.push(next);
-            // Decode everything generated so far, so multi-token characters stay whole.
-            self.text =
-                tokenizer::decode(self.tokenizer, &self.ids[self.prompt_len..]).map_err(GenerateError::Decode)?;
-            if let Some(at) = self.request.stop.iter().filter_map(|s| self.text.find(s.as_str())).min() {
-                self.text.truncate(at);
+            let checked = self.text.len();
+            let last = self.new_tokens() >= self.request.max_new_tokens;
+            self.detokenize(last)?;
+            // A stop string not in the text before must end in what was just added.
+            let mut from = checked.saturating_sub(self.hold);
+            while !self.text.is_char_boundary(from) {
+                from -= 1;
+            }
+            if let Some(at) = self.request.stop.iter().filter_map(|s| self.text[from..].find(s.as_str())).min() {
+                self.text.truncate(from + at);
                 self.finished = Some(Finish::Stop);
-            } else if self.new_tokens() >= self.request.max_new_tokens {
+            } else if last {
                 self.finished = Some(Finish::Length);
             }
         }
@@ -374,6 +386,24 @@ impl<'a> Sequence<'a> {
         let piece = self.text.get(self.emitted..ready).unwrap_or_default().to_string();
         self.emitted = self.emitted.max(ready);
         Ok(piece)
+    }
+}
+
+impl Sequence<'_> {
+    /// Appends the text the tokens after `read` complete, decoding only the window from `prefix`: the decode of
+    /// `ids[prefix..]` less that of `ids[prefix..read]`, so each step costs the window, not the whole output. Text
+    /// ending in a character still incomplete (decoded as U+FFFD) waits for the tokens that finish it, unless `last`
+    /// (byte-level tokens may each end inside a character, as in a run of CJK text; stray bytes followed by any
+    /// whole character end the wait).
+    fn detokenize(&mut self, last: bool) -> Result<(), GenerateError> {
+        let decode = |ids: &[u32]| tokenizer::decode(self.tokenizer, ids).map_err(GenerateError::Decode);
+        let (before, all) = (decode(&self.ids[self.prefix..self.read])?, decode(&self.ids[self.prefix..])?);
+        let Some(new) = all.get(before.len()..).filter(|new| last || !new.ends_with('\u{FFFD}')) else {
+            return Ok(());
+        };
+        self.text.push_str(new);
+        (self.prefix, self.read) = (self.read, self.ids.len());
+        Ok(())
     }
 }
 
@@ -430,6 +460,42 @@ pub fn generate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Text streamed from the incremental decode is exactly the decode of every generated token at once, through
+    /// characters split over byte tokens (an emoji, a musical symbol, CJK) and across held-back stop-string bytes; a
+    /// stop string ends the text where it first appears. Each step is handed logits that pick the next token of a
+    /// known text.
+    #[test]
+    fn the_streamed_text_is_the_decode_of_the_whole_output() {
+        let corpus = "Grüße aus Köln, 東京タワー — naïve café ☕ and plain words too.\n".repeat(20);
+        let tokenizer = tokenizer::train_bpe(&corpus, 300).unwrap();
+        let text = "Köln 東京 🚀 café — ünïcödé ☕☕ plain words, split over byte tokens: 𝄞 and 東京タワー.";
+        let ids = tokenizer::encode(&tokenizer, text).unwrap();
+        let piece = |id: u32| tokenizer::decode(&tokenizer, &[id]).unwrap();
+        assert!(ids.iter().any(|&id| piece(id).contains('\u{FFFD}')), "some character spans several tokens");
+        let (device, vocab) = (Device::flex(), tokenizer::vocab_size(&tokenizer));
+        let model = CausalLm::new(&ModelConfig::gpt(vocab, 1, 2, 8, 16), &mut Rng::new(3), &device);
+        let stream = |stop: &str| {
+            let stop = vec![stop.to_string()].into_iter().filter(|s| !s.is_empty()).collect();
+            let request =
+                GenerationRequest { prompt: "G".into(), max_new_tokens: ids.len(), stop, ..Default::default() };
+            let mut sequence = Sequence::new(&model, &tokenizer, &request, KvKind::None.into(), &device).unwrap();
+            let mut streamed = String::new();
+            for &id in &ids {
+                if sequence.finished().is_some() {
+                    break;
+                }
+                let mut logits = vec![0.0; vocab];
+                logits[id as usize] = 1e4;
+                streamed.push_str(&sequence.step_with(logits).unwrap());
+            }
+            (streamed, sequence.text().to_string())
+        };
+        assert_eq!(tokenizer::decode(&tokenizer, &ids).unwrap(), text);
+        assert_eq!(stream(""), (text.to_string(), text.to_string()));
+        let before = &text[..text.find("タワ").unwrap()];
+        assert_eq!(stream("タワ"), (before.to_string(), before.to_string()));
+    }
 
     /// Only a paged store has pages: a model whose context is shorter than a page decodes with every other store,
     /// and a paged store is refused naming both sizes.

@@ -19,6 +19,8 @@ pub enum CheckpointError {
     Bundle(#[from] BundleError),
     #[error("{path}: checkpoint has no readable training state ({reason})")]
     State { path: PathBuf, reason: String },
+    #[error("{path}: tensor {tensor} holds {value}: the checkpoint is of a run that diverged and cannot be resumed")]
+    NonFinite { path: PathBuf, tensor: String, value: f32 },
 }
 
 /// A loaded checkpoint: model tensors by parameter path, optimizer tensors, and the training state.
@@ -62,6 +64,9 @@ pub fn load<S: DeserializeOwned>(run_dir: &Path) -> Result<Checkpoint<S>, Checkp
     let state: TrainState<S> = state::state(&metadata).map_err(bad)?;
     let (mut model, mut optim) = (HashMap::new(), HashMap::new());
     for (name, data) in tensors {
+        if let Some(value) = bundle::non_finite(&data) {
+            return Err(CheckpointError::NonFinite { path, tensor: name, value });
+        }
         if let Some(rest) = name.strip_prefix("model.") {
             model.insert(rest.to_string(), data);
         } else if let Some(rest) = name.strip_prefix("optim.") {

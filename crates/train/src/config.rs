@@ -44,6 +44,10 @@ pub(crate) fn require_out_dir(out_dir: &Path) -> Result<(), Invalid> {
     require(!out_dir.as_os_str().is_empty(), "train.out_dir", "\"\"", "a directory for the run (not empty)")
 }
 
+/// The largest BPE vocabulary trained (the largest in use, Gemma's, has 262,144 tokens): the trainer's tables grow
+/// with it before the corpus is read.
+pub const MAX_BPE_VOCAB: usize = 1 << 20;
+
 pub const KNOWN_DATASETS: &[&str] = &["shakespeare"];
 
 impl DataConfig {
@@ -61,7 +65,8 @@ impl DataConfig {
                 require(false, "data.vocab_size", "(missing)", "required when data.tokenizer = \"bpe\"")?
             }
             (TokenizerKind::Bpe, Some(v)) => {
-                require(v > 256, "data.vocab_size", v, "more than 256 (the byte alphabet)")?
+                require(v > 256, "data.vocab_size", v, "more than 256 (the byte alphabet)")?;
+                require(v <= MAX_BPE_VOCAB, "data.vocab_size", v, format!("at most {MAX_BPE_VOCAB}"))?
             }
             (TokenizerKind::Char, Some(v)) => require(
                 false,

@@ -1,8 +1,12 @@
-//! A text corpus tokenized once into a cached binary file per split (train/val by position, as nanoGPT), and the
-//! sampler of random contiguous windows of `seq_len + 1` tokens.
+//! A text corpus tokenized once, in a streaming pass, into a token file per split (train/val by position, as
+//! nanoGPT's `train.bin`), which training reads a window at a time, so a corpus of any size trains in bounded memory;
+//! and the sampler of random contiguous windows of `seq_len + 1` tokens.
 
-use std::fs;
+use std::fs::{self, File};
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_core_model::Rng;
@@ -17,6 +21,15 @@ use crate::config::{DataConfig, TokenizerKind};
 
 pub const TRAIN_BIN: &str = "train.bin";
 pub const VAL_BIN: &str = "val.bin";
+
+/// Bytes of text encoded at once (whole lines): the tokenizer's per-token records of one chunk are what tokenizing
+/// holds in memory, whatever the corpus's size. Small enough that no buffer of a chunk reaches the 4 MiB from which
+/// Ember's allocator keeps freed blocks for reuse at their exact size (chunks of varying sizes would fill it).
+const CHUNK_BYTES: usize = 256 << 10;
+/// Bytes of text a BPE is trained on at most: its first whole lines (the trainer's word counts grow with it).
+pub const BPE_SAMPLE_BYTES: usize = 64 << 20;
+/// Token ids read at once when a whole split is scanned.
+const SCAN_TOKENS: usize = 1 << 18;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CorpusError {
@@ -44,52 +57,197 @@ pub enum CorpusError {
 
 /// Reads a corpus as UTF-8 text, refusing a missing, empty or non-UTF-8 file.
 pub fn read_text(path: &Path) -> Result<String, CorpusError> {
-    if !path.exists() {
-        return Err(CorpusError::Missing(path.to_path_buf()));
+    let mut text = String::new();
+    for chunk in TextChunks::open(path, usize::MAX)? {
+        text.push_str(&chunk?);
     }
-    let bytes = files::read(path).map_err(|cause| CorpusError::Read { path: path.to_path_buf(), cause })?;
-    if bytes.is_empty() {
-        return Err(CorpusError::Empty(path.to_path_buf()));
+    Ok(text)
+}
+
+/// A corpus's text in chunks of whole lines of about `size` bytes (the last may lack its newline), each checked as
+/// UTF-8; a missing or empty file is refused when opened.
+struct TextChunks {
+    path: PathBuf,
+    reader: BufReader<File>,
+    size: usize,
+    /// Bytes read so far, of `total`.
+    offset: usize,
+    total: u64,
+}
+
+impl TextChunks {
+    fn open(path: &Path, size: usize) -> Result<Self, CorpusError> {
+        if !path.exists() {
+            return Err(CorpusError::Missing(path.to_path_buf()));
+        }
+        let read = |cause| CorpusError::Read { path: path.to_path_buf(), cause };
+        files::check_regular(path).map_err(read)?;
+        let file = File::open(path).map_err(read)?;
+        let total = file.metadata().map_err(read)?.len();
+        if total == 0 {
+            return Err(CorpusError::Empty(path.to_path_buf()));
+        }
+        Ok(Self { path: path.to_path_buf(), reader: BufReader::new(file), size, offset: 0, total })
     }
-    String::from_utf8(bytes)
-        .map_err(|e| CorpusError::NotUtf8 { path: path.to_path_buf(), offset: e.utf8_error().valid_up_to() })
+}
+
+impl Iterator for TextChunks {
+    type Item = Result<String, CorpusError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let read = |cause| CorpusError::Read { path: self.path.clone(), cause };
+        let mut bytes = Vec::new();
+        if let Err(e) = (&mut self.reader).take(self.size as u64).read_to_end(&mut bytes) {
+            return Some(Err(read(e)));
+        }
+        // The chunk ends at a newline, an ASCII byte, so it never splits a character.
+        if bytes.last().is_some_and(|&b| b != b'\n')
+            && let Err(e) = self.reader.read_until(b'\n', &mut bytes)
+        {
+            return Some(Err(read(e)));
+        }
+        if bytes.is_empty() {
+            return None;
+        }
+        let at = self.offset;
+        self.offset += bytes.len();
+        Some(
+            String::from_utf8(bytes).map_err(|e| CorpusError::NotUtf8 {
+                path: self.path.clone(),
+                offset: at + e.utf8_error().valid_up_to(),
+            }),
+        )
+    }
+}
+
+/// A split's token ids: a file of little-endian u32s read a window at a time (so the corpus never has to fit in
+/// memory, and each rank reads only the windows it trains on), or ids held in memory.
+#[derive(Clone, Debug)]
+pub enum Tokens {
+    File { path: PathBuf, file: Arc<File>, len: usize },
+    Memory(Vec<u32>),
+}
+
+impl From<Vec<u32>> for Tokens {
+    fn from(ids: Vec<u32>) -> Self {
+        Self::Memory(ids)
+    }
+}
+
+impl Tokens {
+    /// The token file at `path` (written by [`prepare`]).
+    pub fn open(path: &Path) -> Result<Self, CorpusError> {
+        let read = |cause| CorpusError::Read { path: path.to_path_buf(), cause };
+        let file = File::open(path).map_err(read)?;
+        let bytes = file.metadata().map_err(read)?.len();
+        if !bytes.is_multiple_of(4) {
+            return Err(CorpusError::CorruptCache(path.to_path_buf()));
+        }
+        Ok(Self::File { path: path.to_path_buf(), file: Arc::new(file), len: (bytes / 4) as usize })
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Self::File { len, .. } => *len,
+            Self::Memory(ids) => ids.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Tokens [start, start + n).
+    pub fn window(&self, start: usize, n: usize) -> Vec<u32> {
+        match self {
+            Self::Memory(ids) => ids[start..start + n].to_vec(),
+            Self::File { path, file, .. } => {
+                let mut bytes = vec![0u8; 4 * n];
+                file.read_exact_at(&mut bytes, 4 * start as u64)
+                    .unwrap_or_else(|e| panic!("{}: reading tokens {start}..{}: {e}", path.display(), start + n));
+                bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+            }
+        }
+    }
+
+    /// The first token at or past `vocab`, with its position.
+    fn first_past(&self, vocab: usize) -> Option<(usize, u32)> {
+        (0..self.len()).step_by(SCAN_TOKENS).find_map(|start| {
+            let ids = self.window(start, SCAN_TOKENS.min(self.len() - start));
+            ids.iter().position(|&id| id as usize >= vocab).map(|i| (start + i, ids[i]))
+        })
+    }
 }
 
 /// A run's token ids, split by position.
 #[derive(Clone)]
 pub struct Corpus {
-    pub train: Vec<u32>,
-    pub val: Vec<u32>,
+    pub train: Tokens,
+    pub val: Tokens,
 }
 
 /// The tokenizer and token splits of a run: with `reuse`, loaded from `run_dir` when it holds them (a resumed
-/// run); otherwise trained on the corpus, encoded and cached there.
+/// run); otherwise trained on the corpus (a BPE on its first [`BPE_SAMPLE_BYTES`]), encoded chunk by chunk into the
+/// token files there.
 pub fn prepare(data: &DataConfig, run_dir: &Path, reuse: bool) -> Result<(Tokenizer, Corpus), CorpusError> {
+    prepare_reporting(data, run_dir, reuse, &mut |_, _| {})
+}
+
+/// [`prepare`], telling `progress` the bytes of the corpus encoded so far and its size after each chunk.
+pub fn prepare_reporting(
+    data: &DataConfig,
+    run_dir: &Path,
+    reuse: bool,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(Tokenizer, Corpus), CorpusError> {
     let (tok_path, train_path, val_path) =
         (run_dir.join(bundle::TOKENIZER), run_dir.join(TRAIN_BIN), run_dir.join(VAL_BIN));
     if reuse && tok_path.exists() && train_path.exists() && val_path.exists() {
         return load(run_dir);
     }
-    let text = read_text(&data.corpus)?;
     let tok = match data.tokenizer {
         // A run directory that already has a tokenizer (a converted or imported model) keeps it.
         _ if reuse && tok_path.exists() => tokenizer::load(&tok_path)?,
-        TokenizerKind::Char => tokenizer::train_char(&text)?,
-        TokenizerKind::Bpe => tokenizer::train_bpe(&text, data.vocab_size.unwrap_or(256))?,
+        TokenizerKind::Char => {
+            let mut chars = std::collections::BTreeSet::new();
+            for chunk in TextChunks::open(&data.corpus, CHUNK_BYTES)? {
+                chars.extend(chunk?.chars());
+            }
+            tokenizer::train_char(&chars.into_iter().collect::<String>())?
+        }
+        TokenizerKind::Bpe => {
+            let sample = TextChunks::open(&data.corpus, BPE_SAMPLE_BYTES)?.next().expect("a corpus is not empty")?;
+            tokenizer::train_bpe(&sample, data.vocab_size.unwrap_or(256))?
+        }
     };
-    let ids = encode_lines(&tok, &text)?;
-    let n_train = ((1.0 - data.val_fraction) * ids.len() as f64) as usize;
-    let corpus = Corpus { train: ids[..n_train].to_vec(), val: ids[n_train..].to_vec() };
-    fs::create_dir_all(run_dir).map_err(|cause| CorpusError::RunDir { path: run_dir.to_path_buf(), cause })?;
-    write_tokens(&train_path, &corpus.train)?;
-    write_tokens(&val_path, &corpus.val)?;
+    let run_dir_error = |cause| CorpusError::RunDir { path: run_dir.to_path_buf(), cause };
+    fs::create_dir_all(run_dir).map_err(run_dir_error)?;
+    // Every token to one file, then its first (1 − val_fraction) to train.bin and the rest to val.bin.
+    let all_path = run_dir.join("tokens.tmp");
+    let mut all = BufWriter::new(File::create(&all_path).map_err(run_dir_error)?);
+    let mut count = 0usize;
+    let mut chunks = TextChunks::open(&data.corpus, CHUNK_BYTES)?;
+    while let Some(chunk) = chunks.next() {
+        let ids = encode_lines(&tok, &chunk?)?;
+        count += ids.len();
+        all.write_all(&ids.iter().flat_map(|id| id.to_le_bytes()).collect::<Vec<u8>>()).map_err(run_dir_error)?;
+        progress(chunks.offset as u64, chunks.total);
+    }
+    all.flush().map_err(run_dir_error)?;
+    drop(all);
+    let n_train = ((1.0 - data.val_fraction) * count as f64) as usize;
+    let mut tokens = File::open(&all_path).map_err(run_dir_error)?;
+    write_streamed(&train_path, &mut (&mut tokens).take(4 * n_train as u64))?;
+    write_streamed(&val_path, &mut tokens)?;
+    fs::remove_file(&all_path).map_err(run_dir_error)?;
     tokenizer::save(&tok, &tok_path)?;
+    let corpus = Corpus { train: Tokens::open(&train_path)?, val: Tokens::open(&val_path)? };
     Ok((tok, corpus))
 }
 
 /// The tokenizer and token splits a run directory holds (written by [`prepare`]).
 pub fn load(run_dir: &Path) -> Result<(Tokenizer, Corpus), CorpusError> {
-    let corpus = Corpus { train: read_tokens(&run_dir.join(TRAIN_BIN))?, val: read_tokens(&run_dir.join(VAL_BIN))? };
+    let corpus = Corpus { train: Tokens::open(&run_dir.join(TRAIN_BIN))?, val: Tokens::open(&run_dir.join(VAL_BIN))? };
     Ok((tokenizer::load(&run_dir.join(bundle::TOKENIZER))?, corpus))
 }
 
@@ -100,17 +258,19 @@ fn encode_lines(tok: &Tokenizer, text: &str) -> Result<Vec<u32>, CorpusError> {
     Ok(encodings.iter().flat_map(|e| e.get_ids().iter().copied()).collect())
 }
 
-fn write_tokens(path: &Path, ids: &[u32]) -> Result<(), CorpusError> {
-    let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
-    Ok(bundle::write_atomic(path, &bytes)?)
-}
-
-fn read_tokens(path: &Path) -> Result<Vec<u32>, CorpusError> {
-    let bytes = files::read(path).map_err(|cause| CorpusError::Read { path: path.to_path_buf(), cause })?;
-    if bytes.len() % 4 != 0 {
-        return Err(CorpusError::CorruptCache(path.to_path_buf()));
-    }
-    Ok(bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+/// Writes what `from` reads to `path` atomically: a temporary file beside it, flushed, then renamed over it.
+fn write_streamed(path: &Path, from: &mut impl Read) -> Result<(), CorpusError> {
+    let tmp = path.with_extension("tmp");
+    let mut write = || -> std::io::Result<()> {
+        let mut out = BufWriter::new(File::create(&tmp)?);
+        std::io::copy(from, &mut out)?;
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        fs::rename(&tmp, path)
+    };
+    write().map_err(|cause| {
+        let _ = fs::remove_file(&tmp);
+        CorpusError::RunDir { path: path.to_path_buf(), cause }
+    })
 }
 
 impl Corpus {
@@ -118,7 +278,7 @@ impl Corpus {
     /// would index past the embedding.
     pub fn check_ids(&self, vocab: usize, run_dir: &Path) -> Result<(), CorpusError> {
         for (name, ids) in [(TRAIN_BIN, &self.train), (VAL_BIN, &self.val)] {
-            if let Some((at, &id)) = ids.iter().enumerate().find(|&(_, &id)| id as usize >= vocab) {
+            if let Some((at, id)) = ids.first_past(vocab) {
                 return Err(CorpusError::IdPastVocabulary { path: run_dir.join(name), at, id, vocab });
             }
         }
@@ -159,17 +319,18 @@ impl Sampler {
     }
 
     /// B windows at uniformly random offsets i ∈ [0, len − T − 1].
-    pub fn batch(&mut self, tokens: &[u32], b: usize, t: usize, device: &Device) -> Batch {
+    pub fn batch(&mut self, tokens: &Tokens, b: usize, t: usize, device: &Device) -> Batch {
         self.shard(tokens, b, t, Shard::WHOLE, device)
     }
 
     /// `shard`'s B windows of a global batch of B · ranks: every rank draws the same offsets and keeps its own.
-    pub fn shard(&mut self, tokens: &[u32], b: usize, t: usize, shard: Shard, device: &Device) -> Batch {
+    pub fn shard(&mut self, tokens: &Tokens, b: usize, t: usize, shard: Shard, device: &Device) -> Batch {
         let offsets: Vec<usize> = (0..b * shard.ranks).map(|_| self.rng.below(tokens.len() - t)).collect();
         let (mut x, mut y) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
         for &i in &offsets[shard.rows(b * shard.ranks)] {
-            x.extend(tokens[i..i + t].iter().map(|&id| id as i64));
-            y.extend(tokens[i + 1..i + t + 1].iter().map(|&id| id as i64));
+            let window = tokens.window(i, t + 1);
+            x.extend(window[..t].iter().map(|&id| id as i64));
+            y.extend(window[1..].iter().map(|&id| id as i64));
         }
         Batch {
             x: Tensor::from_data(TensorData::new(x, [b, t]), device),
@@ -198,7 +359,7 @@ mod tests {
     #[test]
     fn windows_are_shifted_by_one_and_deterministic() {
         let dev = Device::flex();
-        let tokens: Vec<u32> = (0..100).collect();
+        let tokens = Tokens::from((0..100).collect::<Vec<u32>>());
         let (mut a, mut b) = (Sampler::new(3), Sampler::new(3));
         let batch = a.batch(&tokens, 4, 8, &dev);
         let x = batch.x.into_data().convert::<i64>().try_to_vec::<i64>().unwrap();
@@ -213,7 +374,7 @@ mod tests {
     #[test]
     fn shards_split_the_global_batch() {
         let dev = Device::flex();
-        let tokens: Vec<u32> = (0..100).collect();
+        let tokens = Tokens::from((0..100).collect::<Vec<u32>>());
         let ids = |batch: Batch| batch.x.into_data().convert::<i64>().try_to_vec::<i64>().unwrap();
         let whole = ids(Sampler::new(5).batch(&tokens, 6, 4, &dev));
         let halves: Vec<i64> =

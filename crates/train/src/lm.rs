@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::collective::{Collective, Shard};
 use crate::config::TrainConfig;
-use crate::corpus::{Corpus, Sampler};
+use crate::corpus::{Corpus, Sampler, Tokens};
 use crate::loss::lm_loss;
 use crate::loss_scale::LossScaling;
 use crate::metrics::Evaluation;
@@ -102,7 +102,7 @@ impl Task for LanguageModel {
         let (b, t) = (self.config.batch_size, self.seq_len());
         // Σ over this rank's batches of its mean loss: every shard has b windows, so the ranks' sums add up to
         // ranks × Σ of the batch means.
-        let loss_sum = |tokens: &[u32], seed: u64| {
+        let loss_sum = |tokens: &Tokens, seed: u64| {
             let mut sampler = Sampler::new(seed);
             (0..self.config.eval_iters)
                 .map(|_| {
@@ -196,7 +196,7 @@ mod tests {
         }))
         .unwrap();
         let tokens: Vec<u32> = (0..500u32).map(|i| (i * 7 + i / 3) % 13).collect();
-        let corpus = Corpus { train: tokens.clone(), val: tokens };
+        let corpus = Corpus { train: tokens.clone().into(), val: tokens.into() };
         Trainer::new(model, config, corpus, dir, &Device::flex())
     }
 
@@ -234,6 +234,43 @@ mod tests {
         assert_eq!(run.step, 1);
         for ((name, x), (_, y)) in before.iter().zip(&after) {
             assert_eq!(x.as_bytes(), y.as_bytes(), "{name} changed");
+        }
+    }
+
+    /// A last step whose update overflows the weights (lr 10³⁹, past f32, without clipping) ends the run with an
+    /// error naming what diverged, and the checkpoint and model of the step before stay as they were; a checkpoint
+    /// holding NaN, or a negative second moment, is refused on resume.
+    #[test]
+    fn a_diverged_step_never_replaces_the_checkpoint_and_a_diverged_checkpoint_is_not_resumed() {
+        use burn::tensor::TensorData;
+        use ember_core_model::bundle;
+        let dir = tempfile::tempdir().unwrap();
+        let mut run = trainer(2, 1, dir.path());
+        run.config.max_steps = 1;
+        run.run(&mut ()).unwrap();
+        let saved = [bundle::CHECKPOINT, bundle::MODEL];
+        let files = saved.map(|f| std::fs::read(dir.path().join(f)).unwrap());
+        (run.config.max_steps, run.config.grad_clip, run.task.config.lr) = (2, 0.0, 1e39);
+        let err = run.run(&mut ()).unwrap_err();
+        assert!(matches!(err, TrainError::NonFinite { step: 2, .. }), "{err}");
+        assert!(err.to_string().ends_with("is intact"), "{err}");
+        for (name, before) in saved.iter().zip(&files) {
+            assert!(std::fs::read(dir.path().join(name)).unwrap() == *before, "{name} was replaced");
+        }
+
+        let path = dir.path().join(bundle::CHECKPOINT);
+        let (tensors, metadata) = bundle::load_tensors(&path).unwrap();
+        for (prefix, value, expected) in [("model.", f32::NAN, "holds NaN"), ("optim.v.", -1.0, "negative values")] {
+            let mut edited: Vec<(String, TensorData)> = tensors.clone().into_iter().collect();
+            let (_, data) = edited.iter_mut().find(|(name, _)| name.starts_with(prefix)).unwrap();
+            let mut values = data.try_to_vec::<f32>().unwrap();
+            values[0] = value;
+            *data = TensorData::new(values, data.shape().to_vec());
+            bundle::save_tensors(&path, &edited, metadata.clone()).unwrap();
+            let Trainer { task, .. } = trainer(2, 1, dir.path());
+            let resumed = Trainer::resume(task.model_config, task.config, task.corpus, dir.path(), &Device::flex());
+            let err = resumed.err().expect("a diverged checkpoint is refused");
+            assert!(err.to_string().contains(expected), "{err}");
         }
     }
 

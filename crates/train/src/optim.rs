@@ -88,6 +88,9 @@ impl AdamW {
                     ));
                 }
             }
+            if v.iter::<f32>().any(|x| x < 0.0) {
+                return Err(format!("its AdamW moment v.{} holds negative values (a mean of squares cannot)", p.path));
+            }
             let moments = Moments { m: Tensor::from_data(m.clone(), device), v: Tensor::from_data(v.clone(), device) };
             self.moments.insert(p.id, moments);
         }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor, TensorData};
-use ember_core_model::bundle::BundleError;
+use ember_core_model::bundle::{self, BundleError};
 use ember_core_model::config::Precision;
 use ember_core_model::params::{self, Mismatch, ParamInfo};
 use serde::Serialize;
@@ -36,11 +36,12 @@ pub enum TrainError {
     #[error(transparent)]
     Bundle(#[from] BundleError),
     #[error("checkpoint does not fit the configured model: {0}")]
-    Mismatch(#[from] Mismatch),
+    Mismatch(Mismatch),
     #[error("{path}: {cause}")]
     Io { path: PathBuf, cause: std::io::Error },
-    #[error("the loss became {loss} at step {step}; the last checkpoint in {run_dir} is intact")]
-    NonFinite { loss: f32, step: u64, run_dir: PathBuf },
+    /// The run diverged: nothing of it was saved after the last checkpoint.
+    #[error("{what} became {value} at step {step}; the last checkpoint in {run_dir} is intact")]
+    NonFinite { what: String, value: f64, step: u64, run_dir: PathBuf },
     #[error("evaluating at step {step} failed: {cause}")]
     Evaluation { step: u64, cause: TaskError },
     #[error("{run_dir}: cannot resume: {reason}")]
@@ -49,6 +50,14 @@ pub enum TrainError {
         "the replicas differ at step {step}: rank {rank}'s parameters are not every rank's (fingerprint {fingerprint:016x})"
     )]
     Diverged { step: u64, rank: usize, fingerprint: u64 },
+}
+
+/// Not `#[from]`: the message holds the mismatch, which a chained report (`{:#}`) would print a second time as the
+/// error's source.
+impl From<Mismatch> for TrainError {
+    fn from(mismatch: Mismatch) -> Self {
+        Self::Mismatch(mismatch)
+    }
 }
 
 /// What the loop tells its caller, evaluations being reports `R`; the library itself never prints.
@@ -300,6 +309,10 @@ impl<T: Task> TrainLoop<T> {
         }
         let started = Instant::now();
         let grad_norm = global_grad_norm(&self.model, &grads) / loss_scale;
+        // In f32 a non-finite gradient would make every parameter NaN: the step is not taken (f16 lowers its scale).
+        if self.scaler.is_none() && !grad_norm.is_finite() {
+            return Stepped { loss: loss_sum, grad_norm, lr, tokens, stop, scale: None };
+        }
         let scale = self.scaler.as_mut().map(|scaler| scaler.update(grad_norm.is_finite()));
         if scale.is_none_or(|s| s.change != ScaleChange::Halved) {
             let clip = clip_scale(grad_norm, self.config.grad_clip);
@@ -324,6 +337,10 @@ impl<T: Task> TrainLoop<T> {
             return Ok(());
         }
         let weights = params::state_dict(&self.model);
+        // Weights that overflowed never replace a good checkpoint.
+        if let Some((name, value)) = weights.iter().find_map(|(name, data)| Some((name, bundle::non_finite(data)?))) {
+            return Err(self.non_finite(format!("parameter {name}"), value.into(), self.step));
+        }
         let ranks = self.collective.ranks();
         let loss_scale = self.scaler.as_ref().map(|scaler| scaler.state);
         let state = TrainState { step: self.step, tokens: self.tokens, ranks, loss_scale, task: self.task.state() };
@@ -362,7 +379,10 @@ impl<T: Task> TrainLoop<T> {
             let step_started = Instant::now();
             let Stepped { loss, grad_norm, lr, tokens, stop, scale } = self.train_step(out_of_time());
             if !loss.is_finite() {
-                return Err(TrainError::NonFinite { loss, step: self.step + 1, run_dir: self.run_dir.clone() });
+                return Err(self.non_finite("the loss", loss.into(), self.step + 1));
+            }
+            if self.scaler.is_none() && !grad_norm.is_finite() {
+                return Err(self.non_finite("the gradient norm", grad_norm, self.step + 1));
             }
             let tokens_per_s = tokens as f64 / step_started.elapsed().as_secs_f64();
             let report = StepReport { step: self.step, loss, lr, grad_norm, tokens_per_s, scale };
@@ -394,7 +414,7 @@ impl<T: Task> TrainLoop<T> {
         Ok(last_eval)
     }
 
-    /// Every rank evaluates; rank 0 logs.
+    /// Every rank evaluates; rank 0 logs. A non-finite validation loss ends the run before anything is saved.
     fn eval_and_log(
         &mut self,
         metrics: &mut Option<MetricsWriter>,
@@ -405,7 +425,15 @@ impl<T: Task> TrainLoop<T> {
             metrics.append(&report)?;
         }
         observer.on_eval(&report);
-        Ok(report)
+        match report.val_loss() {
+            loss if loss.is_finite() => Ok(report),
+            loss => Err(self.non_finite("the validation loss", loss.into(), self.step)),
+        }
+    }
+
+    /// The error of a run that diverged at `step`: `what` became `value`.
+    fn non_finite(&self, what: impl Into<String>, value: f64, step: u64) -> TrainError {
+        TrainError::NonFinite { what: what.into(), value, step, run_dir: self.run_dir.clone() }
     }
 
     /// The fingerprint of this replica's parameters.

@@ -257,6 +257,14 @@ fn averaging_refuses_missing_and_reshaped_tensors() {
     assert!(err.contains("cannot average tensor w: shape [1, 2], but [2] in"), "{err}");
 }
 
+/// A checkpoint of a run that diverged would make every averaged weight NaN.
+#[test]
+fn averaging_refuses_a_non_finite_checkpoint() {
+    let dir = two_checkpoints(&[("w", "F32", vec![2], f32_bytes(&[3.0, f32::NAN]))]);
+    let err = average_error(dir.path());
+    assert!(err.contains("step-2.safetensors: cannot average tensor w: it holds NaN"), "{err}");
+}
+
 #[test]
 fn averaging_takes_the_mean_of_each_tensor() {
     let dir = two_checkpoints(&[("w", "F32", vec![2], f32_bytes(&[3.0, 5.0]))]);

@@ -24,12 +24,22 @@ use ember_formats::tokenizer;
 /// Config, Ember-named weights, tokenizer and chat format of a llama GGUF file.
 pub fn load(path: &Path) -> Result<(ModelConfig, Weights, Tokenizer, ChatFormat), ImportError> {
     let bad = |reason: String| ImportError::new(path, reason);
-    let bytes = ember_formats::files::read(path).map_err(|e| bad(e.to_string()))?;
-    let gguf = Gguf::parse(bytes).map_err(|e| bad(e.to_string()))?;
+    let gguf = open(path)?;
     let config = config(&gguf).map_err(bad)?;
     let tensors = tensors(&gguf, &config).map_err(bad)?;
     let tokenizer = tokenizer(&gguf).map_err(bad)?;
     Ok((config, tensors, tokenizer, ChatFormat::from_gguf(&gguf)))
+}
+
+/// The file at `path` parsed: its header read, its tensors mapped but not read.
+fn open(path: &Path) -> Result<Gguf, ImportError> {
+    let bad = |reason: String| ImportError::new(path, reason);
+    Gguf::parse(ember_formats::files::map(path).map_err(|e| bad(e.to_string()))?).map_err(|e| bad(e.to_string()))
+}
+
+/// The model config of the GGUF file at `path`, from its metadata alone (no tensor is read).
+pub fn load_config(path: &Path) -> Result<ModelConfig, ImportError> {
+    config(&open(path)?).map_err(|reason| ImportError::new(path, reason))
 }
 
 fn meta<'a>(gguf: &'a Gguf, key: &str) -> Result<&'a Value, String> {
@@ -37,7 +47,14 @@ fn meta<'a>(gguf: &'a Gguf, key: &str) -> Result<&'a Value, String> {
 }
 
 fn count(gguf: &Gguf, key: &str) -> Result<usize, String> {
-    meta(gguf, key)?.as_u64().map(|v| v as usize).ok_or_else(|| format!("metadata {key} is not an integer"))
+    optional_count(gguf, key)?.ok_or_else(|| format!("metadata {key} is missing"))
+}
+
+/// The integer `key`, None where the file leaves it out; stored as another type it is an error, not a default.
+fn optional_count(gguf: &Gguf, key: &str) -> Result<Option<usize>, String> {
+    let Some(value) = gguf.get(key) else { return Ok(None) };
+    let count = value.as_u64().and_then(|v| usize::try_from(v).ok());
+    count.map(Some).ok_or_else(|| format!("metadata {key} is not an unsigned integer"))
 }
 
 /// The architectures Ember reads.
@@ -66,15 +83,21 @@ fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
     let tokens = meta(gguf, "tokenizer.ggml.tokens")?.as_array().ok_or("tokenizer.ggml.tokens is not an array")?;
     let h = count(gguf, &key("attention.head_count"))?;
     let d = count(gguf, &key("embedding_length"))?;
-    let g = count(gguf, &key("attention.head_count_kv")).unwrap_or(h);
+    let g = optional_count(gguf, &key("attention.head_count_kv"))?.unwrap_or(h);
+    if let Some(experts) = optional_count(gguf, &key("expert_count"))?.filter(|&n| n > 0) {
+        return Err(format!("mixture-of-experts models ({experts} experts) are not supported"));
+    }
     let mut config =
         ModelConfig::gpt(tokens.len(), count(gguf, &key("block_count"))?, h, d, count(gguf, &key("context_length"))?)
             .llama_style(g);
-    config.head_dim = count(gguf, &key("attention.key_length")).ok().filter(|&dh| dh.checked_mul(h) != Some(d));
+    config.head_dim = optional_count(gguf, &key("attention.key_length"))?.filter(|&dh| dh.checked_mul(h) != Some(d));
     config.norm_eps =
         meta(gguf, &key("attention.layer_norm_rms_epsilon"))?.as_f64().ok_or("rms epsilon is not a number")?;
     config.d_ff = Some(count(gguf, &key("feed_forward_length"))?);
-    config.rope_theta = gguf.get(&key("rope.freq_base")).and_then(Value::as_f64).unwrap_or(10_000.0);
+    config.rope_theta = match gguf.get(&key("rope.freq_base")) {
+        None => 10_000.0,
+        Some(base) => base.as_f64().ok_or_else(|| format!("metadata {} is not a number", key("rope.freq_base")))?,
+    };
     config.tie_embeddings = gguf.info("output.weight").is_none();
     if gguf.get(&key("rope.scaling.type")).is_some() || gguf.get(&key("rope.scaling.factor")).is_some() {
         return Err("RoPE scaling is not supported".into());
@@ -87,14 +110,14 @@ fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
         config.window = Some(count(gguf, &key("attention.sliding_window"))?);
         config.global_every = Some(GEMMA3_GLOBAL_EVERY);
         config.rope_local_theta = Some(GEMMA3_LOCAL_THETA);
-        if let Ok(dv) = count(gguf, &key("attention.value_length"))
+        if let Some(dv) = optional_count(gguf, &key("attention.value_length"))?
             && dv != config.head_dim()
         {
             return Err(format!("value heads of {dv} dims unlike the keys' {} are not supported", config.head_dim()));
         }
     }
     config.validate().map_err(|e| e.to_string())?;
-    if let Ok(rope_dim) = count(gguf, &key("rope.dimension_count"))
+    if let Some(rope_dim) = optional_count(gguf, &key("rope.dimension_count"))?
         && rope_dim != config.head_dim()
     {
         return Err(format!("partial rotary embeddings ({rope_dim} of {} dims) are not supported", config.head_dim()));

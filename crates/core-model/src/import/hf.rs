@@ -146,7 +146,7 @@ fn read_safetensors(dir: &Path) -> Result<Tensors, ImportError> {
     for file in files {
         let path = dir.join(file);
         let bad = |reason: String| ImportError::new(&path, reason);
-        let bytes = files::read(&path).map_err(|e| bad(e.to_string()))?;
+        let bytes = files::map(&path).map_err(|e| bad(e.to_string()))?;
         let (read, _) = safetensors::read(&bytes, is_mask).map_err(|e| bad(format!("not valid safetensors: {e}")))?;
         for t in read {
             tensors.insert(t.name, TensorData::new(t.values, t.shape));

@@ -70,7 +70,22 @@ fn tier_name(tier: KernelTier) -> &'static str {
     named.map_or("ember", |(n, ..)| n)
 }
 
+/// Refuses sizes no measurement can take: zero anywhere, or q, k, v, o and their gradients (8 tensors of
+/// B·h·T·d) larger than the memory available.
+fn check_sizes(args: &BenchAttentionArgs) -> Result<()> {
+    let counts = [args.heads, args.batch, args.iters, args.calls];
+    if args.lengths.contains(&0) || args.head_dims.contains(&0) || counts.contains(&0) {
+        bail!("--lengths, --head-dims, --heads, --batch, --iters and --calls must be at least 1");
+    }
+    for (&t, &d) in args.lengths.iter().flat_map(|t| args.head_dims.iter().map(move |d| (t, d))) {
+        let elements = [args.batch, args.heads, t, d].iter().fold(8u128, |n, &x| n.saturating_mul(x as u128));
+        crate::admission::admit(&format!("attention at T = {t}, d = {d}"), elements.saturating_mul(4))?;
+    }
+    Ok(())
+}
+
 pub fn bench_attention(args: BenchAttentionArgs, choice: DeviceChoice) -> Result<()> {
+    check_sizes(&args)?;
     if let Some(one) = &args.one {
         return measure_one(&args, one, choice);
     }
@@ -116,6 +131,7 @@ pub fn bench_attention(args: BenchAttentionArgs, choice: DeviceChoice) -> Result
          fwd+bwd |"
     );
     println!("|---:|---:|---|---:|---:|{pct_rule}---:|---:|{pct_rule}---:|---:|");
+    let mut measured = 0;
     for &d in &args.head_dims {
         for &t in &args.lengths {
             let mut forward = Vec::new();
@@ -136,6 +152,7 @@ pub fn bench_attention(args: BenchAttentionArgs, choice: DeviceChoice) -> Result
                 };
                 println!("| {t} | {d} | {name} | {} {} {mem} |", cell(f, 1.0), cell(b, 3.5));
                 forward.push((name.as_str(), f.map(|f| f.median)));
+                measured += usize::from(f.is_some());
             }
             let mine = |n: &str| n == "ember" || n == default_tier;
             let ember = forward.iter().find(|(n, _)| mine(n)).and_then(|&(_, ms)| ms);
@@ -151,6 +168,9 @@ pub fn bench_attention(args: BenchAttentionArgs, choice: DeviceChoice) -> Result
                 println!("| {} |", cells.join(" | "));
             }
         }
+    }
+    if measured == 0 {
+        bail!("every measurement failed (the table says why)");
     }
     Ok(())
 }

@@ -52,14 +52,18 @@ pub fn bench_context(args: BenchContextArgs, device: DeviceChoice) -> Result<()>
     if args.lengths.iter().any(|&t| t < 2) || args.rounds == 0 || args.decode_tokens < 2 {
         bail!("--lengths must be at least 2, --rounds at least 1, --decode-tokens at least 2");
     }
+    let on_host = devices::on_host(device);
     let (device, description) = devices::select(device)?;
-    let longest = args.lengths.iter().copied().max().unwrap_or(0) + args.decode_tokens;
+    let longest = args.lengths.iter().copied().max().unwrap_or(0).saturating_add(args.decode_tokens);
     let mut softmax = model_config(&args.config)?;
     softmax.vocab_size.get_or_insert(256);
     softmax.block_size = softmax.block_size.max(longest);
     softmax.attention_kernel = AttentionKernel::Softmax;
     let linear = ModelConfig { attention_kernel: AttentionKernel::Linear, ..softmax.clone() };
     linear.validate().with_context(|| format!("{} with linear attention", args.config.display()))?;
+    if on_host {
+        crate::admission::admit_training(&softmax, 1, longest)?;
+    }
     let positions = if softmax.positions == PositionKind::Learned { "learned positions" } else { "RoPE" };
     println!(
         "bench context: {} ({} layers, d {}, {} heads, {positions}) on {description}: one sequence of T tokens; \

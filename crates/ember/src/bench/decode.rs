@@ -60,6 +60,9 @@ pub struct BenchDecodeArgs {
 }
 
 pub fn bench_decode(args: BenchDecodeArgs, choice: DeviceChoice) -> Result<()> {
+    if args.lengths.contains(&0) || args.prompt_tokens == 0 || args.rounds == 0 {
+        bail!("--lengths, --prompt-tokens and --rounds must be at least 1");
+    }
     let placement = Placement::new(choice, args.hold.dtype)?;
     let precision = placement.precision;
     let longest = args.prompt_tokens + args.lengths.iter().copied().max().unwrap_or(0);
@@ -69,6 +72,9 @@ pub fn bench_decode(args: BenchDecodeArgs, choice: DeviceChoice) -> Result<()> {
             config.vocab_size.get_or_insert(256);
             if config.positions == PositionKind::Learned || config.block_size < longest {
                 config.block_size = config.block_size.max(longest);
+            }
+            if placement.host {
+                crate::admission::admit_built_model(&config, 1)?;
             }
             let model = params::in_precision(CausalLm::new(&config, &mut Rng::new(0), &placement.device), precision);
             (model, format!("{} (random weights)", path.display()))

@@ -97,6 +97,11 @@ pub fn bench_kernel(args: BenchKernelArgs, device: DeviceChoice) -> Result<()> {
     if args.features.contains(&0) || args.keys.contains(&0) || args.draws == 0 || args.sketch == 0 {
         bail!("--features, --keys, --draws and --sketch must be at least 1");
     }
+    // FAVOR+'s feature matrices are r × d_h per head: bounded as `model.favor_features` is.
+    const MOST: usize = 1 << 20;
+    if let Some(r) = args.features.iter().chain(&args.keys).find(|&&n| n > MOST) {
+        bail!("--features and --keys take at most {MOST}, not {r}");
+    }
     let (device, description) = devices::select(device)?;
     let run = import::load(&args.scored.model, &device)?;
     let ids = args.scored.ids(&run.tokenizer)?;

@@ -4,16 +4,17 @@
 use ember_core_model::weights::WeightFormat;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 use clap::Args;
 use ember_core_model::cache::KvCache;
-use ember_core_model::{import, tokenizer};
+use ember_core_model::import;
 use ember_serve::kv::ContiguousCache;
 use ember_serve::{KvKind, KvSpec};
 
 use crate::devices::{self, DeviceChoice};
+use crate::eval::{TextEnd, text_ids};
 
 #[derive(Args)]
 pub struct BenchKvArgs {
@@ -45,21 +46,19 @@ pub struct BenchKvArgs {
 }
 
 pub fn bench_kv(args: BenchKvArgs, device: DeviceChoice) -> Result<()> {
+    if args.tokens < 2 || args.windows == 0 || args.chunk == 0 || args.kv_group == 0 {
+        bail!("--tokens must be at least 2, and --windows, --chunk and --kv-group at least 1");
+    }
     let (device, description) = devices::select(device)?;
     let run = import::load_as(&args.model, &device, args.weights)?;
-    let text =
-        ember_core_model::files::read_to_string(&args.text).with_context(|| format!("{}", args.text.display()))?;
-    let mut ids = tokenizer::encode(&run.tokenizer, &text)?;
     let w = args.tokens.min(run.model.block_size());
-    let n = (w * args.windows.max(1)).min(ids.len());
-    if args.tail {
-        ids.drain(..ids.len() - n);
-    }
-    ids.truncate(n);
+    let n = w.saturating_mul(args.windows);
+    let end = if args.tail { TextEnd::Last } else { TextEnd::First };
+    let ids = text_ids(&args.text, &run.tokenizer, n, end)?;
     if w < 2 || ids.len() < 2 {
         bail!("{}: fewer than 2 tokens to score", args.text.display());
     }
-    let chunk = args.chunk.max(1);
+    let chunk = args.chunk;
     println!(
         "bench kv: {} on {description}: {} tokens of {} in windows of {w}, teacher-forced through each store {chunk} at a time",
         args.model.display(),

@@ -65,6 +65,7 @@ pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice, collective: Rc<dy
     if ranks > 1 && args.pytorch.is_some() {
         bail!("--pytorch runs beside one process; leave it out under mpiexec");
     }
+    let on_host = devices::on_host(device);
     let (device, description, precision) =
         devices::select_local_in(device, collective.local_rank(), config.model.dtype)?;
     let scratch = tempfile::tempdir().context("creating a scratch run directory")?;
@@ -73,6 +74,10 @@ pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice, collective: Rc<dy
     // As `ember train`: a larger vocabulary in the config stands (GPT-2's 50257 over a small corpus's BPE).
     let vocab = ember_core_model::tokenizer::vocab_size(&tok);
     model_config.vocab_size = Some(model_config.vocab_size.map_or(vocab, |v| v.max(vocab)));
+    if on_host {
+        let seq_len = config.train.seq_len(&model_config);
+        crate::admission::admit_training(&model_config, config.train.batch_size, seq_len)?;
+    }
     let resolved = scratch.path().join("config.toml");
     std::fs::write(&resolved, RunConfig { model: model_config.clone(), ..config.clone() }.to_toml())?;
     let threads = rayon::current_num_threads();

@@ -69,6 +69,31 @@ fn shared_bytes(half: bool) -> usize {
     if half { 2 } else { 4 }
 }
 
+const QUERIES: &str = include_str!("../../../../shaders/flash_queries.wgsl");
+const KEYS: &str = include_str!("../../../../shaders/flash_backward_dkdv.wgsl");
+
+/// The tiled passes of attention: a block of query rows walking the keys (the forward, whole or one split of the
+/// keys, and dq), or a block of key rows walking the queries (dk and dv, and dq where it is folded in).
+#[derive(Clone, Copy, Debug)]
+enum Pass {
+    Forward { split: bool },
+    Dq,
+    DkDv,
+}
+
+impl Pass {
+    /// The pass's kernel in `geometry`'s layout over inputs of `elem` (`half`: f16 tiles).
+    fn kernel(self, geometry: &Geometry, elem: DType, half: bool) -> Wgsl {
+        let (name, text, mut values) = match self {
+            Pass::Forward { split } => ("flash_forward", QUERIES, geometry.forward(split)),
+            Pass::Dq => ("flash_backward_dq", QUERIES, geometry.dq()),
+            Pass::DkDv => ("flash_backward_dkdv", KEYS, geometry.dkdv()),
+        };
+        values.push(("types", types(elem, half)));
+        Wgsl { name, text, values }
+    }
+}
+
 /// The forward on cooperative matrices (flash_forward_coop.wgsl) for head width `d`, a multiple of 16, in workgroups
 /// of one subgroup of `threads` invocations, over inputs of `elem`.
 fn cooperative_forward(d: usize, threads: u32, elem: DType) -> Wgsl {
@@ -122,6 +147,14 @@ impl DecodeGeometry {
             tile -= tile % key_parts;
         }
         Self { rows, blocks, tile, vec4s, stride, dot_parts: dot_parts(tile), key_parts }
+    }
+
+    /// The decoding kernel (flash_decode.wgsl) reading keys and values through `kv_source`, over q of `elem`
+    /// (`half`: f16 tiles).
+    fn kernel(&self, kv_source: String, elem: DType, half: bool) -> Wgsl {
+        let mut values = self.values();
+        values.extend([("kv_source", kv_source), ("types", types(elem, half))]);
+        Wgsl { name: "flash_decode", text: include_str!("../../../../shaders/flash_decode.wgsl"), values }
     }
 
     /// The decoding kernel's placeholders.
@@ -191,6 +224,12 @@ fn info(params: &FlashParams, q: &Shape, hkv: usize, tk: usize) -> Vec<u32> {
 const DECODE_FLOAT: &str = include_str!("../../../../shaders/flash_kv_float.wgsl");
 const DECODE_INT8: &str = include_str!("../../../../shaders/flash_kv_int8.wgsl");
 
+/// The int8 cache's source for groups of `group` values per scale. It is pasted into the kernel after the kernel's
+/// placeholders are filled: its own are filled first.
+fn int8_source(group: usize) -> String {
+    DECODE_INT8.replace("{{ group }}", &group.to_string())
+}
+
 /// Cuts the tk keys into about `splits` splits of equal length (at least one key each) and records the split length
 /// and the count in the info words; returns the count.
 fn split_keys(words: &mut [u32], tk: usize, splits: usize) -> usize {
@@ -213,14 +252,18 @@ fn decode(q: &CubeTensor, kv_source: String, kv: &[&CubeTensor], words: Vec<u32>
     let splits = split_keys(&mut words, tk, wanted.min(tk / SPLIT_MIN).max(tk.div_ceil(SPLIT_MAX)));
     let rows = b * hq * tq;
     let parts = partial_states(q, rows, splits, d);
-    let mut values = geometry.values();
-    values.extend([("kv_source", kv_source), ("types", types(q.dtype, half))]);
-    let split = Wgsl { name: "flash_decode", text: include_str!("../../../../shaders/flash_decode.wgsl"), values };
+    let split = geometry.kernel(kv_source, q.dtype, half);
     let mut tensors = vec![q, &parts[0], &parts[1], &parts[2]];
     tensors.extend(kv);
     let count = (splits as u32, (b * hkv * geometry.blocks) as u32);
     launch_with_info_at(q, split, DECODE_WG, [count.0, count.1, 1], &tensors, 4, &words);
     merge(q, &words, parts, out);
+}
+
+/// The merge kernel (flash_decode_reduce.wgsl) writing o of `elem`.
+fn merge_kernel(elem: DType) -> Wgsl {
+    let values = vec![("workgroup", REDUCE_WG.to_string()), ("types", types(elem, false))];
+    Wgsl { name: "flash_decode_reduce", text: include_str!("../../../../shaders/flash_decode_reduce.wgsl"), values }
 }
 
 /// Split partial states of `rows` query rows: m and ℓ [rows, splits], u [rows, splits, d], all f32.
@@ -232,11 +275,7 @@ fn partial_states(like: &CubeTensor, rows: usize, splits: usize, d: usize) -> [C
 /// workgroup per query row.
 fn merge(q: &CubeTensor, words: &[u32], parts: [CubeTensor; 3], [o, lse]: [&CubeTensor; 2]) {
     let rows = (words[0] * words[1] * words[3]) as usize;
-    let reduce = Wgsl {
-        name: "flash_decode_reduce",
-        text: include_str!("../../../../shaders/flash_decode_reduce.wgsl"),
-        values: vec![("workgroup", REDUCE_WG.to_string()), ("types", types(o.dtype, false))],
-    };
+    let reduce = merge_kernel(o.dtype);
     // Rows past the grid's 65,535 per dimension wrap into y (the merge kernel's row = x + y · min(rows, 65,535)).
     let across = rows.min(65535);
     let count = (across as u32, rows.div_ceil(across) as u32);
@@ -276,10 +315,7 @@ impl FlashOps for CubeBackend {
             // Too few workgroups to fill a large GPU: split the keys too, at least SPLIT_KEYS each, and merge.
             let workgroups = (count.0 * count.1) as usize;
             let splits = FILL_WORKGROUPS.div_ceil(workgroups).min(tk / SPLIT_KEYS);
-            let text = include_str!("../../../../shaders/flash_forward.wgsl");
-            let mut values = geometry.forward(splits > 1);
-            values.push(("types", types(dtype, half)));
-            let kernel = Wgsl { name: "flash_forward", text, values };
+            let kernel = Pass::Forward { split: splits > 1 }.kernel(&geometry, dtype, half);
             if splits > 1 {
                 let splits = split_keys(&mut words, tk, splits);
                 let parts = partial_states(&q, b * hq * tq, splits, d);
@@ -315,8 +351,7 @@ impl FlashOps for CubeBackend {
         let lse = empty(&q, &[b, hq, tq], DType::F32);
         if b * hq * tq > 0 {
             let words = info(&params, &qs, hkv, keys);
-            // The source is pasted into the kernel after its placeholders are filled: fill its own first.
-            let source = DECODE_INT8.replace("{{ group }}", &group.to_string());
+            let source = int8_source(group);
             decode(&q, source, &[&k_codes, &k_scales, &v_codes, &v_scales], words, half, [&o, &lse]);
         }
         o
@@ -352,19 +387,13 @@ impl FlashOps for CubeBackend {
         let (tier, shared) = (tier(&q, &params), shared_bytes(half));
         if b * hq * tq > 0 && !fold {
             let geometry = Geometry::queries(tier, d, shared, workgroup_bytes);
-            let text = include_str!("../../../../shaders/flash_backward_dq.wgsl");
-            let mut values = geometry.dq();
-            values.push(("types", types(dtype, half)));
-            let kernel = Wgsl { name: "flash_backward_dq", text, values };
+            let kernel = Pass::Dq.kernel(&geometry, dtype, half);
             let count = (((hq / hkv * tq) as u32).div_ceil(geometry.block()), (b * hkv) as u32);
             launch(&q, kernel, geometry.threads, count, &[&q, &k, &v, &d_o, &lse, &delta, &dq], &words);
         }
         if b * hkv * tk > 0 {
             let geometry = Geometry::keys(tier, d, shared + dtype.size(), workgroup_bytes, fold);
-            let text = include_str!("../../../../shaders/flash_backward_dkdv.wgsl");
-            let mut values = geometry.dkdv();
-            values.push(("types", types(dtype, half)));
-            let kernel = Wgsl { name: "flash_backward_dkdv", text, values };
+            let kernel = Pass::DkDv.kernel(&geometry, dtype, half);
             let count = ((tk as u32).div_ceil(geometry.block()), (b * hkv) as u32);
             let mut tensors = vec![&q, &k, &v, &d_o, &lse, &delta, &dk, &dv];
             if fold {
@@ -382,21 +411,67 @@ mod tests {
     use super::*;
     use burn::backend::wgpu::KernelSource;
 
+    /// `source` parsed and validated by naga with `capabilities`, or the panic naming `what` and naga's message.
+    fn validated(
+        source: &str,
+        capabilities: naga::valid::Capabilities,
+        what: &str,
+    ) -> (naga::Module, naga::valid::ModuleInfo) {
+        let module =
+            naga::front::wgsl::parse_str(source).unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(source)));
+        let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities)
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(source)));
+        (module, info)
+    }
+
+    /// Every tiled and decoding kernel the launchers can build is valid WGSL: each pass in both tiers, with and
+    /// without folded dq (both places for the K rows), f32 and f16 inputs, f32 and f16 tiles, head widths 32 to 256,
+    /// the decoding kernel over float and int8 caches, and the merge. The wgpu tests run only the variants their
+    /// adapter picks; this checks the generated code of the rest on any machine.
+    #[test]
+    fn every_generated_attention_kernel_is_valid_wgsl() {
+        use naga::valid::Capabilities;
+        let capabilities = Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16 | Capabilities::SHADER_FLOAT32_ATOMIC;
+        let mut checked = 0;
+        for tier in [KernelTier::Portable, KernelTier::Subgroup] {
+            for d in [32, 64, 128, 256] {
+                for (elem, half) in [(DType::F32, false), (DType::F32, true), (DType::F16, true)] {
+                    let shared = shared_bytes(half);
+                    let queries = Geometry::queries(tier, d, shared, 32768);
+                    let passes = [Pass::Forward { split: false }, Pass::Forward { split: true }, Pass::Dq];
+                    let mut kernels: Vec<Wgsl> = passes.iter().map(|pass| pass.kernel(&queries, elem, half)).collect();
+                    // 16 KiB leaves the folded pass's K rows in the buffer at d = 256; 32 KiB keeps them shared.
+                    for (bytes, fold) in [(16384, false), (16384, true), (32768, true)] {
+                        let keys = Geometry::keys(tier, d, shared + elem.size(), bytes, fold);
+                        kernels.push(Pass::DkDv.kernel(&keys, elem, half));
+                    }
+                    let decoding = DecodeGeometry::new(d, 8, shared);
+                    kernels.push(decoding.kernel(DECODE_FLOAT.into(), elem, half));
+                    kernels.push(decoding.kernel(int8_source(32), elem, half));
+                    kernels.push(merge_kernel(elem));
+                    for kernel in kernels {
+                        let what = format!("{} {tier:?} d {d} {elem:?} half {half}", kernel.name);
+                        validated(&kernel.source().complete(), capabilities, &what);
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 2 * 4 * 3 * 9);
+    }
+
     /// The cooperative-matrix forward is valid WGSL for naga with its capabilities (wgpu's
     /// EXPERIMENTAL_COOPERATIVE_MATRIX and SHADER_F16) and compiles to SPIR-V, the form Vulkan drivers with
     /// VK_KHR_cooperative_matrix run, for every head width it takes and both input types, on any machine: the
     /// adapters that run it (crates/kernels/tests/flash.rs) are GPUs, not lavapipe.
     #[test]
     fn cooperative_forward_is_valid_and_compiles_to_spir_v() {
-        use naga::valid::{Capabilities, ValidationFlags, Validator};
+        use naga::valid::Capabilities;
         for (d, elem) in [(64, DType::F32), (64, DType::F16), (128, DType::F32), (256, DType::F16)] {
             let source = cooperative_forward(d, 32, elem).source().complete();
-            let module = naga::front::wgsl::parse_str(&source)
-                .unwrap_or_else(|e| panic!("d {d}, {elem:?}: {}", e.emit_to_string(&source)));
             let capabilities = Capabilities::COOPERATIVE_MATRIX | Capabilities::SHADER_FLOAT16;
-            let info = Validator::new(ValidationFlags::all(), capabilities)
-                .validate(&module)
-                .unwrap_or_else(|e| panic!("d {d}, {elem:?}: {}", e.emit_to_string(&source)));
+            let (module, info) = validated(&source, capabilities, &format!("d {d}, {elem:?}"));
             let options = naga::back::spv::Options { lang_version: (1, 6), ..Default::default() };
             let words = naga::back::spv::write_vec(&module, &info, &options, None).expect("SPIR-V");
             assert!(words.len() > 100 && words[0] == 0x0723_0203, "a SPIR-V module starts with its magic number");

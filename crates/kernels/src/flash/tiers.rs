@@ -10,7 +10,8 @@ const PORTABLE_BYTES: usize = 16384;
 /// Workgroup memory the subgroup tier's tiles take at most (where the adapter allows it).
 const SUBGROUP_BYTES: usize = 32768;
 
-/// The forward's output bindings: o and lse, or a split's partial states for the merge kernel.
+/// flash_queries.wgsl's bindings after q, k and v: the forward's o and lse, or a split's partial states for the merge
+/// kernel; dq's inputs and output.
 const OUTPUTS: &str = "\
 @group(0) @binding(3) var<storage, read_write> o: array<vec4<Elem>>;       // [B, Hq, Tq, D]
 @group(0) @binding(4) var<storage, read_write> lse: array<f32>;            // [B, Hq, Tq]
@@ -20,6 +21,12 @@ const SPLIT_OUTPUTS: &str = "\
 @group(0) @binding(4) var<storage, read_write> part_l: array<f32>;         // [B·Hq·Tq, splits]
 @group(0) @binding(5) var<storage, read_write> part_u: array<vec4<f32>>;   // [B·Hq·Tq, splits, D]
 @group(0) @binding(6) var<storage, read_write> info: array<u32>;";
+const DQ_BINDINGS: &str = "\
+@group(0) @binding(3) var<storage, read_write> d_o: array<vec4<Elem>>;     // [B, Hq, Tq, D]
+@group(0) @binding(4) var<storage, read_write> lse: array<f32>;            // [B, Hq, Tq]
+@group(0) @binding(5) var<storage, read_write> delta: array<f32>;          // [B, Hq, Tq]: D_i
+@group(0) @binding(6) var<storage, read_write> dq: array<vec4<Elem>>;      // [B, Hq, Tq, D]
+@group(0) @binding(7) var<storage, read_write> info: array<u32>;";
 
 /// A tiled kernel's layout: groups of `lanes` lanes own `rows` rows each, lane λ holding the vec4s x·lanes + λ.
 #[derive(Clone, Copy, Debug)]
@@ -121,7 +128,22 @@ impl Geometry {
             ("tile_vec4s", (self.tile * self.vec4s).to_string()),
             ("tile_quads", (self.tile / 4).to_string()),
             ("exchange_memory", self.exchange_memory()),
+            ("geometry", self.constants()),
         ]
+    }
+
+    /// The layout as the shaders' WGSL constants.
+    fn constants(&self) -> String {
+        let named = [
+            ("LANES", self.lanes),
+            ("ROWS", self.rows),
+            ("THREADS", self.threads),
+            ("BLOCK", self.block()),
+            ("TILE", self.tile),
+            ("CHUNK", self.chunk),
+            ("V", self.vec4s),
+        ];
+        named.map(|(name, value)| format!("const {name}: u32 = {value}u;")).join("\n")
     }
 
     /// Quads of partial scores an invocation exchanges per `dots`.
@@ -301,7 +323,7 @@ impl Geometry {
         // A split sees only its own keys: chunks running past its end must not count the next split's.
         self.query_rows(&mut setup, split);
         for r in 0..self.rows {
-            let _ = writeln!(setup, "var m{r} = -3.0e38; var l{r} = 0.0;");
+            let _ = writeln!(setup, "var m{r} = MASKED; var l{r} = 0.0;");
         }
         self.load(&mut setup, "q", "q", " * c.scale", true);
         self.zero(&mut setup, "u");
@@ -311,18 +333,18 @@ impl Geometry {
         self.dots(&mut chunk, "s", "q", "k_tile");
         self.visible(&mut chunk, "(jv + vec4<u32>(#))");
         let quads = 0..self.chunk / 4;
+        // The online softmax's update (flash_common.wgsl): m' = max(m, max_j s_j), α = e^(m − m'),
+        // p = e^(s − m'), ℓ' = α ℓ + Σ p, u' = α u + Σ p v.
         for r in 0..self.rows {
-            let masked = quads.clone().map(|k| format!("select(vec4<f32>(-3.0e38), s{r}_{k}, vis{r}_{k})"));
-            let maxes = masked.map(|m| format!("max4({m})")).fold(format!("m{r}"), |a, b| format!("max({a}, {b})"));
-            let _ = writeln!(chunk, "let mx{r} = {maxes}; let corr{r} = exp(m{r} - mx{r});");
+            let raised = quads.clone().fold(format!("m{r}"), |m, k| format!("raised_max({m}, s{r}_{k}, vis{r}_{k})"));
+            let _ = writeln!(chunk, "let mx{r} = {raised}; let alpha{r} = exp(m{r} - mx{r});");
             for k in quads.clone() {
-                let p = format!("select(vec4<f32>(0.0), exp(s{r}_{k} - vec4<f32>(mx{r})), vis{r}_{k})");
-                let _ = writeln!(chunk, "let p{r}_{k} = {p};");
+                let _ = writeln!(chunk, "let p{r}_{k} = weights(s{r}_{k}, vec4<f32>(mx{r}), vis{r}_{k});");
             }
             let sum = quads.clone().map(|k| format!("p{r}_{k}")).collect::<Vec<_>>().join(" + ");
-            let _ = writeln!(chunk, "l{r} = l{r} * corr{r} + dot({sum}, vec4<f32>(1.0)); m{r} = mx{r};");
+            let _ = writeln!(chunk, "l{r} = rescaled_sum(l{r}, alpha{r}, {sum}); m{r} = mx{r};");
             for x in 0..self.per_lane() {
-                let _ = writeln!(chunk, "u{r}_{x} *= corr{r};");
+                let _ = writeln!(chunk, "u{r}_{x} *= alpha{r};");
             }
         }
         self.accumulate(&mut chunk, &[("u", "p", "v_tile")]);
@@ -340,8 +362,8 @@ impl Geometry {
             }
             SPLIT_OUTPUTS
         } else {
-            let lse = "if (lane == 0u) { lse[row@.x] = select(0.0, m@ + log(l@), l@ > 0.0); }";
-            self.store(&mut finish, "o", "select(vec4<f32>(0.0), u# / l@, l@ > 0.0)", lse);
+            let lse = "if (lane == 0u) { lse[row@.x] = log_sum_exp(m@, l@); }";
+            self.store(&mut finish, "o", "normalized(u#, l@)", lse);
             OUTPUTS
         };
         // Split z's keys: [z · split, (z + 1) · split) within the block's.
@@ -353,7 +375,7 @@ impl Geometry {
         };
         let mut values = self.values();
         values.extend([("row_setup", setup), ("chunk_code", chunk), ("row_finish", finish)]);
-        values.extend([("outputs", outputs.to_string()), ("split_keys", split_keys.to_string())]);
+        values.extend([("bindings", outputs.to_string()), ("split_keys", split_keys.to_string())]);
         values
     }
 
@@ -376,8 +398,8 @@ impl Geometry {
         self.visible(&mut chunk, "(jv + vec4<u32>(#))");
         for r in 0..self.rows {
             for k in 0..self.chunk / 4 {
-                let p = format!("select(vec4<f32>(0.0), exp(s{r}_{k} - vec4<f32>(lse{r})), vis{r}_{k})");
-                let _ = writeln!(chunk, "let ds{r}_{k} = {p} * (dp{r}_{k} - vec4<f32>(dl{r}));");
+                let p = format!("weights(s{r}_{k}, vec4<f32>(lse{r}), vis{r}_{k})");
+                let _ = writeln!(chunk, "let ds{r}_{k} = score_grad({p}, dp{r}_{k}, vec4<f32>(dl{r}));");
             }
         }
         self.accumulate(&mut chunk, &[("a", "ds", "k_tile")]);
@@ -386,6 +408,7 @@ impl Geometry {
         self.store(&mut finish, "dq", "a# * c.scale", "");
         let mut values = self.values();
         values.extend([("row_setup", setup), ("chunk_code", chunk), ("row_finish", finish)]);
+        values.extend([("bindings", DQ_BINDINGS.to_string()), ("split_keys", String::new())]);
         values
     }
 
@@ -426,8 +449,8 @@ impl Geometry {
         for k in 0..self.chunk / 4 {
             let _ = writeln!(chunk, "let ls{k} = lse_tile[j0 / 4u + {k}u]; let dl{k} = delta_tile[j0 / 4u + {k}u];");
             for r in 0..self.rows {
-                let p = format!("select(vec4<f32>(0.0), exp(s{r}_{k} - ls{k}), vis{r}_{k})");
-                let _ = writeln!(chunk, "let p{r}_{k} = {p}; let ds{r}_{k} = p{r}_{k} * (dp{r}_{k} - dl{k});");
+                let p = format!("weights(s{r}_{k}, ls{k}, vis{r}_{k})");
+                let _ = writeln!(chunk, "let p{r}_{k} = {p}; let ds{r}_{k} = score_grad(p{r}_{k}, dp{r}_{k}, dl{k});");
             }
         }
         self.accumulate(&mut chunk, &[("dv", "p", "do_tile"), ("dk", "ds", "q_tile")]);

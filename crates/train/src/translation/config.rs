@@ -115,6 +115,8 @@ impl TranslationConfig {
         require(s.encoder_layers >= 1, "seq2seq.encoder_layers", s.encoder_layers, "at least 1")?;
         require(s.decoder_layers >= 1, "seq2seq.decoder_layers", s.decoder_layers, "at least 1")?;
         require(d.vocab_size >= 300, "data.vocab_size", d.vocab_size, "at least 300 (256 bytes, specials, merges)")?;
+        let most = crate::config::MAX_BPE_VOCAB;
+        require(d.vocab_size <= most, "data.vocab_size", d.vocab_size, format!("at most {most}"))?;
         require(d.max_len >= 2, "data.max_len", d.max_len, "at least 2")?;
         require(
             d.joint_vocab || !s.share_embeddings,

@@ -57,11 +57,14 @@ pub(super) fn save_vocabularies(vocab: &Vocabularies, run_dir: &Path) -> Result<
     Ok(())
 }
 
-/// The vocabularies [`save_vocabularies`] wrote: separate when `source_tokenizer.json` is present.
+/// The vocabularies [`save_vocabularies`] wrote: separate when `source_tokenizer.json` is present. The model's
+/// embeddings have a row per token of each, so ids must run from 0 without gaps.
 pub(super) fn load_vocabularies(run_dir: &Path) -> Result<Vocabularies, BundleError> {
     let load = |name: &str| {
         let path = run_dir.join(name);
-        tokenizer::load(&path).map_err(|cause| BundleError::Tokenizer { path, cause })
+        tokenizer::load(&path)
+            .and_then(|t| tokenizer::check_fits(&t, tokenizer::vocab_size(&t)).map(|_| t))
+            .map_err(|cause| BundleError::Tokenizer { path, cause })
     };
     let target = load(bundle::TOKENIZER)?;
     if !run_dir.join(SOURCE_TOKENIZER).exists() {
@@ -116,6 +119,9 @@ pub fn average(run_dir: &Path, n: usize, out: &Path) -> Result<Vec<u64>, Transla
                 return Err(bad(&name, format!("it is {:?}, not F32", data.dtype())));
             }
             let values = data.as_slice::<f32>().map_err(|e| bad(&name, format!("{e:?}")))?;
+            if let Some(value) = values.iter().find(|v| !v.is_finite()) {
+                return Err(bad(&name, format!("it holds {value}; an average with it would be {value} too")));
+            }
             let shape = data.shape().to_vec();
             if i == 0 {
                 sum.insert(name.clone(), (vec![0.0; values.len()], shape.clone()));

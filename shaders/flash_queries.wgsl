@@ -1,9 +1,13 @@
-// FlashAttention forward: o = softmax(q kᵀ·scale + mask) v, exact, by tiles of keys with the online softmax.
-// Per query row keep the running maximum m, ℓ = Σ e^(s_j − m) and u = Σ e^(s_j − m) v_j. A chunk of CHUNK keys is
-// scored at once; m, ℓ and u are then rescaled once by e^(m_old − m_new) and u += Σ_j p_j v_j. At the end o = u / ℓ
-// and lse = m + ln ℓ (saved for the backward pass). A row that sees no key gives o = 0.
-// When the grid is small, workgroup z takes only split z of the keys and writes its partial (m, ℓ, u); the decoding
-// merge kernel (flash_decode_reduce.wgsl) then combines the splits into o and lse.
+// The query side of FlashAttention: a workgroup takes a block of query rows and walks the keys they see, tile by tile.
+// Two passes share this walk and differ in their per-row code (crates/kernels/src/flash/tiers.rs) and bindings:
+// - forward: o = softmax(q kᵀ·scale + mask) v, exact, with the online softmax (flash_common.wgsl): a chunk of CHUNK
+//   keys is scored at once, then m, ℓ and u are rescaled once and u += Σ_j p_j v_j. At the end o = u / ℓ and
+//   lse = m + ln ℓ (saved for the backward pass); a row that sees no key gives o = 0. When the grid is small,
+//   workgroup z takes only split z of the keys and writes its partial (m, ℓ, u); the decoding merge kernel
+//   (flash_decode_reduce.wgsl) then combines the splits into o and lse.
+// - backward dq (FlashAttention-2): p_ij = e^(s_ij − lse_i) recomputed chunk by chunk, dp_ij = dO_i · v_j,
+//   ds_ij = p_ij (dp_ij − D_i) with D_i = rowsum(dO_i ⊙ o_i), dq_i = scale · Σ_j ds_ij k_j. No T×T buffer. Launched
+//   only where dq is not folded into the dk/dv pass (adapters without f32 atomics).
 // Rows: a workgroup takes BLOCK rows of one (batch, KV head), its GQA group's query heads packed head-minor (row
 // n = t·g + r for query head r of the g in the group), so they share one K/V stream. A group of LANES lanes owns
 // ROWS rows; lane λ holds the vec4s x·LANES + λ of each row's q and u, so a score is LANES partial dot products summed
@@ -21,41 +25,32 @@
 @group(0) @binding(0) var<storage, read_write> q: array<vec4<Elem>>;   // [B, Hq, Tq, D]
 @group(0) @binding(1) var<storage, read_write> k: array<vec4<Elem>>;   // [B, Hkv, Tk, D]
 @group(0) @binding(2) var<storage, read_write> v: array<vec4<Elem>>;   // [B, Hkv, Tk, D]
-{{ outputs }}
+// The pass's own: o and lse (or a split's partial states), or dO, lse, D and dq; then info.
+{{ bindings }}
 
 {{ common }}
 
-const LANES: u32 = {{ lanes }}u;
-const ROWS: u32 = {{ rows }}u;
-const THREADS: u32 = {{ threads }}u;
-const BLOCK: u32 = {{ block }}u;          // THREADS / LANES · ROWS
-const TILE: u32 = {{ tile }}u;            // keys per tile, a multiple of CHUNK
-const CHUNK: u32 = {{ chunk }}u;
-const V: u32 = {{ vec4s }}u;              // D / 4
+// LANES, ROWS, THREADS, BLOCK, TILE, CHUNK, V: the tier's layout (tiers.rs `Geometry`).
+{{ geometry }}
 
 var<workgroup> k_tile: array<vec4<Shared>, {{ tile_vec4s }}>;
 var<workgroup> v_tile: array<vec4<Shared>, {{ tile_vec4s }}>;
 var<workgroup> block_keys: vec2<u32>;
 {{ exchange_memory }}
 
-fn max4(x: vec4<f32>) -> f32 {
-    return max(max(x.x, x.y), max(x.z, x.w));
-}
-
 @compute @workgroup_size({{ threads }}, 1, 1)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let c = call();
     let b = wg.y / c.hkv;
     let kvh = wg.y % c.hkv;
-    let rows = (c.hq / c.hkv) * c.tq;
+    let rows = packed_rows(c);
     let blocks = (rows + BLOCK - 1u) / BLOCK;
     let n0 = select(wg.x, blocks - 1u - wg.x, c.causal) * BLOCK;
     let lane = lid % LANES;
     let first = n0 + lid / LANES * ROWS;
     if (lid == 0u) {
         let last = min(n0 + BLOCK, rows) - 1u;
-        block_keys = vec2<u32>(row_keys(c, b, packed_row(c, b, kvh, n0).y).x,
-                               row_keys(c, b, packed_row(c, b, kvh, last).y).y);
+        block_keys = keys_seen(c, b, kvh, n0, last);
         {{ split_keys }}
     }
     let keys = workgroupUniformLoad(&block_keys);
