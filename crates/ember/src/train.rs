@@ -12,6 +12,7 @@ use ember_core_model::tokenizer;
 use ember_serve::KvKind;
 use ember_train::collective::Collective;
 use ember_train::corpus;
+use ember_train::token_cache::TokenCache;
 use ember_train::{Trainer, config::KNOWN_DATASETS};
 
 use crate::config::{AnyRunConfig, RunConfig};
@@ -98,7 +99,9 @@ fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn C
         true => {
             let bar = crate::progress::tokenizing(&config.data.corpus);
             let mut shown = |done, _| bar.set_position(done);
-            let prepared = corpus::prepare_reporting(&config.data, &run_dir, args.resume.is_some(), &mut shown);
+            let cache = token_cache();
+            let resume = args.resume.is_some();
+            let prepared = corpus::prepare_reporting(&config.data, &run_dir, resume, cache.as_ref(), &mut shown);
             bar.finish_and_clear();
             prepared?
         }
@@ -210,4 +213,14 @@ fn ensure_corpus(config: &RunConfig) -> Result<()> {
         ),
         _ => Ok(()), // corpus::prepare names any other missing file
     }
+}
+
+/// Where tokenized corpora are kept between runs: `$EMBER_CACHE_DIR/tokens`, else `$XDG_CACHE_HOME/ember/tokens`,
+/// else `~/.cache/ember/tokens` (none without a home).
+fn token_cache() -> Option<TokenCache> {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let dir = var("EMBER_CACHE_DIR")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("ember")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache/ember")))?;
+    Some(TokenCache::new(dir.join("tokens")))
 }

@@ -249,16 +249,8 @@ fn convert_to_mla_keeps_the_loss_at_full_rank_and_fine_tunes_with_resume() {
     let model_only = dir.path().join("model-only.toml");
     std::fs::write(&model_only, "[model]\nn_layers = 2\n").unwrap();
     let bare = dir.path().join("bare");
-    let out = ember(&[
-        "convert",
-        "--to",
-        "mla",
-        run.to_str().unwrap(),
-        "--config",
-        model_only.to_str().unwrap(),
-        "--out",
-        bare.to_str().unwrap(),
-    ]);
+    let args = ["convert", "--to", "mla", "--latent-dim", "8", run.to_str().unwrap(), "--config"];
+    let out = ember(&[&args[..], &[model_only.to_str().unwrap(), "--out", bare.to_str().unwrap()]].concat());
     assert_clean_error(&out, "model-only.toml: no [data] table: --config takes a run config");
     assert!(!bare.exists(), "nothing is written");
     assert!(convert("8", &low).status.success());

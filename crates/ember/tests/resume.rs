@@ -43,8 +43,12 @@ fn killing_training_mid_checkpoint_leaves_the_previous_checkpoint_loadable() {
         } else {
             args.extend(["--resume".into(), run.to_str().unwrap().into()]);
         }
-        let mut child =
-            Command::new(env!("CARGO_BIN_EXE_ember")).args(&args).stdout(std::process::Stdio::null()).spawn().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+            .env("EMBER_CACHE_DIR", test_cache())
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
         let before = std::fs::metadata(&ckpt).and_then(|m| m.modified()).ok();
         while std::fs::metadata(&ckpt).and_then(|m| m.modified()).ok() == before {
             assert!(child.try_wait().unwrap().is_none(), "training exited before writing a checkpoint");
@@ -135,6 +139,7 @@ fn training_memory_does_not_grow_with_the_corpus() {
         let config = tiny_config(dir.path(), &corpus, &dir.path().join(format!("run-{copies}")), "");
         let log = dir.path().join(format!("train-{copies}.log"));
         let child = Command::new("sh")
+            .env("EMBER_CACHE_DIR", test_cache())
             .args(["-c", &format!("ulimit -v {limit} && exec \"$0\" \"$@\""), env!("CARGO_BIN_EXE_ember")])
             .args(["train", "--device", "cpu", "--no-sample", "--config", config.to_str().unwrap()])
             .args(["--set", "train.max_steps=2"])

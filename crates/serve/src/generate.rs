@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
 use crate::kv::{Bits, ContiguousCache, PagePool, PagedCache, QuantizedCache, StateCache};
-use crate::sampling::{TokenLogprob, logprobs, sample};
+use crate::sampling::{History, TokenLogprob, logprobs, sample};
 use ember_formats::request::GenerationRequest;
 
 #[derive(Debug, thiserror::Error)]
@@ -242,6 +242,8 @@ pub struct Sequence<'a> {
     seen: usize,
     reused: usize,
     rng: Rng,
+    /// What the sampling penalties look at.
+    history: History,
     ends: Vec<u32>,
     /// Bytes held back because they could still become a stop string.
     hold: usize,
@@ -290,6 +292,7 @@ impl<'a> Sequence<'a> {
             prompt_len: ids.len(),
             prefix: ids.len(),
             read: ids.len(),
+            history: History::new(&ids, ids.len()),
             ids,
             rng: Rng::new(request.seed),
             ends: end_tokens(tokenizer),
@@ -356,13 +359,14 @@ impl<'a> Sequence<'a> {
     /// Completes a step whose logits were computed elsewhere (a batched forward pass over [`Self::batchable`]).
     pub fn step_with(&mut self, logits: Vec<f32>) -> Result<String, GenerateError> {
         self.seen = self.ids.len();
-        let next = sample(&logits, &self.request.sampling, &self.ids, self.prompt_len, &mut self.rng);
+        let next = sample(&logits, &self.request.sampling, &self.history, &mut self.rng);
         if self.ends.contains(&next) {
             self.finished = Some(Finish::Stop);
             self.detokenize(true)?;
         } else {
             self.logprob = self.top_logprobs.map(|top| logprobs(&logits, next, top));
             self.ids.push(next);
+            self.history.push(next, true);
             let checked = self.text.len();
             let last = self.new_tokens() >= self.request.max_new_tokens;
             self.detokenize(last)?;

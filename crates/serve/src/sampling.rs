@@ -1,6 +1,8 @@
 //! Drawing the next token from a model's logits as a request's [`Sampling`] says (penalties, temperature, top-k,
 //! top-p), and the log-probabilities the completions APIs report.
 
+use std::collections::{HashMap, HashSet};
+
 use ember_formats::request::Sampling;
 use ember_formats::rng::Rng;
 
@@ -45,16 +47,39 @@ pub fn logprobs(logits: &[f32], chosen: u32, top: usize) -> TokenLogprob {
     }
 }
 
-/// The next token after `history`, whose first `prompt_len` tokens are the prompt: logits of tokens in the history
-/// are penalised (`repetition_penalty`), those of generated tokens lowered by the frequency and presence penalties,
-/// then the argmax when `temperature` is 0, else a draw from softmax(z / temperature) restricted to the `top_k`
-/// largest logits and then to the smallest set whose probability reaches `top_p`.
-pub fn sample(logits: &[f32], settings: &Sampling, history: &[u32], prompt_len: usize, rng: &mut Rng) -> u32 {
+/// What the penalties look at, kept as tokens are added, so that a step costs the distinct tokens seen, not the
+/// whole sequence: the tokens that appeared (prompt included) and how often each was generated.
+#[derive(Clone, Debug, Default)]
+pub struct History {
+    seen: HashSet<u32>,
+    generated: HashMap<u32, f64>,
+}
+
+impl History {
+    /// The history of `ids`, of which the first `prompt_len` are the prompt.
+    pub fn new(ids: &[u32], prompt_len: usize) -> Self {
+        let mut history = Self::default();
+        ids.iter().enumerate().for_each(|(i, &id)| history.push(id, i >= prompt_len));
+        history
+    }
+
+    pub fn push(&mut self, id: u32, generated: bool) {
+        self.seen.insert(id);
+        if generated {
+            *self.generated.entry(id).or_default() += 1.0;
+        }
+    }
+}
+
+/// The next token after `history`: logits of tokens in it are penalised (`repetition_penalty`), those of generated
+/// tokens lowered by the frequency and presence penalties, then the argmax when `temperature` is 0, else a draw from
+/// softmax(z / temperature) restricted to the `top_k` largest logits and then to the smallest set whose probability
+/// reaches `top_p`.
+pub fn sample(logits: &[f32], settings: &Sampling, history: &History, rng: &mut Rng) -> u32 {
     let mut z: Vec<f64> = logits.iter().map(|&x| x as f64).collect();
     let theta = settings.repetition_penalty;
     if theta != 1.0 {
-        let mut seen = std::collections::HashSet::new();
-        for &t in history.iter().filter(|&&t| seen.insert(t)) {
+        for &t in &history.seen {
             if let Some(zi) = z.get_mut(t as usize) {
                 *zi = if *zi > 0.0 { *zi / theta } else { *zi * theta };
             }
@@ -62,11 +87,7 @@ pub fn sample(logits: &[f32], settings: &Sampling, history: &[u32], prompt_len: 
     }
     let (alpha_f, alpha_p) = (settings.frequency_penalty, settings.presence_penalty);
     if alpha_f != 0.0 || alpha_p != 0.0 {
-        let mut counts = std::collections::HashMap::<u32, f64>::new();
-        for &t in history.get(prompt_len..).unwrap_or_default() {
-            *counts.entry(t).or_default() += 1.0;
-        }
-        for (t, c) in counts {
+        for (&t, &c) in &history.generated {
             if let Some(zi) = z.get_mut(t as usize) {
                 *zi -= alpha_f * c + alpha_p;
             }
@@ -162,12 +183,12 @@ mod tests {
         let logits = [0.0f32, 2.0, 1.0, -1.0];
         let mut rng = Rng::new(1);
         let with = |temperature: f64, top_k: Option<usize>| Sampling { temperature, top_k, ..Default::default() };
-        assert_eq!(sample(&logits, &with(0.0, None), &[], 0, &mut rng), 1);
-        assert!((0..50).all(|_| sample(&logits, &with(1.0, Some(1)), &[], 0, &mut rng) == 1));
+        assert_eq!(sample(&logits, &with(0.0, None), &History::default(), &mut rng), 1);
+        assert!((0..50).all(|_| sample(&logits, &with(1.0, Some(1)), &History::default(), &mut rng) == 1));
         let mut counts = [0usize; 4];
         let n = 40_000;
         for _ in 0..n {
-            counts[sample(&logits, &with(1.0, Some(2)), &[], 0, &mut rng) as usize] += 1;
+            counts[sample(&logits, &with(1.0, Some(2)), &History::default(), &mut rng) as usize] += 1;
         }
         assert_eq!(counts[0] + counts[3], 0, "top-k excludes the rest");
         let p1 = counts[1] as f64 / n as f64;
@@ -183,15 +204,15 @@ mod tests {
         let nucleus = Sampling { temperature: 1.0, top_p: Some(0.85), ..Default::default() };
         let mut seen = [false; 4];
         for _ in 0..2000 {
-            seen[sample(&logits, &nucleus, &[], 0, &mut rng) as usize] = true;
+            seen[sample(&logits, &nucleus, &History::default(), &mut rng) as usize] = true;
         }
         assert_eq!(seen, [true, true, false, false], "0.644 + 0.237 ≥ 0.85: the top two only");
         let greedy = Sampling { temperature: 0.0, repetition_penalty: 4.0, ..Default::default() };
-        assert_eq!(sample(&logits, &greedy, &[0], 0, &mut rng), 1, "2/4 < 1: the penalised token loses");
-        assert_eq!(sample(&logits, &greedy, &[], 0, &mut rng), 0);
+        assert_eq!(sample(&logits, &greedy, &History::new(&[0], 0), &mut rng), 1, "2/4 < 1: the penalised token loses");
+        assert_eq!(sample(&logits, &greedy, &History::default(), &mut rng), 0);
         // Once per token however often it occurs, as transformers applies it: 2/1.5 = 1.33 > 1.
         let mild = Sampling { temperature: 0.0, repetition_penalty: 1.5, ..Default::default() };
-        assert_eq!(sample(&logits, &mild, &[0, 0, 0], 0, &mut rng), 0);
+        assert_eq!(sample(&logits, &mild, &History::new(&[0, 0, 0], 0), &mut rng), 0);
     }
 
     #[test]
@@ -212,13 +233,13 @@ mod tests {
         let mut rng = Rng::new(3);
         let frequency = Sampling { temperature: 0.0, frequency_penalty: 0.6, ..Default::default() };
         // Token 0 once in the prompt and once generated: 2 − 0.6 = 1.4 > 1.
-        assert_eq!(sample(&logits, &frequency, &[0, 0], 1, &mut rng), 0);
+        assert_eq!(sample(&logits, &frequency, &History::new(&[0, 0], 1), &mut rng), 0);
         // Generated twice: 2 − 1.2 = 0.8 < 1.
-        assert_eq!(sample(&logits, &frequency, &[0, 0], 0, &mut rng), 1);
+        assert_eq!(sample(&logits, &frequency, &History::new(&[0, 0], 0), &mut rng), 1);
         let presence = Sampling { temperature: 0.0, presence_penalty: 1.5, ..Default::default() };
         // 2 − 1.5 = 0.5 whatever the count.
-        assert_eq!(sample(&logits, &presence, &[3, 0], 1, &mut rng), 1);
-        assert_eq!(sample(&logits, &presence, &[0, 3], 1, &mut rng), 0);
+        assert_eq!(sample(&logits, &presence, &History::new(&[3, 0], 1), &mut rng), 1);
+        assert_eq!(sample(&logits, &presence, &History::new(&[0, 3], 1), &mut rng), 0);
     }
 
     /// Draws through the partly sorted ranking equal draws through a full stable sort of the vocabulary (the order
@@ -262,8 +283,9 @@ mod tests {
         ] {
             let settings = Sampling { temperature, top_k, top_p, ..Default::default() };
             let (mut a, mut b) = (Rng::new(1), Rng::new(1));
-            let draws: Vec<(u32, u32)> =
-                (0..300).map(|_| (sample(&logits, &settings, &[], 0, &mut a), full(&settings, &mut b))).collect();
+            let draws: Vec<(u32, u32)> = (0..300)
+                .map(|_| (sample(&logits, &settings, &History::default(), &mut a), full(&settings, &mut b)))
+                .collect();
             assert!(draws.iter().all(|(x, y)| x == y), "T={temperature} k={top_k:?} p={top_p:?}");
             // The draws reach past the sorted head where the temperature spreads the mass.
             if temperature >= 5.0 {

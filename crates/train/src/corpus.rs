@@ -18,9 +18,12 @@ use tokenizers::Tokenizer;
 
 use crate::collective::Shard;
 use crate::config::{DataConfig, TokenizerKind};
+use crate::token_cache::TokenCache;
 
 pub const TRAIN_BIN: &str = "train.bin";
 pub const VAL_BIN: &str = "val.bin";
+/// What [`prepare`] writes into a run directory, and a token cache keeps.
+const RUN_FILES: [&str; 3] = [bundle::TOKENIZER, TRAIN_BIN, VAL_BIN];
 
 /// Bytes of text encoded at once (whole lines): the tokenizer's per-token records of one chunk are what tokenizing
 /// holds in memory, whatever the corpus's size. Small enough that no buffer of a chunk reaches the 4 MiB from which
@@ -190,14 +193,16 @@ pub struct Corpus {
 /// run); otherwise trained on the corpus (a BPE on its first [`BPE_SAMPLE_BYTES`]), encoded chunk by chunk into the
 /// token files there.
 pub fn prepare(data: &DataConfig, run_dir: &Path, reuse: bool) -> Result<(Tokenizer, Corpus), CorpusError> {
-    prepare_reporting(data, run_dir, reuse, &mut |_, _| {})
+    prepare_reporting(data, run_dir, reuse, None, &mut |_, _| {})
 }
 
-/// [`prepare`], telling `progress` the bytes of the corpus encoded so far and its size after each chunk.
+/// [`prepare`], taking the tokenizer and token files from `cache` where it holds this corpus's (and keeping them
+/// there otherwise), and telling `progress` the bytes of the corpus encoded so far and its size after each chunk.
 pub fn prepare_reporting(
     data: &DataConfig,
     run_dir: &Path,
     reuse: bool,
+    cache: Option<&TokenCache>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(Tokenizer, Corpus), CorpusError> {
     let (tok_path, train_path, val_path) =
@@ -205,9 +210,15 @@ pub fn prepare_reporting(
     if reuse && tok_path.exists() && train_path.exists() && val_path.exists() {
         return load(run_dir);
     }
+    // A run directory that already has a tokenizer (a converted or imported model) keeps it, and its tokens are its
+    // own; others are the corpus's, which the cache keeps.
+    let own_tokenizer = reuse && tok_path.exists();
+    let cache = cache.filter(|_| !own_tokenizer);
+    if cache.is_some_and(|cache| cache.restore(data, run_dir, &RUN_FILES)) {
+        return load(run_dir);
+    }
     let tok = match data.tokenizer {
-        // A run directory that already has a tokenizer (a converted or imported model) keeps it.
-        _ if reuse && tok_path.exists() => tokenizer::load(&tok_path)?,
+        _ if own_tokenizer => tokenizer::load(&tok_path)?,
         TokenizerKind::Char => {
             let mut chars = std::collections::BTreeSet::new();
             for chunk in TextChunks::open(&data.corpus, CHUNK_BYTES)? {
@@ -241,6 +252,9 @@ pub fn prepare_reporting(
     write_streamed(&val_path, &mut tokens)?;
     fs::remove_file(&all_path).map_err(run_dir_error)?;
     tokenizer::save(&tok, &tok_path)?;
+    if let Some(cache) = cache {
+        cache.store(data, run_dir, &RUN_FILES);
+    }
     let corpus = Corpus { train: Tokens::open(&train_path)?, val: Tokens::open(&val_path)? };
     Ok((tok, corpus))
 }
@@ -397,5 +411,27 @@ mod tests {
             err.to_string(),
             format!("corpus {} is not UTF-8 text (invalid byte at offset 3)", latin1.display())
         );
+    }
+
+    /// A second run on the same corpus takes its tokens from the cache (a mark put into the cached split shows
+    /// through); a changed corpus is tokenized afresh.
+    #[test]
+    fn a_second_run_on_the_same_corpus_takes_its_tokens_from_the_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let corpus = dir.path().join("corpus.txt");
+        fs::write(&corpus, "To be, or not to be, that is the question.\n".repeat(20)).unwrap();
+        let data =
+            DataConfig { corpus, dataset: None, tokenizer: TokenizerKind::Char, vocab_size: None, val_fraction: 0.1 };
+        let cache = TokenCache::new(dir.path().join("cache"));
+        let prepare = |run: &str| prepare_reporting(&data, &dir.path().join(run), false, Some(&cache), &mut |_, _| {});
+        let first = prepare("a").unwrap().1.train.window(0, 1);
+        let entry = cache.entry(&data).unwrap();
+        let mut marked = fs::read(entry.join(TRAIN_BIN)).unwrap();
+        marked[..4].copy_from_slice(&7u32.to_le_bytes());
+        fs::write(entry.join(TRAIN_BIN), marked).unwrap();
+        assert_eq!(prepare("b").unwrap().1.train.window(0, 1), [7], "the second run's tokens are the cache's");
+        assert_ne!(first, [7]);
+        fs::write(&data.corpus, "To be, or not to be, that is the question!\n".repeat(21)).unwrap();
+        assert_ne!(prepare("c").unwrap().1.train.window(0, 1), [7], "a changed corpus is tokenized again");
     }
 }

@@ -16,6 +16,7 @@ pub mod parallel;
 pub mod plot;
 pub mod replicas;
 pub mod schedule;
+pub mod token_cache;
 pub mod trainer;
 pub mod translation;
 

@@ -96,7 +96,16 @@ pub fn tiny_run(dir: &Path, steps: u64) -> PathBuf {
 }
 
 pub fn ember(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ember")).args(args).output().expect("the ember binary runs")
+    Command::new(env!("CARGO_BIN_EXE_ember"))
+        .env("EMBER_CACHE_DIR", test_cache())
+        .args(args)
+        .output()
+        .expect("the ember binary runs")
+}
+
+/// The token cache of the runs tests start: in the system's temporary directory, not the home's.
+pub fn test_cache() -> PathBuf {
+    std::env::temp_dir().join("ember-tests-cache")
 }
 
 /// Runs `ember generate --device cpu --model MODEL` with `args` after it.
