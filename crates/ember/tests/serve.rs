@@ -388,22 +388,19 @@ fn a_repeated_prompt_reuses_its_cached_pages() {
     assert_eq!(sample(&metrics, "ember_prefix_cache_pages"), 5.0, "the prompt's five full pages");
 }
 
-/// A tokenizer that reaches past the model's vocabulary (one character more than the model was trained on) is an
-/// error naming the id: a clean one-line error from `ember generate`, a 400 from the server, which goes on serving.
+/// A tokenizer that reaches past the model's vocabulary (one character more than the model was trained on) does not
+/// belong to the model: `ember generate` and `ember serve` refuse it when they load it, naming the token, and exit.
 #[test]
-fn a_prompt_past_the_vocabulary_is_refused_and_the_server_keeps_serving() {
+fn a_tokenizer_past_the_vocabulary_is_refused_when_the_model_loads() {
     let dir = tempfile::tempdir().unwrap();
-    let (run, prompts) = tiny_model(dir.path());
+    let (run, _) = tiny_model(dir.path());
     let corpus = std::fs::read_to_string(dir.path().join("corpus.txt")).unwrap();
     assert!(!corpus.contains('é'));
     let wider = ember_core_model::tokenizer::train_char(&format!("{corpus}é")).unwrap();
     ember_core_model::tokenizer::save(&wider, &run.join("tokenizer.json")).unwrap();
 
     let out = generate_on_cpu(&run, &["--prompt", "é", "--max-new-tokens", "2"]);
+    common::assert_clean_error(&out, "token \"é\" has id");
+    let out = common::ember(&["serve", "--device", "cpu", "--model", run.to_str().unwrap(), "--port", "0"]);
     common::assert_clean_error(&out, "past the model's vocabulary");
-    let server = Server::start(&run);
-    let (status, body) = server.request("POST", "/v1/completions", Some(&json!({"prompt": "é", "max_tokens": 2})));
-    assert_eq!(status, 400, "{body}");
-    assert!(body.contains("past the model's vocabulary"), "{body}");
-    server.complete(json!({"prompt": prompts[0], "max_tokens": 2}));
 }
