@@ -501,6 +501,20 @@ mod tests {
         assert_eq!(stream("タワ"), (before.to_string(), before.to_string()));
     }
 
+    /// A prompt is refused before it reaches the model when it encodes to nothing, to more tokens than the context,
+    /// or to an id past the model's vocabulary (an imported model whose tokenizer holds more ids than its embedding):
+    /// the server answers each with a 400.
+    #[test]
+    fn prompts_are_checked_against_the_context_and_the_vocabulary() {
+        let tokenizer = tokenizer::train_char("abcdef").unwrap();
+        assert_eq!(prompt_ids(&tokenizer, "cab", 8, 6).unwrap(), [2, 0, 1]);
+        assert!(matches!(prompt_ids(&tokenizer, "", 8, 6), Err(GenerateError::EmptyPrompt)));
+        let long = prompt_ids(&tokenizer, "abcabc", 4, 6);
+        assert!(matches!(long, Err(GenerateError::PromptTooLong { tokens: 6, context: 4 })));
+        let past = prompt_ids(&tokenizer, "af", 8, 5).unwrap_err().to_string();
+        assert!(past.starts_with("the prompt encodes to token id 5, past the model's vocabulary of 5"), "{past}");
+    }
+
     /// Only a paged store has pages: a model whose context is shorter than a page decodes with every other store,
     /// and a paged store is refused naming both sizes.
     #[test]
