@@ -7,13 +7,17 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
+use ember_core_model::config::Precision;
 use ember_core_model::convert::{default_rope_dim, max_latent, to_mla};
-use ember_core_model::import::{self, Source};
+use ember_core_model::import::Source;
 use ember_core_model::inspect::{kv_cache_bytes, total_params};
+use ember_core_model::weights::WeightFormat;
 use ember_core_model::{bundle, files};
 use ember_train::corpus::{TRAIN_BIN, VAL_BIN};
 use ember_train::loss::text_loss;
 
+use crate::devices::DeviceChoice;
+use crate::inference::{self, Placement};
 use crate::inspect::thousands;
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -74,7 +78,8 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         None => None,
     };
     let started = std::time::Instant::now();
-    let source = import::load(&args.model, &burn::tensor::Device::flex())?;
+    let cpu = Placement::new(DeviceChoice::Cpu, Precision::F32)?;
+    let source = inference::load(&args.model, &cpu, WeightFormat::F32)?;
     let config = &source.config;
     let rope = args.rope_dim.unwrap_or(default_rope_dim(config));
     let mla = to_mla(&source.model, args.latent_dim, rope)?;

@@ -2,6 +2,7 @@
 //! `ember eval --model RUN_DIR --data test.tsv`: the BLEU of a translation model on a test set;
 //! `ember eval perplexity`: a language model's loss and perplexity on a text.
 
+use ember_core_model::config::Precision;
 use ember_core_model::weights::WeightFormat;
 use std::path::{Path, PathBuf};
 
@@ -10,6 +11,7 @@ use clap::{Args, Subcommand};
 use ember_train::bleu::corpus_bleu;
 
 use crate::devices::DeviceChoice;
+use crate::inference::{self, Placement};
 
 #[derive(Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -155,8 +157,9 @@ pub fn eval(args: EvalArgs, device: DeviceChoice) -> Result<()> {
 
 fn perplexity(args: PerplexityArgs, device: DeviceChoice) -> Result<()> {
     let (weights, args) = (args.weights, args.scored);
-    let (device, description) = crate::devices::select(device)?;
-    let run = ember_core_model::import::load_as(&args.model, &device, weights)?;
+    let placement = Placement::new(device, Precision::F32)?;
+    let run = inference::load(&args.model, &placement, weights)?;
+    let description = placement.description;
     let ids = args.ids(&run.tokenizer)?;
     let loss = ember_train::loss::text_loss(&run.model, &ids);
     println!(

@@ -1,7 +1,7 @@
 //! What every command that runs a model for inference shares (`generate`, `serve`, `bench decode`, `bench serve`):
 //! the flags that say how a model is held and where its keys and values live, the placement decided once (device,
 //! precision, whether it runs in the machine's memory), and one loader that loads, casts, returns the loading buffers
-//! and admits the KV stores.
+//! and admits the KV stores; the one place a model is loaded, for every command that scores or converts one too.
 
 use std::path::Path;
 
@@ -73,14 +73,22 @@ impl Placement {
     }
 }
 
+/// The model at `path` (a run directory, a Hugging Face directory or a GGUF file) with its weights held as `weights`
+/// says, on `placement`'s device; in the machine's memory its weight files are admitted first, so a file larger than
+/// the memory available is refused by its size before a byte is read. Every command that loads a model goes through
+/// here.
+pub fn load(path: &Path, placement: &Placement, weights: WeightFormat) -> Result<Bundle> {
+    if placement.host {
+        admission::admit_model_files(path)?;
+    }
+    Ok(import::load_as(path, &placement.device, weights)?)
+}
+
 /// The model at `path` held as `hold` says, on `placement`'s device in its precision, with the memory freed while
 /// loading returned to the system and, in the machine's memory, KV stores for `sequences` sequences admitted.
 pub fn load_for_inference(path: &Path, hold: HoldFlags, placement: &Placement, sequences: usize) -> Result<Bundle> {
     let weights = devices::weights_in(placement.precision, hold.weights)?;
-    if placement.host {
-        admission::admit_model_files(path)?;
-    }
-    let mut run = import::load_as(path, &placement.device, weights)?;
+    let mut run = load(path, placement, weights)?;
     run.model = params::in_precision(run.model, placement.precision);
     allocator::release_load_buffers();
     if placement.host {

@@ -281,6 +281,12 @@ fn zero_counts_non_finite_numbers_and_an_empty_out_dir_are_refused() {
     for (args, needle) in [
         (vec!["generate", "--model", huge], "huge.gguf needs at least 1024.0 GiB"),
         (vec!["import", huge, "--out", &missing], "huge.gguf needs at least 1024.0 GiB"),
+        (vec!["convert", "--to", "mla", huge, "--out", &missing, "--latent-dim", "8"], "huge.gguf needs at least 1024.0 GiB"),
+        (vec!["eval", "perplexity", "--model", huge, "--text", &missing], "huge.gguf needs at least 1024.0 GiB"),
+        (vec!["bench", "kv", "--model", huge, "--text", &missing], "huge.gguf needs at least 1024.0 GiB"),
+        (vec!["bench", "weights", "--model", huge, "--text", &missing], "huge.gguf needs at least 1024.0 GiB"),
+        (vec!["bench", "kernel", "--model", huge, "--text", &missing], "huge.gguf needs at least 1024.0 GiB"),
+        (vec!["bench", "convert", "--model", huge, "--text", &missing], "huge.gguf needs at least 1024.0 GiB"),
         (vec!["bench", "train", "--config", config, "--rounds", "0"], "--rounds and --steps must be at least 1"),
         (
             vec!["bench", "kernel", "--model", &missing, "--text", &missing, "--sketch", "0"],

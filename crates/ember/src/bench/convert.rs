@@ -5,14 +5,17 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use ember_core_model::ModelConfig;
+use ember_core_model::config::Precision;
 use ember_core_model::convert::{default_rope_dim, max_latent, to_mla};
 use ember_core_model::inspect::kv_cache_bytes;
-use ember_core_model::{ModelConfig, import};
+use ember_core_model::weights::WeightFormat;
 use ember_train::loss::text_loss;
 use ember_train::plot::{Axes, Series, line_svg};
 
-use crate::devices::{self, DeviceChoice};
+use crate::devices::DeviceChoice;
 use crate::eval::ScoredText;
+use crate::inference::{self, Placement};
 use crate::inspect::thousands;
 
 #[derive(Args)]
@@ -32,8 +35,9 @@ pub struct BenchConvertArgs {
 }
 
 pub fn bench_convert(args: BenchConvertArgs, device: DeviceChoice) -> Result<()> {
-    let (device, description) = devices::select(device)?;
-    let run = import::load(&args.scored.model, &device)?;
+    let placement = Placement::new(device, Precision::F32)?;
+    let run = inference::load(&args.scored.model, &placement, WeightFormat::F32)?;
+    let description = placement.description;
     let config = &run.config;
     let rope = args.rope_dim.unwrap_or(default_rope_dim(config));
     let ids = args.scored.ids(&run.tokenizer)?;

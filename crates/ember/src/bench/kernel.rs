@@ -12,14 +12,16 @@ use anyhow::{Context, Result, anyhow, bail};
 use burn::tensor::{Int, Tensor, TensorData};
 use clap::Args;
 use ember_core_model::cache::{KvCache, attend_appended};
-use ember_core_model::import;
+use ember_core_model::config::Precision;
+use ember_core_model::weights::WeightFormat;
 use ember_kernels::{AttentionSpec, Similarity, attention};
 use ember_serve::kv::ContiguousCache;
 use ember_train::loss::text_loss;
 use ember_train::plot::{Axes, Series, line_svg};
 
-use crate::devices::{self, DeviceChoice};
+use crate::devices::DeviceChoice;
 use crate::eval::ScoredText;
+use crate::inference::{self, Placement};
 
 #[derive(Args)]
 pub struct BenchKernelArgs {
@@ -102,8 +104,9 @@ pub fn bench_kernel(args: BenchKernelArgs, device: DeviceChoice) -> Result<()> {
     if let Some(r) = args.features.iter().chain(&args.keys).find(|&&n| n > MOST) {
         bail!("--features and --keys take at most {MOST}, not {r}");
     }
-    let (device, description) = devices::select(device)?;
-    let run = import::load(&args.scored.model, &device)?;
+    let placement = Placement::new(device, Precision::F32)?;
+    let run = inference::load(&args.scored.model, &placement, WeightFormat::F32)?;
+    let (device, description) = (placement.device, placement.description);
     let ids = args.scored.ids(&run.tokenizer)?;
     run.model
         .clone()

@@ -9,12 +9,13 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 use clap::Args;
 use ember_core_model::cache::KvCache;
-use ember_core_model::import;
+use ember_core_model::config::Precision;
 use ember_serve::kv::ContiguousCache;
 use ember_serve::{KvKind, KvSpec};
 
-use crate::devices::{self, DeviceChoice};
+use crate::devices::DeviceChoice;
 use crate::eval::{TextEnd, text_ids};
+use crate::inference::{self, Placement};
 
 #[derive(Args)]
 pub struct BenchKvArgs {
@@ -49,8 +50,9 @@ pub fn bench_kv(args: BenchKvArgs, device: DeviceChoice) -> Result<()> {
     if args.tokens < 2 || args.windows == 0 || args.chunk == 0 || args.kv_group == 0 {
         bail!("--tokens must be at least 2, and --windows, --chunk and --kv-group at least 1");
     }
-    let (device, description) = devices::select(device)?;
-    let run = import::load_as(&args.model, &device, args.weights)?;
+    let placement = Placement::new(device, Precision::F32)?;
+    let run = inference::load(&args.model, &placement, args.weights)?;
+    let (device, description) = (placement.device, placement.description);
     let w = args.tokens.min(run.model.block_size());
     let n = w.saturating_mul(args.windows);
     let end = if args.tail { TextEnd::Last } else { TextEnd::First };

@@ -4,13 +4,15 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use ember_core_model::CausalLm;
-use ember_core_model::import;
 use ember_core_model::nn::projection::{Projection, TokenEmbedding};
 use ember_core_model::weights::WeightFormat;
 use ember_train::loss::text_loss;
 
-use crate::devices::{self, DeviceChoice};
+use ember_core_model::config::Precision;
+
+use crate::devices::DeviceChoice;
 use crate::eval::ScoredText;
+use crate::inference::{self, Placement};
 use crate::inspect::thousands;
 
 #[derive(Args)]
@@ -24,13 +26,14 @@ pub struct BenchWeightsArgs {
 }
 
 pub fn bench_weights(args: BenchWeightsArgs, device: DeviceChoice) -> Result<()> {
-    let (device, description) = devices::select(device)?;
-    if !ember_kernels::packed::has_kernel(&device) {
+    let placement = Placement::new(device, Precision::F32)?;
+    if !ember_kernels::packed::has_kernel(&placement.device) {
         anyhow::bail!("bench weights runs on the CPU or wgpu (other devices take every format as f32)");
     }
     println!(
-        "bench weights: {} on {description}; loss on the last {} tokens of {}\n",
+        "bench weights: {} on {}; loss on the last {} tokens of {}\n",
         args.scored.model.display(),
+        placement.description,
         args.scored.tokens,
         args.scored.text.display()
     );
@@ -39,7 +42,7 @@ pub fn bench_weights(args: BenchWeightsArgs, device: DeviceChoice) -> Result<()>
     let mut reference = None;
     for format in &args.formats {
         let run =
-            import::load_as(&args.scored.model, &device, *format).with_context(|| format!("--weights {format}"))?;
+            inference::load(&args.scored.model, &placement, *format).with_context(|| format!("--weights {format}"))?;
         let ids = args.scored.ids(&run.tokenizer)?;
         let loss = text_loss(&run.model, &ids);
         let change = match reference {
