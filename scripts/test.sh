@@ -49,3 +49,8 @@ if ! "$venv/bin/python" -c "import openai, prometheus_client" 2>/dev/null; then
 fi
 export EMBER_OPENAI_PYTHON="$venv/bin/python"
 cargo test --workspace --features ember/mpi "$@" -- --include-ignored
+# Ember's CPU kernels at each level below the CPU's (EMBER_CPU_LEVEL; docs/performance.md): the unit tests compare
+# every fused kernel with its reference at that level too.
+for level in avx2 portable; do
+  EMBER_CPU_LEVEL=$level cargo test --workspace --features ember/mpi --lib "$@"
+done

@@ -16,6 +16,7 @@ use ember_formats::chat::ChatFormat;
 use ember_formats::checkpoint::{STEPS_KEY, state};
 use ember_formats::config::RunConfigError;
 use ember_formats::config::{Invalid, ModelConfig};
+use ember_formats::files;
 use ember_formats::ggml;
 use ember_formats::packed::{Packed, Part};
 use ember_formats::tokenizer;
@@ -50,18 +51,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BundleError + '_ {
 /// Writes `bytes` to `path` atomically: a temporary file beside it, flushed to disk, then renamed over it, so a
 /// process killed mid-write leaves the previous file whole.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), BundleError> {
-    let tmp = path.with_extension("tmp");
-    let written = fs::File::create(&tmp).and_then(|mut file| file.write_all(bytes).and_then(|_| file.sync_all()));
-    let renamed = written.map_err(io(&tmp)).and_then(|_| fs::rename(&tmp, path).map_err(io(path)));
-    // A write that failed (a full disk) leaves no partial file behind.
-    if renamed.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    renamed?;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))?;
-    }
-    Ok(())
+    files::replace(path, |out| out.write_all(bytes)).map_err(io(path))
 }
 
 /// The first value of `data` that is NaN or ±∞, if any: a diverged run's weights or moments.

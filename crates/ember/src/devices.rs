@@ -40,7 +40,9 @@ fn pick(choice: DeviceChoice) -> Result<(Device, String, Option<Adapter>)> {
     #[allow(deprecated)] // burn-ndarray is deprecated upstream; Ember keeps it selectable.
     let ndarray = || Device::ndarray();
     Ok(match choice {
-        DeviceChoice::Cpu | DeviceChoice::Flex => (Device::flex(), "cpu (burn-flex)".into(), None),
+        DeviceChoice::Cpu | DeviceChoice::Flex => {
+            (Device::flex(), format!("cpu (burn-flex; {})", ember_kernels::level::describe()), None)
+        }
         DeviceChoice::Ndarray => (ndarray(), "cpu (burn-ndarray)".into(), None),
         DeviceChoice::Wgpu => {
             let Some(best) = adapter(choice) else {

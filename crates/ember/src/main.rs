@@ -89,6 +89,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    if let Err(e) = ember_kernels::level::CpuLevel::requested() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let cli = Cli::parse();
     // Training commands join an `mpiexec` launch (in builds with the `mpi` feature); the ranks on a machine split
     // its cores before rayon's pool starts.

@@ -3,6 +3,7 @@
 mod common;
 
 use common::*;
+use std::process::Command;
 
 #[test]
 fn missing_config() {
@@ -269,6 +270,26 @@ fn serve_names_bad_limits_origins_and_models() {
 /// Values that used to be accepted and then panicked, aborted, ran something else or trained into the wrong place: a
 /// bench of zero rounds or a zero-dimensional sketch, a beam of 0 or 10⁹, a length penalty of NaN, an infinite RoPE
 /// base, an empty run directory, attention benches of zero or impossible sizes, 10¹² FAVOR+ features.
+/// A CPU kernel level the kernels do not have is refused at start; a known one lower than the CPU's runs, and
+/// the command names the level it ran at.
+#[test]
+fn an_unknown_cpu_level_is_refused_and_a_lower_one_runs() {
+    let tiny = Tiny::new(20_000, "");
+    let bench = |level: &str| {
+        Command::new(env!("CARGO_BIN_EXE_ember"))
+            .env("EMBER_CPU_LEVEL", level)
+            .args(["--device", "cpu", "bench", "train", "--config", tiny.config(), "--steps", "1", "--warmup", "0"])
+            .args(["--rounds", "1"])
+            .output()
+            .unwrap()
+    };
+    let bad = bench("avx3");
+    assert_clean_error(&bad, "EMBER_CPU_LEVEL=\"avx3\": the CPU kernel level is one of portable, avx2, avx512");
+    let portable = bench("portable");
+    assert!(portable.status.success(), "{}", String::from_utf8_lossy(&portable.stderr));
+    assert!(String::from_utf8_lossy(&portable.stdout).contains("CPU kernels portable"));
+}
+
 #[test]
 fn zero_counts_non_finite_numbers_and_an_empty_out_dir_are_refused() {
     let tiny = Tiny::new(20_000, "");
@@ -281,7 +302,10 @@ fn zero_counts_non_finite_numbers_and_an_empty_out_dir_are_refused() {
     for (args, needle) in [
         (vec!["generate", "--model", huge], "huge.gguf needs at least 1024.0 GiB"),
         (vec!["import", huge, "--out", &missing], "huge.gguf needs at least 1024.0 GiB"),
-        (vec!["convert", "--to", "mla", huge, "--out", &missing, "--latent-dim", "8"], "huge.gguf needs at least 1024.0 GiB"),
+        (
+            vec!["convert", "--to", "mla", huge, "--out", &missing, "--latent-dim", "8"],
+            "huge.gguf needs at least 1024.0 GiB",
+        ),
         (vec!["eval", "perplexity", "--model", huge, "--text", &missing], "huge.gguf needs at least 1024.0 GiB"),
         (vec!["bench", "kv", "--model", huge, "--text", &missing], "huge.gguf needs at least 1024.0 GiB"),
         (vec!["bench", "weights", "--model", huge, "--text", &missing], "huge.gguf needs at least 1024.0 GiB"),

@@ -1,9 +1,29 @@
 //! Reading the files users name: regular files only, since a device (`/dev/zero`), a FIFO or a directory named by a
-//! path or a symlink would be read until memory runs out, or block forever.
+//! path or a symlink would be read until memory runs out, or block forever. Writing files whole or not at all.
 
 use std::fs;
-use std::io::{Error, ErrorKind, Result};
+use std::io::{BufWriter, Error, ErrorKind, Result};
 use std::path::Path;
+
+/// Replaces `path` atomically with what `write` writes: a temporary file beside it, flushed to disk and renamed over
+/// it, then the directory synced, so `path` is the old file or the whole new one even if the machine stops. A
+/// failed write (a full disk) removes the temporary file.
+pub fn replace(path: &Path, write: impl FnOnce(&mut BufWriter<fs::File>) -> Result<()>) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    let whole = || -> Result<()> {
+        let mut out = BufWriter::new(fs::File::create(&tmp)?);
+        write(&mut out)?;
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        fs::rename(&tmp, path)
+    };
+    whole().inspect_err(|_| {
+        let _ = fs::remove_file(&tmp);
+    })?;
+    match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => fs::File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
+}
 
 /// The whole file at `path` (symlinks followed), refusing anything but a regular file.
 pub fn read(path: &Path) -> Result<Vec<u8>> {

@@ -1,12 +1,6 @@
 //! GELU(x) = x Φ(x) = ½ x (1 + erf(x/√2)) (exact, as torch.nn.GELU()) and SwiGLU's gate SiLU(g) ⊙ u = g σ(g) u. On
 //! the CPU one pass forward and one pass backward each, chunks in parallel; elsewhere Burn's activations.
 
-use burn::backend::autodiff::{
-    Autodiff,
-    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
-    grads::Gradients,
-    ops::{Backward, Ops, OpsKind},
-};
 use burn::backend::flex::FlexTensor;
 use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension, tensor::FloatTensor};
 use burn::tensor::Tensor;
@@ -14,6 +8,7 @@ use rayon::prelude::*;
 
 use crate::cpu::{contiguous, floats, multiversion, on_cpu, stay_awake, tensor};
 use crate::math;
+use crate::tape::{self, Autodiff, Backward, CheckpointStrategy, Checkpointer, Gradients, Ops, OpsKind};
 
 /// The fused activation as backend operations (CPU only; other devices take Burn's `gelu`).
 #[backend_extension(Flex, Autodiff)]
@@ -165,15 +160,11 @@ impl<B: SwigluOps> Backward<B, 2> for SwigluBackward {
     type State = (FloatTensor<B>, FloatTensor<B>);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
-        let [node_g, node_u] = ops.parents;
+        let parents = ops.parents.map(|p| p.map(|node| node.id));
         let d_y = grads.consume::<B>(&ops.node);
         let (g, u) = ops.state;
         let (dg, du) = B::fused_swiglu_backward(g, u, d_y);
-        for (node, grad) in [(node_g, dg), (node_u, du)] {
-            if let Some(node) = node {
-                grads.register::<B>(node.id, grad);
-            }
-        }
+        tape::register::<B, 2>(grads, parents, [dg, du]);
     }
 }
 

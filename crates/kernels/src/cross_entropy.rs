@@ -3,12 +3,6 @@
 //! backward writes ∂ℓ/∂x = p − q in one more pass, with no [N, V] log-probability tensor kept; elsewhere the same
 //! equations as tensor operations.
 
-use burn::backend::autodiff::{
-    Autodiff,
-    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
-    grads::Gradients,
-    ops::{Backward, Ops, OpsKind},
-};
 use burn::backend::flex::FlexTensor;
 use burn::backend::{
     AutodiffBackend, Backend, Dispatch, Flex, backend_extension,
@@ -20,6 +14,7 @@ use rayon::prelude::*;
 
 use crate::cpu::{contiguous, floats, multiversion, on_cpu, stay_awake, tensor};
 use crate::math;
+use crate::tape::{Autodiff, Backward, CheckpointStrategy, Checkpointer, Gradients, Ops, OpsKind};
 
 /// The fused loss as backend operations (CPU only; other devices take [`reference`]).
 #[backend_extension(Flex, Autodiff)]

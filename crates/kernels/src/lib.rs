@@ -20,12 +20,14 @@ pub mod packed;
 pub mod scan;
 pub mod similarity;
 pub mod spec;
+pub mod tape;
 mod wgsl;
 
 pub use activation::{gelu, swiglu};
 pub use adamw::{AdamWStep, adamw};
 pub use adapters::{Adapter, wgpu_adapters};
 pub use attention::{attention, merge_heads, packed_attention, reference_attention, split_heads};
+pub use cpu::level;
 pub use cpu::{KeepWorkersAwake, keep_workers_awake, on_cpu};
 pub use cross_entropy::cross_entropy;
 pub use flash::{Int8Kv, decodes_in_place, flash_attention, int8_attention, paged_attention};

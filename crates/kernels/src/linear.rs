@@ -2,17 +2,12 @@
 //! embedding E. On the CPU one matrix product over all rows (batch and time folded together) into the bias rows, and a
 //! backward of two products and a column sum, rows in parallel; elsewhere Burn's `Linear::forward` and `matmul`.
 
-use burn::backend::autodiff::{
-    Autodiff,
-    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
-    grads::Gradients,
-    ops::{Backward, Ops, OpsKind},
-};
 use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension, tensor::FloatTensor};
 use burn::nn::Linear;
 use burn::tensor::{DType, Tensor};
 
 use crate::cpu::{Mat, column_sums, contiguous, floats, matmul_in_blocks, on_cpu, stay_awake, tensor};
+use crate::tape::{self, Autodiff, Backward, CheckpointStrategy, Checkpointer, Gradients, Ops, OpsKind};
 
 /// The fused affine map as backend operations (CPU only; other devices take Burn's).
 #[backend_extension(Flex, Autodiff)]
@@ -94,15 +89,11 @@ impl<B: LinearOps> Backward<B, 3> for LinearBackward {
     type State = (FloatTensor<B>, FloatTensor<B>);
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
-        let [node_x, node_w, node_b] = ops.parents;
+        let parents = ops.parents.map(|p| p.map(|node| node.id));
         let d_y = grads.consume::<B>(&ops.node);
         let (x, w) = ops.state;
         let (dx, dw, db) = B::linear_backward(x, w, d_y);
-        for (node, grad) in [(node_x, dx), (node_w, dw), (node_b, db)] {
-            if let Some(node) = node {
-                grads.register::<B>(node.id, grad);
-            }
-        }
+        tape::register::<B, 3>(grads, parents, [dx, dw, db]);
     }
 }
 

@@ -1,17 +1,12 @@
 //! LayerNorm and RMSNorm over the last dimension, y = γ ⊙ x̂ + β. On the CPU one fused pass per row forward (saving
 //! the row's μ and 1/σ) and one backward, rows in parallel; elsewhere the same equations as tensor operations.
 
-use burn::backend::autodiff::{
-    Autodiff,
-    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
-    grads::Gradients,
-    ops::{Backward, Ops, OpsKind},
-};
 use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension, tensor::FloatTensor};
 use burn::tensor::{FloatDType, Tensor};
 use rayon::prelude::*;
 
 use crate::cpu::{contiguous, floats, multiversion, on_cpu, stay_awake, tensor};
+use crate::tape::{self, Autodiff, Backward, CheckpointStrategy, Checkpointer, Gradients, Ops, OpsKind};
 
 /// Which normalisation, and its ε.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -215,15 +210,11 @@ impl<B: NormOps> Backward<B, 3> for NormBackward {
     type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, NormParams);
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
-        let [node_x, node_gamma, node_beta] = ops.parents;
+        let parents = ops.parents.map(|p| p.map(|node| node.id));
         let d_y = grads.consume::<B>(&ops.node);
         let (x, gamma, mean, rstd, params) = ops.state;
         let (dx, dg, db) = B::norm_backward(x, gamma, d_y, mean, rstd, params);
-        for (node, grad) in [(node_x, dx), (node_gamma, dg), (node_beta, db)] {
-            if let Some(node) = node {
-                grads.register::<B>(node.id, grad);
-            }
-        }
+        tape::register::<B, 3>(grads, parents, [dx, dg, db]);
     }
 }
 

@@ -4,12 +4,6 @@
 //! element; both differentiable.
 
 use burn::backend::Flex;
-use burn::backend::autodiff::{
-    Autodiff,
-    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
-    grads::Gradients,
-    ops::{Backward, Ops, OpsKind},
-};
 use burn::backend::fusion::custom::TensorSpec;
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::wgpu::{CubeBackend, CubeTensor};
@@ -17,6 +11,7 @@ use burn::backend::{Backend, Dispatch, backend_extension, tensor::FloatTensor};
 use burn::tensor::{DType, Tensor};
 
 use crate::cpu::on_cpu;
+use crate::tape::{Autodiff, Backward, CheckpointStrategy, Checkpointer, Gradients, Ops, OpsKind};
 use crate::wgsl::{Wgsl, empty, f32_contiguous, launch, on_wgpu};
 
 /// Invocations per workgroup of the scan kernel.

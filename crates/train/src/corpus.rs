@@ -274,17 +274,8 @@ fn encode_lines(tok: &Tokenizer, text: &str) -> Result<Vec<u32>, CorpusError> {
 
 /// Writes what `from` reads to `path` atomically: a temporary file beside it, flushed, then renamed over it.
 fn write_streamed(path: &Path, from: &mut impl Read) -> Result<(), CorpusError> {
-    let tmp = path.with_extension("tmp");
-    let mut write = || -> std::io::Result<()> {
-        let mut out = BufWriter::new(File::create(&tmp)?);
-        std::io::copy(from, &mut out)?;
-        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        fs::rename(&tmp, path)
-    };
-    write().map_err(|cause| {
-        let _ = fs::remove_file(&tmp);
-        CorpusError::RunDir { path: path.to_path_buf(), cause }
-    })
+    files::replace(path, |out| std::io::copy(from, out).map(drop))
+        .map_err(|cause| CorpusError::RunDir { path: path.to_path_buf(), cause })
 }
 
 impl Corpus {

@@ -7,6 +7,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
+use ember_core_model::files;
+
 use crate::collective::fingerprint;
 use crate::config::DataConfig;
 
@@ -56,7 +58,5 @@ impl TokenCache {
 
 /// `from` copied to `to` through a temporary file beside it, so that `to` is whole or absent.
 fn copy_whole(from: &Path, to: &Path) -> std::io::Result<()> {
-    let tmp = to.with_extension("tmp");
-    fs::copy(from, &tmp)?;
-    fs::rename(&tmp, to)
+    files::replace(to, |out| std::io::copy(&mut fs::File::open(from)?, out).map(drop))
 }

@@ -1,11 +1,12 @@
 //! What the CPU kernels share: burn-flex tensors as contiguous f32 slices and back, whether a device is the CPU,
-//! matrix products on slices, their loops compiled for AVX2 where the CPU has it, and keeping rayon's workers awake
-//! between kernels when the program asks for it.
+//! matrix products on slices, their loops compiled for AVX-512 or AVX2 by the CPU's level ([`level`]), and keeping
+//! rayon's workers awake between kernels when the program asks for it.
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{Device, TensorData};
 use rayon::prelude::*;
 
+pub mod level;
 mod workers;
 
 pub(crate) use workers::{Chunks, RowChunks};
@@ -31,18 +32,18 @@ pub fn on_cpu(device: &Device) -> bool {
     matches!(device.as_dispatch().clone().inner(), burn::backend::DispatchDevice::Flex(_))
 }
 
-/// Whether the CPU has AVX2 and FMA (checked once).
+/// Whether the kernels run at least at the AVX2 level (AVX2, FMA, F16C; see [`level::cpu_level`]).
 #[cfg(target_arch = "x86_64")]
 pub fn has_avx2_fma() -> bool {
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"))
+    level::cpu_level() >= level::CpuLevel::Avx2
 }
 
-/// `fn name(args) -> R { body }` for the kernels' elementwise loops, defined twice from the one body: compiled for
-/// AVX2 and FMA (eight f32 lanes where the x86-64 baseline has four), called when the CPU has them
-/// ([`has_avx2_fma`]), and as built otherwise. The body is written out in each version, so its loops get the features
-/// whatever the inliner decides; the `#[inline(always)]` helpers it calls are inlined into either. Both versions do
-/// the same operations in the same order (no multiply-add is fused), so their results are identical. Arguments are
+/// `fn name(args) -> R { body }` for the kernels' elementwise loops, defined three times from the one body: compiled
+/// for AVX-512 (sixteen f32 lanes), for AVX2 and FMA (eight, where the x86-64 baseline has four), and as built; the
+/// highest the run's level allows is called ([`level::cpu_level`]). The body is written out in each version, so its
+/// loops get the features whatever the inliner decides; the `#[inline(always)]` helpers it calls are inlined into
+/// each. Every version does the same operations in the same order (no multiply-add is fused, and the compiler does
+/// not reorder a float sum), so their results are identical. Arguments are
 /// `name: Type` (no patterns, no generics).
 macro_rules! multiversion {
     ($(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
@@ -51,12 +52,19 @@ macro_rules! multiversion {
         $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "avx2,fma")]
+                use $crate::cpu::level::{CpuLevel, cpu_level};
+                #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+                #[allow(clippy::too_many_arguments)]
+                fn avx512($($arg: $ty),*) $(-> $ret)? $body
+                #[target_feature(enable = "avx2,fma,f16c")]
                 #[allow(clippy::too_many_arguments)]
                 fn avx2($($arg: $ty),*) $(-> $ret)? $body
-                if $crate::cpu::has_avx2_fma() {
-                    // SAFETY: the CPU has the features `avx2` is compiled for (checked just above).
-                    return unsafe { avx2($($arg),*) };
+                match cpu_level() {
+                    // SAFETY: the CPU has the features each version is compiled for (the level is never above the
+                    // CPU's).
+                    CpuLevel::Avx512 => return unsafe { avx512($($arg),*) },
+                    CpuLevel::Avx2 => return unsafe { avx2($($arg),*) },
+                    CpuLevel::Portable => {}
                 }
             }
             #[allow(clippy::too_many_arguments)]

@@ -1,12 +1,6 @@
 //! The kernels' backward pass as autodiff's: the forward saves (q, k, v, o, lse); the backward computes
 //! D = rowsum(dO ⊙ o) with backend ops, then dq, dk, dv with the FlashAttention-2 kernels.
 
-use burn::backend::autodiff::{
-    Autodiff, NodeId,
-    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
-    grads::Gradients,
-    ops::{Backward, Ops, OpsKind},
-};
 use burn::backend::{
     AutodiffBackend, TensorMetadata,
     tensor::{FloatTensor, IntTensor},
@@ -16,6 +10,7 @@ use burn::tensor::FloatDType;
 
 use super::{FlashOps, FlashParams, KvLayout, PackedAttentionOps};
 use crate::spec::PackedHeads;
+use crate::tape::{self, Autodiff, Backward, CheckpointStrategy, Checkpointer, Gradients, NodeId, Ops, OpsKind};
 
 #[derive(Debug)]
 struct FlashBackward;
@@ -24,7 +19,7 @@ impl<B: FlashOps> Backward<B, 3> for FlashBackward {
     type State = (NodeId, NodeId, NodeId, FloatTensor<B>, FloatTensor<B>, FlashParams);
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
-        let [node_q, node_k, node_v] = ops.parents;
+        let parents = ops.parents.map(|p| p.map(|node| node.id));
         let d_o = grads.consume::<B>(&ops.node);
         let (qs, ks, vs, o, lse, params) = ops.state;
         let q: FloatTensor<B> = checkpointer.retrieve_node_output(qs);
@@ -35,11 +30,7 @@ impl<B: FlashOps> Backward<B, 3> for FlashBackward {
         let f32 = |x| B::float_cast(x, FloatDType::F32);
         let delta = B::float_reshape(B::float_sum_dim(B::float_mul(f32(d_o.clone()), f32(o)), 3), [b, h, t].into());
         let (d_q, d_k, d_v) = B::flash_backward(q, k, v, d_o, lse, delta, params);
-        for (node, grad) in [(node_q, d_q), (node_k, d_k), (node_v, d_v)] {
-            if let Some(node) = node {
-                grads.register::<B>(node.id, grad);
-            }
-        }
+        tape::register::<B, 3>(grads, parents, [d_q, d_k, d_v]);
     }
 }
 

@@ -119,7 +119,7 @@ pub(super) fn unpack(id: u32, b: &[u8], out: &mut [Codes]) {
 pub(super) fn dot_codes(w: &[Codes], q: &[i8], scales: &[Scales]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
-        if has_vnni() {
+        if crate::cpu::level::has_vnni() {
             // SAFETY: the CPU has the features the function is compiled for (checked just above).
             return unsafe { x86::dot_vnni(w, q, scales) };
         }
@@ -138,15 +138,4 @@ pub(super) fn dot_portable(w: &[Codes], q: &[i8], scales: &[Scales]) -> f32 {
         acc += d * (c.a[0] * half(0) + c.a[1] * half(1)) + c.m[0] * s0 + c.m[1] * s1;
     }
     acc
-}
-
-/// Whether the CPU has AVX-512 VNNI on 256-bit vectors (checked once).
-#[cfg(target_arch = "x86_64")]
-pub(super) fn has_vnni() -> bool {
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| {
-        std::is_x86_feature_detected!("avx512vnni")
-            && std::is_x86_feature_detected!("avx512vl")
-            && crate::cpu::has_avx2_fma()
-    })
 }

@@ -10,7 +10,8 @@ use super::codes::{Codes, dot_codes, unpack_row};
 use super::quantize::Activations;
 use super::{Layout, PackedOps, gather_rows};
 #[cfg(target_arch = "x86_64")]
-use super::{codes::has_vnni, tiles, x86};
+use super::{tiles, x86};
+use crate::cpu::level::has_vnni;
 use crate::cpu::{Chunks, Mat, RowChunks, contiguous, dot, floats, on_every_core, stay_awake, tensor};
 
 impl PackedOps for Flex {

@@ -3,8 +3,9 @@
 
 use ember_formats::ggml::{self, Format};
 
-use super::codes::{Codes, has_vnni};
+use super::codes::Codes;
 use super::quantize::{Scales, XRow};
+use crate::cpu::level::has_vnni;
 use std::arch::x86_64::*;
 
 /// Σ_blocks (a_h d_x)·(integer lanes) accumulated in eight f32 lanes, plus the offsets; `products` gives the
@@ -33,9 +34,7 @@ fn dot_with(w: &[Codes], q: &[i8], scales: &[Scales], products: impl Fn(__m256i,
 /// Whether ggml type `id` is a format whose codes [`dot_rows`] builds straight from its bytes (Q8_0, Q4_0,
 /// Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), and the CPU has what it is compiled for (AVX2, FMA, F16C).
 pub(super) fn in_registers(id: u32) -> bool {
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let has = *HAS.get_or_init(|| crate::cpu::has_avx2_fma() && std::is_x86_feature_detected!("f16c"));
-    has && matches!(id, 2 | 3 | 6 | 7 | 8 | 12 | 13 | 14)
+    crate::cpu::has_avx2_fma() && matches!(id, 2 | 3 | 6 | 7 | 8 | 12 | 13 | 14)
 }
 
 /// x·w for each row of `w`, consecutive rows of W in one [`in_registers`] format, into `y[0]`, `y[stride]`, …:
