@@ -1,5 +1,7 @@
-//! GELU(x) = x Φ(x) = ½ x (1 + erf(x/√2)) (exact, as torch.nn.GELU()) and SwiGLU's gate SiLU(g) ⊙ u = g σ(g) u. On
-//! the CPU one pass forward and one pass backward each, chunks in parallel; elsewhere Burn's activations.
+//! GELU(x) = x Φ(x) = ½ x (1 + erf(x/√2)) (exact, as torch.nn.GELU()) and the gated units act(g) ⊙ u: SwiGLU's
+//! SiLU(g) = g σ(g) and GeGLU's tanh-approximated GELU(g) = ½ g (1 + tanh(√(2/π) (g + 0.044715 g³))) (Gemma's
+//! `gelu_pytorch_tanh`). On the CPU one pass forward and one pass backward each, chunks in parallel; elsewhere Burn's
+//! activations.
 
 use burn::backend::flex::FlexTensor;
 use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension, tensor::FloatTensor};
@@ -27,16 +29,27 @@ pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     Tensor::from_dispatch(<Dispatch as GeluOps>::fused_gelu(x.into_dispatch()))
 }
 
-/// The fused SwiGLU gate as backend operations (CPU only; other devices take Burn's `silu` and a product).
-#[backend_extension(Flex, Autodiff)]
-pub trait SwigluOps: Backend {
-    fn fused_swiglu(g: FloatTensor<Self>, u: FloatTensor<Self>) -> FloatTensor<Self>;
+/// The activation of a gated unit's gate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Gate {
+    /// SiLU(g) = g σ(g) (SwiGLU).
+    Silu,
+    /// GELU with the tanh approximation (GeGLU as Gemma runs it).
+    GeluTanh,
+}
 
-    /// (dg, du) = (dy ⊙ u ⊙ σ(g) (1 + g (1 − σ(g))), dy ⊙ g σ(g)).
-    fn fused_swiglu_backward(
+/// The fused gated unit as backend operations (CPU only; other devices take Burn's activations and a product).
+#[backend_extension(Flex, Autodiff)]
+pub trait GatedOps: Backend {
+    /// act(g) ⊙ u.
+    fn fused_gated(g: FloatTensor<Self>, u: FloatTensor<Self>, gate: Gate) -> FloatTensor<Self>;
+
+    /// (dg, du) = (dy ⊙ u ⊙ act'(g), dy ⊙ act(g)).
+    fn fused_gated_backward(
         g: FloatTensor<Self>,
         u: FloatTensor<Self>,
         d_y: FloatTensor<Self>,
+        gate: Gate,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 }
 
@@ -45,7 +58,15 @@ pub fn swiglu<const D: usize>(g: Tensor<D>, u: Tensor<D>) -> Tensor<D> {
     if !on_cpu(&g.device()) {
         return burn::tensor::activation::silu(g) * u;
     }
-    Tensor::from_dispatch(<Dispatch as SwigluOps>::fused_swiglu(g.into_dispatch(), u.into_dispatch()))
+    Tensor::from_dispatch(<Dispatch as GatedOps>::fused_gated(g.into_dispatch(), u.into_dispatch(), Gate::Silu))
+}
+
+/// GELU_tanh(g) ⊙ u elementwise (g and u of one shape).
+pub fn geglu<const D: usize>(g: Tensor<D>, u: Tensor<D>) -> Tensor<D> {
+    if !on_cpu(&g.device()) {
+        return burn::tensor::activation::gelu_approximate(g) * u;
+    }
+    Tensor::from_dispatch(<Dispatch as GatedOps>::fused_gated(g.into_dispatch(), u.into_dispatch(), Gate::GeluTanh))
 }
 
 const CHUNK: usize = 16_384;
@@ -110,36 +131,67 @@ fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + math::exp(-x))
 }
 
+/// √(2/π) and the cubic's coefficient of the tanh approximation.
+const SQRT_2_OVER_PI: f32 = std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2;
+const CUBIC: f32 = 0.044_715;
+
+/// (act(g), act'(g)): SiLU g σ(g) and its derivative σ(g) (1 + g (1 − σ(g))); or GELU_tanh ½ g (1 + t) with
+/// t = tanh(z), z = √(2/π)(g + 0.044715 g³), tanh(z) = 1 − 2/(e^(2z) + 1), and its derivative
+/// ½ (1 + t) + ½ g (1 − t²) √(2/π)(1 + 3 · 0.044715 g²).
+#[inline(always)]
+fn activate(gate: Gate, g: f32) -> (f32, f32) {
+    match gate {
+        Gate::Silu => {
+            let s = sigmoid(g);
+            (g * s, s * (1.0 + g * (1.0 - s)))
+        }
+        Gate::GeluTanh => {
+            let z = SQRT_2_OVER_PI * (g + CUBIC * g * g * g);
+            let t = 1.0 - 2.0 / (math::exp(2.0 * z) + 1.0);
+            let dz = SQRT_2_OVER_PI * (1.0 + 3.0 * CUBIC * g * g);
+            (0.5 * g * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * dz)
+        }
+    }
+}
+
 multiversion! {
-    /// y = g σ(g) u, elementwise.
-    fn swiglu_chunk(y: &mut [f32], g: &[f32], u: &[f32]) {
+    /// y = act(g) u, elementwise.
+    fn gated_chunk(y: &mut [f32], g: &[f32], u: &[f32], gate: Gate) {
         for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
-            *y = g * sigmoid(g) * u;
+            *y = activate(gate, g).0 * u;
         }
     }
 }
 
 multiversion! {
-    /// (dg, du) = (dy ⊙ u ⊙ σ(g) (1 + g (1 − σ(g))), dy ⊙ g σ(g)), elementwise.
-    fn swiglu_backward_chunk(dg: &mut [f32], du: &mut [f32], g: &[f32], u: &[f32], dy: &[f32]) {
+    /// (dg, du) = (dy ⊙ u ⊙ act'(g), dy ⊙ act(g)), elementwise.
+    fn gated_backward_chunk(dg: &mut [f32], du: &mut [f32], g: &[f32], u: &[f32], dy: &[f32], gate: Gate) {
         for i in 0..g.len() {
-            let s = sigmoid(g[i]);
-            dg[i] = dy[i] * u[i] * s * (1.0 + g[i] * (1.0 - s));
-            du[i] = dy[i] * g[i] * s;
+            let (a, da) = activate(gate, g[i]);
+            dg[i] = dy[i] * u[i] * da;
+            du[i] = dy[i] * a;
         }
     }
 }
 
-impl SwigluOps for Flex {
-    fn fused_swiglu(g: FloatTensor<Self>, u: FloatTensor<Self>) -> FloatTensor<Self> {
+impl GatedOps for Flex {
+    fn fused_gated(g: FloatTensor<Self>, u: FloatTensor<Self>, gate: Gate) -> FloatTensor<Self> {
         stay_awake();
-        zip_map(g, u, swiglu_chunk)
+        let (g, u) = (contiguous(g), contiguous(u));
+        let shape = g.layout().shape().to_vec();
+        let (gs, us) = (floats(&g), floats(&u));
+        let mut y = vec![0.0f32; gs.len()];
+        y.par_chunks_mut(CHUNK).zip(gs.par_chunks(CHUNK).zip(us.par_chunks(CHUNK))).for_each(|(y, (g, u))| {
+            gated_chunk(y, g, u, gate);
+        });
+        tensor(y, &shape)
     }
 
-    fn fused_swiglu_backward(
+    fn fused_gated_backward(
         g: FloatTensor<Self>,
         u: FloatTensor<Self>,
         d_y: FloatTensor<Self>,
+        gate: Gate,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         stay_awake();
         let (g, u, d_y) = (contiguous(g), contiguous(u), contiguous(d_y));
@@ -148,43 +200,44 @@ impl SwigluOps for Flex {
         let (mut dg, mut du) = (vec![0.0f32; gs.len()], vec![0.0f32; gs.len()]);
         let outs = dg.par_chunks_mut(CHUNK).zip(du.par_chunks_mut(CHUNK));
         outs.zip(gs.par_chunks(CHUNK).zip(us.par_chunks(CHUNK)).zip(dys.par_chunks(CHUNK)))
-            .for_each(|((dg, du), ((g, u), dy))| swiglu_backward_chunk(dg, du, g, u, dy));
+            .for_each(|((dg, du), ((g, u), dy))| gated_backward_chunk(dg, du, g, u, dy, gate));
         (tensor(dg, &shape), tensor(du, &shape))
     }
 }
 
 #[derive(Debug)]
-struct SwigluBackward;
+struct GatedBackward;
 
-impl<B: SwigluOps> Backward<B, 2> for SwigluBackward {
-    type State = (FloatTensor<B>, FloatTensor<B>);
+impl<B: GatedOps> Backward<B, 2> for GatedBackward {
+    type State = (FloatTensor<B>, FloatTensor<B>, Gate);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let parents = ops.parents.map(|p| p.map(|node| node.id));
         let d_y = grads.consume::<B>(&ops.node);
-        let (g, u) = ops.state;
-        let (dg, du) = B::fused_swiglu_backward(g, u, d_y);
+        let (g, u, gate) = ops.state;
+        let (dg, du) = B::fused_gated_backward(g, u, d_y, gate);
         tape::register::<B, 2>(grads, parents, [dg, du]);
     }
 }
 
-impl<B: SwigluOps, C: CheckpointStrategy> SwigluOps for Autodiff<B, C> {
-    fn fused_swiglu(g: FloatTensor<Self>, u: FloatTensor<Self>) -> FloatTensor<Self> {
-        let prepared = SwigluBackward.prepare::<C>([g.node(), u.node()]).compute_bound().stateful();
+impl<B: GatedOps, C: CheckpointStrategy> GatedOps for Autodiff<B, C> {
+    fn fused_gated(g: FloatTensor<Self>, u: FloatTensor<Self>, gate: Gate) -> FloatTensor<Self> {
+        let prepared = GatedBackward.prepare::<C>([g.node(), u.node()]).compute_bound().stateful();
         let (g, u) = (g.into_primitive(), u.into_primitive());
-        let y = B::fused_swiglu(g.clone(), u.clone());
+        let y = B::fused_gated(g.clone(), u.clone(), gate);
         match prepared {
-            OpsKind::Tracked(prep) => prep.finish((g, u), y),
+            OpsKind::Tracked(prep) => prep.finish((g, u, gate), y),
             OpsKind::UnTracked(prep) => prep.finish(y),
         }
     }
 
-    fn fused_swiglu_backward(
+    fn fused_gated_backward(
         g: FloatTensor<Self>,
         u: FloatTensor<Self>,
         d_y: FloatTensor<Self>,
+        gate: Gate,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (dg, du) = B::fused_swiglu_backward(g.into_primitive(), u.into_primitive(), d_y.into_primitive());
+        let (dg, du) = B::fused_gated_backward(g.into_primitive(), u.into_primitive(), d_y.into_primitive(), gate);
         (Self::from_inner(dg), Self::from_inner(du))
     }
 }
@@ -248,28 +301,31 @@ mod tests {
     }
 
     #[test]
-    fn fused_swiglu_equals_silu_times_u_forward_and_backward() {
+    fn fused_gated_units_equal_burns_activation_times_u_forward_and_backward() {
         let dev = Device::flex();
         let device = dev.clone().autodiff();
         for n in [7, 40_000] {
             let [g, u, w] =
                 [3.0, 1.0, 1.0].map(|s| values(Tensor::<2>::random([2, n], Distribution::Normal(0.0, s), &dev)));
-            let run = |fused: bool| {
+            let run = |gate: Gate, fused: bool| {
                 let leaf =
                     |v: &Vec<f32>| Tensor::<2>::from_data(TensorData::new(v.clone(), [2, n]), &device).require_grad();
                 let (g, u) = (leaf(&g), leaf(&u));
                 let w = Tensor::<2>::from_data(TensorData::new(w.clone(), [2, n]), &device);
-                let y = if fused {
-                    swiglu(g.clone(), u.clone())
-                } else {
-                    burn::tensor::activation::silu(g.clone()) * u.clone()
+                let y = match (gate, fused) {
+                    (Gate::Silu, true) => swiglu(g.clone(), u.clone()),
+                    (Gate::Silu, false) => burn::tensor::activation::silu(g.clone()) * u.clone(),
+                    (Gate::GeluTanh, true) => geglu(g.clone(), u.clone()),
+                    (Gate::GeluTanh, false) => burn::tensor::activation::gelu_approximate(g.clone()) * u.clone(),
                 };
-                let grads = (y.clone() * w).sum().backward();
+                let grads = (y.clone() * w.clone()).sum().backward();
                 [values(y.inner()), values(g.grad(&grads).unwrap()), values(u.grad(&grads).unwrap())]
             };
-            for (what, (a, b)) in ["y", "dg", "du"].iter().zip(run(true).iter().zip(&run(false))) {
-                let diff = max_abs_diff(a, b);
-                assert!(diff <= 1e-4, "{what}, n {n}: max abs error {diff}");
+            for gate in [Gate::Silu, Gate::GeluTanh] {
+                for (what, (a, b)) in ["y", "dg", "du"].iter().zip(run(gate, true).iter().zip(&run(gate, false))) {
+                    let diff = max_abs_diff(a, b);
+                    assert!(diff <= 1e-4, "{gate:?} {what}, n {n}: max abs error {diff}");
+                }
             }
         }
     }

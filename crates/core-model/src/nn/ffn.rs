@@ -4,7 +4,7 @@ use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::Tensor;
 use burn::tensor::activation::{gelu_approximate, relu};
-use ember_kernels::{gelu, swiglu};
+use ember_kernels::{geglu, gelu, swiglu};
 
 use crate::init::Init;
 use crate::nn::projection;
@@ -72,7 +72,7 @@ impl Ffn {
     /// x [B, T, d] → [B, T, d].
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let h = match (&self.c_gate, self.kind) {
-            (Some(gate), FfnKind::Geglu) => gelu_approximate(gate.forward(x.clone())) * self.c_fc.forward(x),
+            (Some(gate), FfnKind::Geglu) => geglu(gate.forward(x.clone()), self.c_fc.forward(x)),
             (Some(gate), _) => swiglu(gate.forward(x.clone()), self.c_fc.forward(x)),
             (None, FfnKind::Relu) => relu(self.c_fc.forward(x)),
             (None, FfnKind::GeluTanh) => gelu_approximate(self.c_fc.forward(x)),

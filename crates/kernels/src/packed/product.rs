@@ -104,7 +104,7 @@ pub(super) fn product(x: &[f32], n: usize, bytes: &[u8], layout: &Layout, walk: 
                     let (acts, xu) = (acts.as_ref().expect("x quantized"), xu.as_deref().expect("x's codes"));
                     let mut packed = Vec::new();
                     tiles::pack(w, k / 32, &mut packed);
-                    // SAFETY: `Walk::of` chose tiles only where the CPU has AVX-512 VNNI/VL, AVX2 and FMA.
+                    // SAFETY: `Walk::of` chose tiles only at the AVX-512 level on a CPU with VNNI (`has_vnni`).
                     match split {
                         true => unsafe { tiles::multiply::<true>(&packed, xu, acts, rows, &mut out) },
                         false => unsafe { tiles::multiply::<false>(&packed, xu, acts, rows, &mut out) },

@@ -1,7 +1,7 @@
 //! Products of several rows of x (a prompt, a batch) with packed W in 8-bit integers, on AVX-512 VNNI: each chunk of
-//! W's rows is unpacked once into tiles of 8 rows × 32 columns laid out for `vpdpbusd`, so one instruction multiplies
-//! 4 consecutive codes of x (broadcast) with the same 4 codes of 8 rows of W and adds them into those 8 rows' sums,
-//! with no horizontal sums. x's codes enter as unsigned bytes, q_x + 128; each tile holds −128 Σ q_w per half block
+//! W's rows is unpacked once into tiles of 16 rows × 32 columns laid out for `vpdpbusd` on 512-bit vectors, so one
+//! instruction multiplies 4 consecutive codes of x (broadcast) with the same 4 codes of 16 rows of W and adds them
+//! into those 16 rows' sums, with no horizontal sums. x's codes enter as unsigned bytes, q_x + 128; each tile holds −128 Σ q_w per half block
 //! to take the 128 back out, so the integer sums equal Σ q_x q_w of the module comment above.
 
 use ember_formats::ggml::Format;
@@ -10,24 +10,25 @@ use super::codes::{Codes, unpack_row};
 use super::quantize::Activations;
 use std::arch::x86_64::*;
 
-/// Rows of W per tile: one i32 lane each of a 256-bit vector.
-pub(super) const ROWS: usize = 8;
+/// Rows of W per tile: one i32 lane each of a 512-bit vector.
+pub(super) const ROWS: usize = 16;
 
 /// Rows of x multiplied together with each tile (their sums stay in registers across W's blocks).
 const GROUP: usize = 4;
 
-/// 8 rows of W over one block of 32 columns: code group g (columns 4g..4g + 4) of row r at bytes 4r..4r + 4 of
+/// 16 rows of W over one block of 32 columns: code group g (columns 4g..4g + 4) of row r at bytes 4r..4r + 4 of
 /// `codes[g]`; per half block h and row r, the scale a_h, offset m_h and −128 Σ q over the half.
 #[derive(Clone, Copy)]
-#[repr(C, align(32))]
+#[repr(C, align(64))]
 pub(super) struct Tile {
-    codes: [[i8; 32]; 8],
-    scales: [[f32; 8]; 2],
-    mins: [[f32; 8]; 2],
-    offsets: [[i32; 8]; 2],
+    codes: [[i8; 4 * ROWS]; 8],
+    scales: [[f32; ROWS]; 2],
+    mins: [[f32; ROWS]; 2],
+    offsets: [[i32; ROWS]; 2],
 }
 
-const ZERO: Tile = Tile { codes: [[0; 32]; 8], scales: [[0.0; 8]; 2], mins: [[0.0; 8]; 2], offsets: [[0; 8]; 2] };
+const ZERO: Tile =
+    Tile { codes: [[0; 4 * ROWS]; 8], scales: [[0.0; ROWS]; 2], mins: [[0.0; ROWS]; 2], offsets: [[0; ROWS]; 2] };
 
 /// W's rows (format and bytes) as tiles, tile t over block b at `t · blocks + b`; rows past the last are zero.
 pub(super) fn pack<'a>(rows: impl Iterator<Item = (Format, &'a [u8])>, blocks: usize, tiles: &mut Vec<Tile>) {
@@ -60,7 +61,7 @@ pub(super) fn unsigned(acts: &Activations) -> Vec<u8> {
 
 /// out [n, rows] = x Wᵀ for the `rows` rows of W in `tiles`, x as [`unsigned`] codes `xu` with `acts`' scales and
 /// sums. `SPLIT` when a scale differs between the halves of a block (Q6_K); otherwise both halves share row h = 0's.
-#[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vnni")]
 pub(super) fn multiply<const SPLIT: bool>(tiles: &[Tile], xu: &[u8], acts: &Activations, rows: usize, out: &mut [f32]) {
     let blocks = acts.blocks;
     let n = out.len() / rows;
@@ -82,7 +83,7 @@ pub(super) fn multiply<const SPLIT: bool>(tiles: &[Tile], xu: &[u8], acts: &Acti
     }
 }
 
-/// The 8 rows of one tile column (`tiles`, one per block) against rows first..first + R of x.
+/// The 16 rows of one tile column (`tiles`, one per block) against rows first..first + R of x.
 #[inline(always)]
 fn group<const R: usize, const SPLIT: bool>(
     tiles: &[Tile],
@@ -91,39 +92,39 @@ fn group<const R: usize, const SPLIT: bool>(
     first: usize,
 ) -> [[f32; ROWS]; R] {
     let (blocks, k) = (acts.blocks, acts.blocks * 32);
-    // SAFETY (all intrinsics below): the caller is compiled with AVX2, FMA and AVX-512 VNNI/VL, which the CPU has;
-    // the tile loads read 32-byte-aligned arrays of 32 bytes.
+    // SAFETY (all intrinsics below): the caller is compiled with AVX2, FMA and AVX-512 F/BW/VNNI, which the CPU
+    // has; the tile loads read 64-byte-aligned arrays of 64 bytes.
     unsafe {
-        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc = [_mm512_setzero_ps(); R];
         for (b, tile) in tiles.iter().enumerate() {
-            let w: [__m256i; 8] = std::array::from_fn(|g| _mm256_load_si256(tile.codes[g].as_ptr().cast()));
-            let load = |v: &[f32; 8]| _mm256_load_ps(v.as_ptr());
-            let offsets = tile.offsets.map(|o| _mm256_load_si256(o.as_ptr().cast()));
+            let w: [__m512i; 8] = std::array::from_fn(|g| _mm512_load_si512(tile.codes[g].as_ptr().cast()));
+            let load = |v: &[f32; ROWS]| _mm512_load_ps(v.as_ptr());
+            let offsets = tile.offsets.map(|o| _mm512_load_si512(o.as_ptr().cast()));
             for (i, acc) in acc.iter_mut().enumerate() {
                 let row = first + i;
                 let x = &xu[row * k + 32 * b..][..32];
                 let word = |g: usize| {
-                    _mm256_set1_epi32(i32::from_le_bytes([x[4 * g], x[4 * g + 1], x[4 * g + 2], x[4 * g + 3]]))
+                    _mm512_set1_epi32(i32::from_le_bytes([x[4 * g], x[4 * g + 1], x[4 * g + 2], x[4 * g + 3]]))
                 };
                 let (mut low, mut high) = (offsets[0], offsets[1]);
                 for g in 0..4 {
-                    low = _mm256_dpbusd_epi32(low, word(g), w[g]);
-                    high = _mm256_dpbusd_epi32(high, word(g + 4), w[g + 4]);
+                    low = _mm512_dpbusd_epi32(low, word(g), w[g]);
+                    high = _mm512_dpbusd_epi32(high, word(g + 4), w[g + 4]);
                 }
                 let [d, whole, s0, s1] = acts.scales[row * blocks + b];
-                let dx = _mm256_set1_ps(d);
+                let dx = _mm512_set1_ps(d);
                 if SPLIT {
-                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low), _mm256_mul_ps(load(&tile.scales[0]), dx), *acc);
-                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(high), _mm256_mul_ps(load(&tile.scales[1]), dx), *acc);
-                    *acc = _mm256_fmadd_ps(load(&tile.mins[0]), _mm256_set1_ps(s0), *acc);
-                    *acc = _mm256_fmadd_ps(load(&tile.mins[1]), _mm256_set1_ps(s1), *acc);
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), _mm512_mul_ps(load(&tile.scales[0]), dx), *acc);
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high), _mm512_mul_ps(load(&tile.scales[1]), dx), *acc);
+                    *acc = _mm512_fmadd_ps(load(&tile.mins[0]), _mm512_set1_ps(s0), *acc);
+                    *acc = _mm512_fmadd_ps(load(&tile.mins[1]), _mm512_set1_ps(s1), *acc);
                 } else {
-                    let sum = _mm256_cvtepi32_ps(_mm256_add_epi32(low, high));
-                    *acc = _mm256_fmadd_ps(sum, _mm256_mul_ps(load(&tile.scales[0]), dx), *acc);
-                    *acc = _mm256_fmadd_ps(load(&tile.mins[0]), _mm256_set1_ps(whole), *acc);
+                    let sum = _mm512_cvtepi32_ps(_mm512_add_epi32(low, high));
+                    *acc = _mm512_fmadd_ps(sum, _mm512_mul_ps(load(&tile.scales[0]), dx), *acc);
+                    *acc = _mm512_fmadd_ps(load(&tile.mins[0]), _mm512_set1_ps(whole), *acc);
                 }
             }
         }
-        acc.map(|a| std::mem::transmute::<__m256, [f32; ROWS]>(a))
+        acc.map(|a| std::mem::transmute::<__m512, [f32; ROWS]>(a))
     }
 }
