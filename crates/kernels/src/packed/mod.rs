@@ -27,6 +27,7 @@ use crate::cpu::on_cpu;
 use crate::wgsl::on_wgpu;
 
 mod codes;
+mod dense;
 mod product;
 mod quantize;
 #[cfg(test)]

@@ -3,16 +3,17 @@
 
 use burn::backend::Flex;
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use ember_formats::ggml::{self, Format};
+use ember_formats::ggml::Format;
 use rayon::prelude::*;
 
 use super::codes::{Codes, dot_codes, unpack_row};
+use super::dense::{dot_dense, extend_dense};
 use super::quantize::Activations;
 use super::{Layout, PackedOps, gather_rows};
 #[cfg(target_arch = "x86_64")]
 use super::{tiles, x86};
 use crate::cpu::level::has_vnni;
-use crate::cpu::{Chunks, Mat, RowChunks, contiguous, dot, floats, on_every_core, stay_awake, tensor};
+use crate::cpu::{Chunks, Mat, RowChunks, contiguous, floats, on_every_core, stay_awake, tensor};
 
 impl PackedOps for Flex {
     fn packed_matmul(x: FloatTensor<Self>, blocks: IntTensor<Self>, layout: Layout) -> FloatTensor<Self> {
@@ -153,8 +154,8 @@ fn dots(x: &[f32], n: usize, bytes: &[u8], layout: &Layout, acts: Option<&Activa
     // Chunks of W's rows, claimed by the cores as they come free.
     let chunks = RowChunks::new(&mut y_t, n, Chunks::new(m, 16));
     on_every_core(&|| {
-        // Scratch for the formats unpacked a row at a time, allocated on first use.
-        let (mut values, mut codes) = (Vec::new(), Vec::new());
+        // Scratch for the block formats unpacked a row at a time, allocated on first use.
+        let mut codes = Vec::new();
         while let Some((rows, mut out)) = chunks.claim() {
             for (format, range, rows) in layout.runs(rows.start, rows.len()) {
                 let (run, rest) = std::mem::take(&mut out).split_at_mut(rows * n);
@@ -178,12 +179,11 @@ fn dots(x: &[f32], n: usize, bytes: &[u8], layout: &Layout, acts: Option<&Activa
                             }
                         }
                     }
+                    // F32, F16 and BF16 rows, read as they are.
                     _ => {
                         for (out, w) in run.chunks_mut(n).zip(w_rows) {
-                            values.clear();
-                            values.extend(ggml::dequantize(format, w));
                             for (r, y) in out.iter_mut().enumerate() {
-                                *y = dot(&values, &x[r * k..(r + 1) * k]);
+                                *y = dot_dense(format.id, w, &x[r * k..(r + 1) * k]);
                             }
                         }
                     }
@@ -202,7 +202,7 @@ crate::cpu::multiversion! {
     /// reads them.
     pub(super) fn dequantize_row(format: Format, row: &[u8], codes: &mut [Codes], values: &mut Vec<f32>) {
         if format.block == 1 {
-            values.extend(ggml::dequantize(format, row));
+            extend_dense(format.id, row, values);
             return;
         }
         unpack_row(format, row, codes);

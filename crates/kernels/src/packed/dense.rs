@@ -1,0 +1,99 @@
+//! Rows of F32, F16 and BF16 values (ggml types 0, 1 and 30) used as they are stored: each value converted to f32 as
+//! it is read, with no dequantized copy of the row (through ggml's per-value decoder, a decoded token of an F32 or
+//! F16 GGUF ran at a twelfth of the speed of the same weights held as f32).
+
+use crate::cpu::multiversion;
+
+/// f32 from IEEE half-precision bits, branch-free so that a loop of it vectorises: the exponent and mantissa moved
+/// into an f32's and scaled by 2¹¹² (which also makes half subnormals f32 normals), infinities and NaNs kept.
+#[inline(always)]
+fn half(bits: u16) -> f32 {
+    let magnitude = (bits & 0x7fff) as u32;
+    let sign = ((bits & 0x8000) as u32) << 16;
+    let scaled = f32::from_bits(magnitude << 13) * f32::from_bits(0x7780_0000);
+    let special = f32::from_bits((magnitude << 13) | 0x7f80_0000);
+    let value = if magnitude >= 0x7c00 { special } else { scaled };
+    f32::from_bits(value.to_bits() | sign)
+}
+
+/// f32 from bfloat16 bits: the upper half of an f32.
+#[inline(always)]
+fn brain(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// The value of each `S`-byte element of `w`, in order.
+#[inline(always)]
+fn values<const S: usize>(w: &[u8], value: impl Fn([u8; S]) -> f32) -> impl Iterator<Item = f32> {
+    w.chunks_exact(S).map(move |b| value(b.try_into().expect("S bytes")))
+}
+
+/// Σ_e w_e x_e with eight partial sums, in the order of `cpu::dot` over the dequantized row (so the result is the
+/// same to the bit).
+#[inline(always)]
+fn dot_with<const S: usize>(w: &[u8], x: &[f32], value: impl Fn([u8; S]) -> f32 + Copy) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (w8, x8) = (w.chunks_exact(8 * S), x.chunks_exact(8));
+    let tail: f32 = values(w8.remainder(), value).zip(x8.remainder()).map(|(w, x)| w * x).sum();
+    for (w, x) in w8.zip(x8) {
+        for (e, w) in values(w, value).enumerate() {
+            acc[e] += w * x[e];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+multiversion! {
+    /// x·w for a row w of ggml type `id` (F32, F16 or BF16) and x of as many values.
+    pub(super) fn dot_dense(id: u32, w: &[u8], x: &[f32]) -> f32 {
+        match id {
+            0 => dot_with::<4>(w, x, f32::from_le_bytes),
+            1 => dot_with::<2>(w, x, |b| half(u16::from_le_bytes(b))),
+            _ => dot_with::<2>(w, x, |b| brain(u16::from_le_bytes(b))),
+        }
+    }
+}
+
+multiversion! {
+    /// A row of ggml type `id` (F32, F16 or BF16) appended to `out` as f32.
+    pub(super) fn extend_dense(id: u32, w: &[u8], out: &mut Vec<f32>) {
+        match id {
+            0 => out.extend(values::<4>(w, f32::from_le_bytes)),
+            1 => out.extend(values::<2>(w, |b| half(u16::from_le_bytes(b)))),
+            _ => out.extend(values::<2>(w, |b| brain(u16::from_le_bytes(b)))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ember_formats::ggml;
+
+    #[test]
+    fn every_half_precision_value_converts_as_ggml_reads_it() {
+        let f16 = ggml::format(1).unwrap();
+        for bits in 0..=u16::MAX {
+            let bytes = bits.to_le_bytes();
+            let (ours, ggml) = (half(bits), ggml::dequantize(f16, &bytes)[0]);
+            assert!(
+                ours.to_bits() == ggml.to_bits() || ours.is_nan() && ggml.is_nan(),
+                "{bits:#06x}: {ours} vs {ggml}"
+            );
+        }
+    }
+
+    #[test]
+    fn dense_dots_equal_the_dot_of_the_dequantized_row_to_the_bit() {
+        let x: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
+        for id in [0, 1, 30] {
+            let format = ggml::format(id).unwrap();
+            let w: Vec<u8> = (0..37 * format.bytes).map(|i| (i * 151 % 251) as u8 & 0x3f).collect();
+            let values = ggml::dequantize(format, &w);
+            assert_eq!(dot_dense(id, &w, &x).to_bits(), crate::cpu::dot(&values, &x).to_bits(), "type {id}");
+            let mut out = Vec::new();
+            extend_dense(id, &w, &mut out);
+            assert_eq!(out, values, "type {id}");
+        }
+    }
+}
