@@ -4,6 +4,9 @@
 - gpt2-tiny/ and llama-tiny/: small random-init GPT2LMHeadModel and LlamaForCausalLM (GQA: 4 query / 2 KV heads,
   rope_theta 1000, untied output), built offline from config objects and saved with save_pretrained
   (config.json + model.safetensors), plus expected.safetensors: fixed input ids (as f32) and their logits.
+- qwen2-tiny/, qwen3-tiny/, mistral-tiny/: the same for Qwen2ForCausalLM (q, k, v biases, tied output),
+  Qwen3ForCausalLM (RMSNorm of each head's q and k, head_dim 16 with hidden 32) and MistralForCausalLM (a sliding
+  window of 5 keys, shorter than the 12-token input).
 - smollm2_greedy.json: Hugging Face's greedy continuation (16 tokens, f32 weights dequantized from the same GGUF by
   transformers) of three prompts with SmolLM2-135M-Instruct, and the prompt token ids.
 
@@ -18,7 +21,8 @@ import sys
 import torch
 from safetensors.torch import save_file
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig,
-                          LlamaForCausalLM)
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
 
 PROMPTS = ["The capital of France is", "Once upon a time,", "def fibonacci(n):"]
 
@@ -50,6 +54,7 @@ def main(out_dir, gguf_path):
                                          rope_theta=1000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
                                          initializer_range=0.2)).eval()
     save_tiny(llama, os.path.join(out_dir, "llama-tiny"), 96)
+    families(out_dir)
 
     folder, name = os.path.split(os.path.abspath(gguf_path))
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
@@ -68,5 +73,29 @@ def main(out_dir, gguf_path):
                    "records": records}, f, indent=1)
 
 
+def families(out_dir):
+    shape = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64, rope_theta=1000.0, rms_norm_eps=1e-6,
+                 initializer_range=0.2)
+    for name, cls, config in [
+        ("qwen2-tiny", Qwen2ForCausalLM, Qwen2Config(**shape, tie_word_embeddings=True)),
+        ("qwen3-tiny", Qwen3ForCausalLM, Qwen3Config(**shape, head_dim=16, tie_word_embeddings=False)),
+        ("mistral-tiny", MistralForCausalLM, MistralConfig(**shape, sliding_window=5, tie_word_embeddings=False)),
+    ]:
+        torch.manual_seed(0)
+        model = cls(config).eval()
+        # Random biases and norm gains, so that a missing or misplaced one shows in the logits.
+        with torch.no_grad():
+            for key, tensor in model.named_parameters():
+                if key.endswith(("bias", "norm.weight")):
+                    tensor.normal_(1.0 if key.endswith("norm.weight") else 0.0, 0.3)
+        if name == "mistral-tiny":
+            model.config._attn_implementation = "eager"
+        save_tiny(model, os.path.join(out_dir, name), 96)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[1:2] == ["--families"]:
+        families(sys.argv[2])
+    else:
+        main(sys.argv[1], sys.argv[2])

@@ -42,6 +42,20 @@ fn llama_gqa_logits_match_hugging_face() {
     logits_match("llama-tiny");
 }
 
+/// Qwen2 (q, k, v biases, output tied to the embedding), Qwen3 (RMSNorm of each head's q and k, head_dim 16 at
+/// width 32) and Mistral (a sliding window of 5 keys over 12 tokens) against transformers' logits.
+#[test]
+fn qwen2_qwen3_and_mistral_logits_match_hugging_face() {
+    let config = |name: &str| import::hf::load(&fixtures().join(name)).unwrap().0;
+    let (qwen2, qwen3, mistral) = (config("qwen2-tiny"), config("qwen3-tiny"), config("mistral-tiny"));
+    assert_eq!((qwen2.qkv_bias(), qwen2.tie_embeddings, qwen2.window), (true, true, None));
+    assert_eq!((qwen3.qk_norm, qwen3.head_dim(), qwen3.qkv_bias()), (true, 16, false));
+    assert_eq!((mistral.window, mistral.qk_norm), (Some(5), false));
+    for name in ["qwen2-tiny", "qwen3-tiny", "mistral-tiny"] {
+        logits_match(name);
+    }
+}
+
 #[test]
 fn a_directory_that_is_no_model_is_a_clear_error() {
     let err = import::load(&fixtures(), &Device::flex()).err().unwrap().to_string();

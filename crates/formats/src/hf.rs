@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::config::FfnKind;
 use crate::config::ModelConfig;
 
-/// The architectures Ember imports.
+/// The tensor layouts Ember imports: GPT-2's, and Llama's (which Qwen2, Qwen3 and Mistral share).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Family {
     Gpt2,
@@ -18,6 +18,24 @@ pub enum Family {
 fn usize_of(json: &Value, key: &str) -> Result<usize, String> {
     let value = json[key].as_u64().ok_or_else(|| format!("{key} is missing or not an integer"))?;
     usize::try_from(value).map_err(|_| format!("{key} = {value} is too large"))
+}
+
+/// An integer that may be null or absent.
+fn optional(json: &Value, key: &str) -> Result<Option<usize>, String> {
+    match json.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(_) => usize_of(json, key).map(Some),
+    }
+}
+
+/// Qwen's `config`, refused where some layers slide a window (`use_sliding_window`, `layer_types`): Ember's window is
+/// one for every layer.
+fn full_attention(config: ModelConfig, json: &Value) -> Result<ModelConfig, String> {
+    let sliding = json["layer_types"].as_array().is_some_and(|t| t.iter().any(|l| l != "full_attention"));
+    if sliding || json["use_sliding_window"].as_bool() == Some(true) {
+        return Err("sliding-window attention on some layers (use_sliding_window, layer_types) is not supported".into());
+    }
+    Ok(config)
 }
 
 fn f64_of(json: &Value, key: &str, default: f64) -> f64 {
@@ -30,7 +48,12 @@ pub fn config(text: &str) -> Result<(Family, ModelConfig), String> {
     let (family, config) = match json["model_type"].as_str().unwrap_or_default() {
         "gpt2" => (Family::Gpt2, gpt2(&json)?),
         "llama" => (Family::Llama, llama(&json)?),
-        other => return Err(format!("model_type {other:?} is not supported (gpt2 and llama are)")),
+        "qwen2" => (Family::Llama, ModelConfig { qkv_bias: Some(true), ..full_attention(llama(&json)?, &json)? }),
+        "qwen3" => (Family::Llama, ModelConfig { qk_norm: true, ..full_attention(llama(&json)?, &json)? }),
+        "mistral" => (Family::Llama, ModelConfig { window: optional(&json, "sliding_window")?, ..llama(&json)? }),
+        other => {
+            return Err(format!("model_type {other:?} is not supported (gpt2, llama, qwen2, qwen3 and mistral are)"));
+        }
     };
     config.validate().map_err(|e| e.to_string())?;
     Ok((family, config))
@@ -64,10 +87,7 @@ fn llama(json: &Value) -> Result<ModelConfig, String> {
         return Err(format!("rope_type {kind:?} is not supported (default RoPE is)"));
     }
     let theta = json["rope_theta"].as_f64().or_else(|| json["rope_parameters"]["rope_theta"].as_f64());
-    let g = match json.get("num_key_value_heads") {
-        None | Some(Value::Null) => h,
-        Some(_) => usize_of(json, "num_key_value_heads")?,
-    };
+    let g = optional(json, "num_key_value_heads")?.unwrap_or(h);
     let mut config = ModelConfig::gpt(
         usize_of(json, "vocab_size")?,
         usize_of(json, "num_hidden_layers")?,

@@ -80,7 +80,8 @@ fn gpt2(config: &ModelConfig, mut hf: Tensors) -> Result<Tensors, String> {
     Ok(out)
 }
 
-/// Llama: nn.Linear weights are [out, in] and are transposed; q, k, v are fused into `c_attn`.
+/// Llama (and Qwen2, Qwen3, Mistral): nn.Linear weights are [out, in] and are transposed; q, k, v (and their biases
+/// where the config has them) are fused into `c_attn`; Qwen3's per-head q and k norms are taken as they are.
 fn llama(config: &ModelConfig, mut hf: Tensors) -> Result<Tensors, String> {
     let (d, h, qkv_bias) = (config.d_model, config.n_heads, config.qkv_bias.unwrap_or(false));
     // Every tensor is checked against the shape the config implies before it is transposed or fused.
@@ -111,6 +112,12 @@ fn llama(config: &ModelConfig, mut hf: Tensors) -> Result<Tensors, String> {
                 .map(|&(p, rows)| take_shaped(&mut hf, &format!("{l}.self_attn.{p}.bias"), &[rows]))
                 .collect::<Result<_, _>>()?;
             out.insert(format!("{b}.attn.c_attn.bias"), concat_rows(&biases));
+        }
+        if config.qk_norm {
+            for part in ["q_norm", "k_norm"] {
+                let gamma = take_shaped(&mut hf, &format!("{l}.self_attn.{part}.weight"), &[dh])?;
+                out.insert(format!("{b}.attn.{part}.gamma"), gamma);
+            }
         }
         out.insert(format!("{b}.attn.c_proj.weight"), linear(&mut hf, &format!("{l}.self_attn.o_proj"), [d, hd])?);
         out.insert(format!("{b}.mlp.c_gate.weight"), linear(&mut hf, &format!("{l}.mlp.gate_proj"), [f, d])?);
