@@ -7,6 +7,8 @@
 - qwen2-tiny/, qwen3-tiny/, mistral-tiny/: the same for Qwen2ForCausalLM (q, k, v biases, tied output),
   Qwen3ForCausalLM (RMSNorm of each head's q and k, head_dim 16 with hidden 32) and MistralForCausalLM (a sliding
   window of 5 keys, shorter than the 12-token input).
+- llama3-rope-tiny/, linear-rope-tiny/: LlamaForCausalLM with Llama 3.1's RoPE scaling (factor 4, original context
+  16, so that the head's four frequencies fall in each of its three bands) and with linear scaling (factor 4).
 - smollm2_greedy.json: Hugging Face's greedy continuation (16 tokens, f32 weights dequantized from the same GGUF by
   transformers) of three prompts with SmolLM2-135M-Instruct, and the prompt token ids.
 
@@ -75,12 +77,17 @@ def main(out_dir, gguf_path):
 
 def families(out_dir):
     shape = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=64, rope_theta=1000.0, rms_norm_eps=1e-6,
-                 initializer_range=0.2)
+                 num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, initializer_range=0.2,
+                 rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
     for name, cls, config in [
         ("qwen2-tiny", Qwen2ForCausalLM, Qwen2Config(**shape, tie_word_embeddings=True)),
         ("qwen3-tiny", Qwen3ForCausalLM, Qwen3Config(**shape, head_dim=16, tie_word_embeddings=False)),
         ("mistral-tiny", MistralForCausalLM, MistralConfig(**shape, sliding_window=5, tie_word_embeddings=False)),
+        ("llama3-rope-tiny", LlamaForCausalLM, LlamaConfig(**{**shape, "rope_parameters": {
+            "rope_type": "llama3", "rope_theta": 1000.0, "factor": 4.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}, tie_word_embeddings=False)),
+        ("linear-rope-tiny", LlamaForCausalLM, LlamaConfig(**{**shape, "rope_parameters": {
+            "rope_type": "linear", "rope_theta": 1000.0, "factor": 4.0}}, tie_word_embeddings=False)),
     ]:
         torch.manual_seed(0)
         model = cls(config).eval()

@@ -8,6 +8,7 @@ use ember_core_model::import;
 use ember_core_model::nn::projection::Projection;
 use ember_core_model::weights::WeightFormat;
 use ember_core_model::{CausalLm, tokenizer};
+use ember_formats::rope::RopeScaling;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf")
@@ -52,6 +53,20 @@ fn qwen2_qwen3_and_mistral_logits_match_hugging_face() {
     assert_eq!((qwen3.qk_norm, qwen3.head_dim(), qwen3.qkv_bias()), (true, 16, false));
     assert_eq!((mistral.window, mistral.qk_norm), (Some(5), false));
     for name in ["qwen2-tiny", "qwen3-tiny", "mistral-tiny"] {
+        logits_match(name);
+    }
+}
+
+/// Llama 3.1's RoPE scaling (the head's frequencies in all three of its bands) and linear scaling, from transformers 5's
+/// `rope_parameters`, against its logits.
+#[test]
+fn llama3_and_linear_rope_scaling_match_hugging_face() {
+    let (config, _) = import::hf::load(&fixtures().join("llama3-rope-tiny")).unwrap();
+    let llama3 = RopeScaling::Llama3 { factor: 4.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_context: 16 };
+    assert_eq!(config.rope_scaling, Some(llama3));
+    let (config, _) = import::hf::load(&fixtures().join("linear-rope-tiny")).unwrap();
+    assert_eq!(config.rope_scaling, Some(RopeScaling::Linear { factor: 4.0 }));
+    for name in ["llama3-rope-tiny", "linear-rope-tiny"] {
         logits_match(name);
     }
 }

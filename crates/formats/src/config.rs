@@ -4,6 +4,8 @@ use std::fmt::Display;
 
 use serde::{Deserialize, Serialize};
 
+use crate::rope::RopeScaling;
+
 /// A config value outside what is allowed: names the key, the value and the rule.
 #[derive(Debug, thiserror::Error, PartialEq)]
 #[error("{key} = {value}: {allowed}")]
@@ -196,6 +198,9 @@ pub struct ModelConfig {
     pub positions: PositionKind,
     #[serde(default = "default_theta")]
     pub rope_theta: f64,
+    /// RoPE's frequencies stretched to a longer context than the model was trained on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<RopeScaling>,
     #[serde(default)]
     pub attention: AttentionKind,
     /// Key/value heads g (GQA; g = n_heads is MHA, 1 is MQA); n_heads when absent.
@@ -286,6 +291,7 @@ impl ModelConfig {
             d_ff: None,
             positions: PositionKind::default(),
             rope_theta: default_theta(),
+            rope_scaling: None,
             attention: AttentionKind::default(),
             n_kv_heads: None,
             qkv_bias: None,
@@ -370,6 +376,9 @@ impl ModelConfig {
             self.rope_theta,
             "a finite number greater than 1",
         )?;
+        if let Some(scaling) = &self.rope_scaling {
+            check_rope_scaling(scaling)?;
+        }
         if self.positions == PositionKind::Rope && self.attention == AttentionKind::Mha {
             let d = self.head_dim();
             require(d.is_multiple_of(2), "model.positions", "\"rope\"", format!("needs an even head width, not {d}"))?;
@@ -535,4 +544,20 @@ pub fn model_from_run_toml(text: &str) -> Result<ModelConfig, RunConfigError> {
         return Err(syntax("model.vocab_size is missing"));
     }
     Ok(config)
+}
+
+/// `model.rope_scaling`: a factor ≥ 1; Llama 3's band factors 0 < α < β and an original context.
+fn check_rope_scaling(scaling: &RopeScaling) -> Result<(), Invalid> {
+    let factor = match *scaling {
+        RopeScaling::Linear { factor } => factor,
+        RopeScaling::Llama3 { factor, low_freq_factor: low, high_freq_factor: high, original_context } => {
+            let key = "model.rope_scaling.low_freq_factor";
+            require(low.is_finite() && low > 0.0, key, low, "a finite number > 0")?;
+            let key = "model.rope_scaling.high_freq_factor";
+            require(high.is_finite() && high > low, key, high, "a finite number greater than low_freq_factor")?;
+            require(original_context >= 1, "model.rope_scaling.original_context", original_context, "at least 1")?;
+            factor
+        }
+    };
+    require(factor.is_finite() && factor >= 1.0, "model.rope_scaling.factor", factor, "a finite number ≥ 1")
 }

@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::config::FfnKind;
 use crate::config::ModelConfig;
+use crate::rope::RopeScaling;
 
 /// The tensor layouts Ember imports: GPT-2's, and Llama's (which Qwen2, Qwen3 and Mistral share).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -80,12 +81,6 @@ fn gpt2(json: &Value) -> Result<ModelConfig, String> {
 
 fn llama(json: &Value) -> Result<ModelConfig, String> {
     let (d, h) = (usize_of(json, "hidden_size")?, usize_of(json, "num_attention_heads")?);
-    if !json["rope_scaling"].is_null() {
-        return Err(format!("rope_scaling {} is not supported", json["rope_scaling"]));
-    }
-    if let Some(kind) = json["rope_parameters"]["rope_type"].as_str().filter(|&k| k != "default") {
-        return Err(format!("rope_type {kind:?} is not supported (default RoPE is)"));
-    }
     let theta = json["rope_theta"].as_f64().or_else(|| json["rope_parameters"]["rope_theta"].as_f64());
     let g = optional(json, "num_key_value_heads")?.unwrap_or(h);
     let mut config = ModelConfig::gpt(
@@ -103,6 +98,7 @@ fn llama(json: &Value) -> Result<ModelConfig, String> {
     config.norm_eps = f64_of(json, "rms_norm_eps", 1e-6);
     config.d_ff = Some(usize_of(json, "intermediate_size")?);
     config.rope_theta = theta.unwrap_or(10_000.0);
+    config.rope_scaling = rope_scaling(json)?;
     config.tie_embeddings = json["tie_word_embeddings"].as_bool().unwrap_or(false);
     // The gate's activation: SiLU (SwiGLU, Llama's), or GELU's tanh form (GeGLU); exact GELU has no gated form here.
     config.ffn = match json["hidden_act"].as_str().unwrap_or("silu") {
@@ -114,6 +110,27 @@ fn llama(json: &Value) -> Result<ModelConfig, String> {
         return Err("mlp_bias = true is not supported".into());
     }
     Ok(config)
+}
+
+/// RoPE scaling from `rope_scaling` (transformers 4) or `rope_parameters` (transformers 5): `linear` and `llama3`.
+fn rope_scaling(json: &Value) -> Result<Option<RopeScaling>, String> {
+    let params = if json["rope_scaling"].is_null() { &json["rope_parameters"] } else { &json["rope_scaling"] };
+    let factor = || params["factor"].as_f64().ok_or("rope scaling without a numeric factor");
+    match params["rope_type"].as_str().or(params["type"].as_str()) {
+        None if params.is_null() || params.get("factor").is_none() => Ok(None),
+        Some("default") => Ok(None),
+        Some("linear") => Ok(Some(RopeScaling::Linear { factor: factor()? })),
+        Some("llama3") => Ok(Some(RopeScaling::Llama3 {
+            factor: factor()?,
+            low_freq_factor: f64_of(params, "low_freq_factor", 1.0),
+            high_freq_factor: f64_of(params, "high_freq_factor", 4.0),
+            original_context: usize_of(params, "original_max_position_embeddings")?,
+        })),
+        other => Err(format!(
+            "RoPE scaling {} is not supported (linear and llama3 are)",
+            other.map_or_else(|| params.to_string(), |k| format!("{k:?}"))
+        )),
+    }
 }
 
 /// The shard files a `model.safetensors.index.json` names, sorted and each once; every one must be a file of the

@@ -15,6 +15,7 @@ pub mod openai;
 pub mod packed;
 pub mod request;
 pub mod rng;
+pub mod rope;
 pub mod safetensors;
 pub mod tokenizer;
 pub mod tsv;

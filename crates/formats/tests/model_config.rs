@@ -75,3 +75,24 @@ fn sizes_past_their_bounds_are_refused() {
     assert_eq!(favor.validate().unwrap_err().key, "model.favor_features");
     assert!(ModelConfig { n_layers: 1 << 16, ..baby() }.validate().is_ok());
 }
+
+/// `[model.rope_scaling]` in a run config: the kind and its keys, each checked; an unknown key is refused.
+#[test]
+fn rope_scaling_is_read_from_toml_and_checked() {
+    use ember_formats::rope::RopeScaling;
+    let table = |scaling: &str| {
+        format!(
+            "vocab_size = 65\nn_layers = 1\nn_heads = 2\nd_model = 16\nblock_size = 32\npositions = \"rope\"\n[rope_scaling]\n{scaling}"
+        )
+    };
+    let config: ModelConfig = toml::from_str(&table("kind = \"linear\"\nfactor = 4.0")).unwrap();
+    assert_eq!(config.rope_scaling, Some(RopeScaling::Linear { factor: 4.0 }));
+    let llama3 =
+        "kind = \"llama3\"\nfactor = 8.0\nlow_freq_factor = 1.0\nhigh_freq_factor = 4.0\noriginal_context = 8192";
+    let config: ModelConfig = toml::from_str(&table(llama3)).unwrap();
+    assert!(config.validate().is_ok());
+    let err = ModelConfig { rope_scaling: Some(RopeScaling::Linear { factor: f64::NAN }), ..config.clone() };
+    assert_eq!(err.validate().unwrap_err().key, "model.rope_scaling.factor");
+    assert!(toml::from_str::<ModelConfig>(&table("kind = \"linear\"\nfactor = 4.0\nbeta = 1.0")).is_err());
+    assert!(toml::from_str::<ModelConfig>(&table("kind = \"yarn\"\nfactor = 4.0")).is_err());
+}

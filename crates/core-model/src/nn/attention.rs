@@ -114,7 +114,11 @@ impl SelfAttentionConfig {
             heads,
             qk_norm_eps: model.qk_norm.then_some(model.norm_eps),
             window,
-            rope: (model.positions == PositionKind::Rope).then_some(Rotary { theta: rope_theta, dim: heads.head_dim }),
+            rope: (model.positions == PositionKind::Rope).then_some(Rotary {
+                theta: rope_theta,
+                dim: heads.head_dim,
+                scaling: model.rope_scaling,
+            }),
             dropout: model.dropout,
             attention_dropout: model.attention_dropout,
             kernel: model.attention_kernel,

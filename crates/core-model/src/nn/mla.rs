@@ -86,7 +86,7 @@ impl MlaConfig {
             n_heads: model.n_heads,
             head_dim: model.head_dim(),
             latent_dim,
-            rope: Rotary { theta: model.rope_theta, dim: rope_dim },
+            rope: Rotary { theta: model.rope_theta, dim: rope_dim, scaling: model.rope_scaling },
             qkv_bias: model.qkv_bias(),
             bias: model.bias,
             window: model.window,

@@ -4,6 +4,7 @@
 use std::cell::OnceCell;
 
 use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
+use ember_formats::rope::RopeScaling;
 
 /// Rows of the 2017 table at `positions`, [n, d], in `dtype`: PE(p, 2i) = sin(p / 10000^(2i/d)),
 /// PE(p, 2i+1) = cos(p / 10000^(2i/d)).
@@ -18,11 +19,12 @@ pub fn sinusoidal(positions: &[usize], d: usize, device: &Device, dtype: FloatDT
     Tensor::from_data(TensorData::new(table, [positions.len(), d]), (device, DType::from(dtype)))
 }
 
-/// RoPE's base θ and the width d of the vectors it rotates.
+/// RoPE's base θ, the width d of the vectors it rotates, and how its frequencies are scaled.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rotary {
     pub theta: f64,
     pub dim: usize,
+    pub scaling: Option<RopeScaling>,
 }
 
 /// Where the new tokens of a forward pass sit, with the RoPE tables for them (built on first use, then shared by every
@@ -104,7 +106,7 @@ impl Positions {
     }
 }
 
-/// cos and sin of the rotation angles p·θ_i, θ_i = theta^(−2i/d), with the d/2 frequencies repeated in both halves
+/// cos and sin of the rotation angles p·θ_i, θ_i = theta^(−2i/d) (as `scaling` stretches it), with the d/2 frequencies repeated in both halves
 /// (the rotate-half layout of Llama and Hugging Face), shaped to broadcast over x [B, H, T, d]: [1, 1, T, d] for a
 /// span of positions shared by every row, or [B, 1, 1, d] for one position per row.
 #[derive(Clone, Debug)]
@@ -115,12 +117,16 @@ pub struct Rope {
 
 impl Rope {
     fn table(rotary: Rotary, positions: &[usize], shape: [usize; 4], options: (&Device, DType)) -> Self {
-        let Rotary { theta, dim: d } = rotary;
+        let Rotary { theta, dim: d, scaling } = rotary;
         let half = d / 2;
+        let frequency = |i: usize| {
+            let base = theta.powf(-2.0 * i as f64 / d as f64);
+            scaling.map_or(base, |s| s.frequency(base))
+        };
         let (mut cos, mut sin) = (Vec::with_capacity(positions.len() * d), Vec::with_capacity(positions.len() * d));
         for &p in positions {
             for c in 0..d {
-                let angle = p as f64 * theta.powf(-2.0 * (c % half) as f64 / d as f64);
+                let angle = p as f64 * frequency(c % half);
                 cos.push(angle.cos() as f32);
                 sin.push(angle.sin() as f32);
             }
@@ -148,7 +154,7 @@ mod tests {
     /// q at position i against k at position j, after rotation.
     fn score(q: &Tensor<4>, k: &Tensor<4>, i: usize, j: usize) -> f32 {
         let dev = Device::flex();
-        let rotary = Rotary { theta: 10_000.0, dim: 8 };
+        let rotary = Rotary { theta: 10_000.0, dim: 8, scaling: None };
         let q = Positions::span(i, 1, &dev).rope(rotary, FloatDType::F32).apply(q.clone());
         let k = Positions::span(j, 1, &dev).rope(rotary, FloatDType::F32).apply(k.clone());
         (q * k).sum().into_scalar()
@@ -173,7 +179,7 @@ mod tests {
     fn rope_turns_each_pair_of_halves_by_its_angle() {
         let dev = Device::flex();
         let x = [0.5f32, -1.0, 2.0, 0.25, 1.5, -0.75];
-        let rotary = Rotary { theta: 100.0, dim: 6 };
+        let rotary = Rotary { theta: 100.0, dim: 6, scaling: None };
         let input = Tensor::<4>::from_data(TensorData::new(x.to_vec(), [1, 1, 1, 6]), &dev);
         let y = Positions::span(5, 1, &dev)
             .rope(rotary, FloatDType::F32)
