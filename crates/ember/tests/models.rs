@@ -151,6 +151,24 @@ fn inspect_reproduces_the_llama2_7b_kv_cache_table() {
     assert!(report.contains("d_c + d_R = 576 elements"), "{report}");
 }
 
+/// The published parameter counts of Qwen2.5 7B, Qwen3 8B, Mistral 7B and Llama 3.1 8B, from their shapes.
+#[test]
+fn inspect_counts_the_published_parameters_of_qwen_mistral_and_llama_3_1() {
+    for (preset, total) in [
+        ("qwen2.5-7b", "7,615,616,512"),
+        ("qwen3-8b", "8,190,735,360"),
+        ("mistral-7b", "7,241,732,096"),
+        ("llama3.1-8b", "8,030,261,248"),
+    ] {
+        let path = format!("{}/../../configs/{preset}.toml", env!("CARGO_MANIFEST_DIR"));
+        let out = ember(&["inspect", "--config", &path]);
+        assert!(out.status.success(), "{preset}: {}", String::from_utf8_lossy(&out.stderr));
+        let report = String::from_utf8(out.stdout).unwrap();
+        let line = report.lines().find(|l| l.trim_start().starts_with("total")).unwrap_or_default();
+        assert!(line.ends_with(total), "{preset}: {line:?}");
+    }
+}
+
 #[test]
 fn a_model_path_that_is_nothing_is_a_clear_error() {
     let out = ember(&["generate", "--device", "cpu", "--model", "/nonexistent/x.gguf", "--prompt", "a"]);
