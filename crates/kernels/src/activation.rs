@@ -1,9 +1,8 @@
-//! GELU(x) = x Φ(x) = ½ x (1 + erf(x/√2)) (exact, as torch.nn.GELU()) and the gated units act(g) ⊙ u: SwiGLU's
+//! GELU(x) = x Φ(x) = ½ x (1 + erf(x/√2)) (exact, as torch.nn.GELU()) or its tanh approximation, and the gated units act(g) ⊙ u: SwiGLU's
 //! SiLU(g) = g σ(g) and GeGLU's tanh-approximated GELU(g) = ½ g (1 + tanh(√(2/π) (g + 0.044715 g³))) (Gemma's
 //! `gelu_pytorch_tanh`). On the CPU one pass forward and one pass backward each, chunks in parallel; elsewhere Burn's
 //! activations.
 
-use burn::backend::flex::FlexTensor;
 use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension, tensor::FloatTensor};
 use burn::tensor::Tensor;
 use rayon::prelude::*;
@@ -12,13 +11,20 @@ use crate::cpu::{contiguous, floats, multiversion, on_cpu, stay_awake, tensor};
 use crate::math;
 use crate::tape::{self, Autodiff, Backward, CheckpointStrategy, Checkpointer, Gradients, Ops, OpsKind};
 
-/// The fused activation as backend operations (CPU only; other devices take Burn's `gelu`).
+/// Which GELU: exact x Φ(x), or the tanh approximation (GPT-2's `gelu_new`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Gelu {
+    Exact,
+    Tanh,
+}
+
+/// The fused activation as backend operations (CPU only; other devices take Burn's `gelu` or `gelu_approximate`).
 #[backend_extension(Flex, Autodiff)]
 pub trait GeluOps: Backend {
-    fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self>;
+    fn fused_gelu(x: FloatTensor<Self>, kind: Gelu) -> FloatTensor<Self>;
 
-    /// dx = dy ⊙ (Φ(x) + x φ(x)).
-    fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// dx = dy ⊙ GELU'(x): Φ(x) + x φ(x) for the exact one.
+    fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>, kind: Gelu) -> FloatTensor<Self>;
 }
 
 /// GELU(x) elementwise.
@@ -26,7 +32,15 @@ pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     if !on_cpu(&x.device()) {
         return burn::tensor::activation::gelu(x);
     }
-    Tensor::from_dispatch(<Dispatch as GeluOps>::fused_gelu(x.into_dispatch()))
+    Tensor::from_dispatch(<Dispatch as GeluOps>::fused_gelu(x.into_dispatch(), Gelu::Exact))
+}
+
+/// GELU's tanh approximation ½ x (1 + tanh(√(2/π) (x + 0.044715 x³))) elementwise.
+pub fn gelu_tanh<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    if !on_cpu(&x.device()) {
+        return burn::tensor::activation::gelu_approximate(x);
+    }
+    Tensor::from_dispatch(<Dispatch as GeluOps>::fused_gelu(x.into_dispatch(), Gelu::Tanh))
 }
 
 /// The activation of a gated unit's gate.
@@ -80,49 +94,56 @@ fn cdf(x: f32) -> f32 {
 /// 1/√(2π), for φ(x) = e^(−x²/2) / √(2π).
 const INV_SQRT_2PI: f32 = 0.5 * std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2;
 
-multiversion! {
-    /// y = GELU(x) = x Φ(x), elementwise.
-    fn gelu_chunk(y: &mut [f32], x: &[f32]) {
-        y.iter_mut().zip(x).for_each(|(y, &x)| *y = x * cdf(x));
+/// (GELU(x), GELU'(x)): x Φ(x) and Φ(x) + x φ(x), or the tanh form's (as GeGLU's gate).
+#[inline(always)]
+fn gelu_of(kind: Gelu, x: f32) -> (f32, f32) {
+    match kind {
+        Gelu::Exact => {
+            let c = cdf(x);
+            (x * c, c + x * INV_SQRT_2PI * math::exp(-0.5 * x * x))
+        }
+        Gelu::Tanh => activate(Gate::GeluTanh, x),
     }
 }
 
 multiversion! {
-    /// dx = dy ⊙ (Φ(x) + x φ(x)), elementwise.
-    fn gelu_backward_chunk(dx: &mut [f32], x: &[f32], dy: &[f32]) {
+    /// y = GELU(x), elementwise.
+    fn gelu_chunk(y: &mut [f32], x: &[f32], kind: Gelu) {
+        y.iter_mut().zip(x).for_each(|(y, &x)| *y = gelu_of(kind, x).0);
+    }
+}
+
+multiversion! {
+    /// dx = dy ⊙ GELU'(x), elementwise.
+    fn gelu_backward_chunk(dx: &mut [f32], x: &[f32], dy: &[f32], kind: Gelu) {
         for ((dx, &x), &dy) in dx.iter_mut().zip(x).zip(dy) {
-            *dx = dy * (cdf(x) + x * INV_SQRT_2PI * math::exp(-0.5 * x * x));
+            *dx = dy * gelu_of(kind, x).1;
         }
     }
 }
 
 impl GeluOps for Flex {
-    fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn fused_gelu(x: FloatTensor<Self>, kind: Gelu) -> FloatTensor<Self> {
         stay_awake();
         let x = contiguous(x);
         let shape = x.layout().shape().to_vec();
         let xs = floats(&x);
         let mut y = vec![0.0f32; xs.len()];
-        y.par_chunks_mut(CHUNK).zip(xs.par_chunks(CHUNK)).for_each(|(y, x)| gelu_chunk(y, x));
+        y.par_chunks_mut(CHUNK).zip(xs.par_chunks(CHUNK)).for_each(|(y, x)| gelu_chunk(y, x, kind));
         tensor(y, &shape)
     }
 
-    fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>, kind: Gelu) -> FloatTensor<Self> {
         stay_awake();
-        zip_map(x, d_y, gelu_backward_chunk)
+        let (x, d_y) = (contiguous(x), contiguous(d_y));
+        let shape = x.layout().shape().to_vec();
+        let (xs, dys) = (floats(&x), floats(&d_y));
+        let mut dx = vec![0.0f32; xs.len()];
+        dx.par_chunks_mut(CHUNK).zip(xs.par_chunks(CHUNK).zip(dys.par_chunks(CHUNK))).for_each(|(dx, (x, dy))| {
+            gelu_backward_chunk(dx, x, dy, kind);
+        });
+        tensor(dx, &shape)
     }
-}
-
-/// `chunk(out, a, b)` over two tensors of one shape, chunks in parallel.
-fn zip_map(a: FlexTensor, b: FlexTensor, chunk: fn(&mut [f32], &[f32], &[f32])) -> FlexTensor {
-    let (a, b) = (contiguous(a), contiguous(b));
-    let shape = a.layout().shape().to_vec();
-    let (xs, ys) = (floats(&a), floats(&b));
-    let mut out = vec![0.0f32; xs.len()];
-    out.par_chunks_mut(CHUNK).zip(xs.par_chunks(CHUNK).zip(ys.par_chunks(CHUNK))).for_each(|(out, (xs, ys))| {
-        chunk(out, xs, ys);
-    });
-    tensor(out, &shape)
 }
 
 /// σ(x) = 1 / (1 + e^(−x)).
@@ -246,30 +267,31 @@ impl<B: GatedOps, C: CheckpointStrategy> GatedOps for Autodiff<B, C> {
 struct GeluBackward;
 
 impl<B: GeluOps> Backward<B, 1> for GeluBackward {
-    type State = FloatTensor<B>;
+    type State = (FloatTensor<B>, Gelu);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let [node_x] = ops.parents;
         let d_y = grads.consume::<B>(&ops.node);
         if let Some(node) = node_x {
-            grads.register::<B>(node.id, B::fused_gelu_backward(ops.state, d_y));
+            let (x, kind) = ops.state;
+            grads.register::<B>(node.id, B::fused_gelu_backward(x, d_y, kind));
         }
     }
 }
 
 impl<B: GeluOps, C: CheckpointStrategy> GeluOps for Autodiff<B, C> {
-    fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn fused_gelu(x: FloatTensor<Self>, kind: Gelu) -> FloatTensor<Self> {
         let prepared = GeluBackward.prepare::<C>([x.node()]).compute_bound().stateful();
         let x = x.into_primitive();
-        let y = B::fused_gelu(x.clone());
+        let y = B::fused_gelu(x.clone(), kind);
         match prepared {
-            OpsKind::Tracked(prep) => prep.finish(x, y),
+            OpsKind::Tracked(prep) => prep.finish((x, kind), y),
             OpsKind::UnTracked(prep) => prep.finish(y),
         }
     }
 
-    fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>) -> FloatTensor<Self> {
-        Self::from_inner(B::fused_gelu_backward(x.into_primitive(), d_y.into_primitive()))
+    fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>, kind: Gelu) -> FloatTensor<Self> {
+        Self::from_inner(B::fused_gelu_backward(x.into_primitive(), d_y.into_primitive(), kind))
     }
 }
 
@@ -280,22 +302,29 @@ mod tests {
     use ember_test_support::{max_abs_diff, values};
 
     #[test]
-    fn fused_gelu_equals_burns_forward_and_backward() {
+    fn fused_gelus_equal_burns_forward_and_backward() {
         let dev = Device::flex();
         let device = dev.clone().autodiff();
         for n in [7, 40_000] {
             let x = values(Tensor::<2>::random([2, n], Distribution::Normal(0.0, 3.0), &dev));
             let w = values(Tensor::<2>::random([2, n], Distribution::Normal(0.0, 1.0), &dev));
-            let run = |fused: bool| {
+            let run = |kind: Gelu, fused: bool| {
                 let x = Tensor::<2>::from_data(TensorData::new(x.clone(), [2, n]), &device).require_grad();
                 let w = Tensor::<2>::from_data(TensorData::new(w.clone(), [2, n]), &device);
-                let y = if fused { gelu(x.clone()) } else { burn::tensor::activation::gelu(x.clone()) };
+                let y = match (kind, fused) {
+                    (Gelu::Exact, true) => gelu(x.clone()),
+                    (Gelu::Exact, false) => burn::tensor::activation::gelu(x.clone()),
+                    (Gelu::Tanh, true) => gelu_tanh(x.clone()),
+                    (Gelu::Tanh, false) => burn::tensor::activation::gelu_approximate(x.clone()),
+                };
                 let grads = (y.clone() * w).sum().backward();
                 [values(y.inner()), values(x.grad(&grads).unwrap())]
             };
-            for (what, (a, b)) in ["y", "dx"].iter().zip(run(true).iter().zip(&run(false))) {
-                let diff = max_abs_diff(a, b);
-                assert!(diff <= 1e-4, "{what}, n {n}: max abs error {diff}");
+            for kind in [Gelu::Exact, Gelu::Tanh] {
+                for (what, (a, b)) in ["y", "dx"].iter().zip(run(kind, true).iter().zip(&run(kind, false))) {
+                    let diff = max_abs_diff(a, b);
+                    assert!(diff <= 1e-4, "{kind:?} {what}, n {n}: max abs error {diff}");
+                }
             }
         }
     }

@@ -23,7 +23,7 @@ pub mod spec;
 pub mod tape;
 mod wgsl;
 
-pub use activation::{geglu, gelu, swiglu};
+pub use activation::{geglu, gelu, gelu_tanh, swiglu};
 pub use adamw::{AdamWStep, adamw};
 pub use adapters::{Adapter, wgpu_adapters};
 pub use attention::{attention, merge_heads, packed_attention, reference_attention, split_heads};

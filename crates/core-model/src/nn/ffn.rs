@@ -3,8 +3,8 @@
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::Tensor;
-use burn::tensor::activation::{gelu_approximate, relu};
-use ember_kernels::{geglu, gelu, swiglu};
+use burn::tensor::activation::relu;
+use ember_kernels::{geglu, gelu, gelu_tanh, swiglu};
 
 use crate::init::Init;
 use crate::nn::projection;
@@ -75,7 +75,7 @@ impl Ffn {
             (Some(gate), FfnKind::Geglu) => geglu(gate.forward(x.clone()), self.c_fc.forward(x)),
             (Some(gate), _) => swiglu(gate.forward(x.clone()), self.c_fc.forward(x)),
             (None, FfnKind::Relu) => relu(self.c_fc.forward(x)),
-            (None, FfnKind::GeluTanh) => gelu_approximate(self.c_fc.forward(x)),
+            (None, FfnKind::GeluTanh) => gelu_tanh(self.c_fc.forward(x)),
             (None, _) => gelu(self.c_fc.forward(x)),
         };
         self.drop.forward(self.c_proj.forward(h))
