@@ -7,8 +7,9 @@
 - qwen2-tiny/, qwen3-tiny/, mistral-tiny/: the same for Qwen2ForCausalLM (q, k, v biases, tied output),
   Qwen3ForCausalLM (RMSNorm of each head's q and k, head_dim 16 with hidden 32) and MistralForCausalLM (a sliding
   window of 5 keys, shorter than the 12-token input).
-- llama3-rope-tiny/, linear-rope-tiny/: LlamaForCausalLM with Llama 3.1's RoPE scaling (factor 4, original context
-  16, so that the head's four frequencies fall in each of its three bands) and with linear scaling (factor 4).
+- llama3-rope-tiny/, linear-rope-tiny/, yarn-rope-tiny/: LlamaForCausalLM with Llama 3.1's RoPE scaling (factor 4,
+  original context 16, so that the head's four frequencies fall in each of its three bands), with linear scaling
+  (factor 4), and with YaRN (factor 4, original context 16: one pair kept, three interpolated; cos and sin scaled).
 - smollm2_greedy.json: Hugging Face's greedy continuation (16 tokens, f32 weights dequantized from the same GGUF by
   transformers) of three prompts with SmolLM2-135M-Instruct, and the prompt token ids.
 
@@ -88,6 +89,9 @@ def families(out_dir):
             "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}, tie_word_embeddings=False)),
         ("linear-rope-tiny", LlamaForCausalLM, LlamaConfig(**{**shape, "rope_parameters": {
             "rope_type": "linear", "rope_theta": 1000.0, "factor": 4.0}}, tie_word_embeddings=False)),
+        ("yarn-rope-tiny", LlamaForCausalLM, LlamaConfig(**{**shape, "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0, "original_max_position_embeddings": 16}},
+            tie_word_embeddings=False)),
     ]:
         torch.manual_seed(0)
         model = cls(config).eval()

@@ -57,16 +57,24 @@ fn qwen2_qwen3_and_mistral_logits_match_hugging_face() {
     }
 }
 
-/// Llama 3.1's RoPE scaling (the head's frequencies in all three of its bands) and linear scaling, from transformers 5's
-/// `rope_parameters`, against its logits.
+/// Llama 3.1's RoPE scaling (the head's frequencies in all three of its bands), linear scaling and YaRN, from
+/// transformers 5's `rope_parameters`, against its logits.
 #[test]
-fn llama3_and_linear_rope_scaling_match_hugging_face() {
+fn llama3_linear_and_yarn_rope_scaling_match_hugging_face() {
     let (config, _) = import::hf::load(&fixtures().join("llama3-rope-tiny")).unwrap();
     let llama3 = RopeScaling::Llama3 { factor: 4.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_context: 16 };
     assert_eq!(config.rope_scaling, Some(llama3));
     let (config, _) = import::hf::load(&fixtures().join("linear-rope-tiny")).unwrap();
     assert_eq!(config.rope_scaling, Some(RopeScaling::Linear { factor: 4.0 }));
-    for name in ["llama3-rope-tiny", "linear-rope-tiny"] {
+    let (config, _) = import::hf::load(&fixtures().join("yarn-rope-tiny")).unwrap();
+    let Some(RopeScaling::Yarn { factor, original_context, beta_fast, beta_slow, attention_factor }) =
+        config.rope_scaling
+    else {
+        panic!("{:?}", config.rope_scaling)
+    };
+    assert_eq!((factor, original_context, beta_fast, beta_slow), (4.0, 16, 32.0, 1.0));
+    assert!((attention_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-12);
+    for name in ["llama3-rope-tiny", "linear-rope-tiny", "yarn-rope-tiny"] {
         logits_match(name);
     }
 }

@@ -558,6 +558,16 @@ fn check_rope_scaling(scaling: &RopeScaling) -> Result<(), Invalid> {
             require(original_context >= 1, "model.rope_scaling.original_context", original_context, "at least 1")?;
             factor
         }
+        RopeScaling::Yarn { factor, original_context, beta_fast, beta_slow, attention_factor } => {
+            let key = "model.rope_scaling.beta_slow";
+            require(beta_slow.is_finite() && beta_slow > 0.0, key, beta_slow, "a finite number > 0")?;
+            let key = "model.rope_scaling.beta_fast";
+            require(beta_fast.is_finite() && beta_fast > beta_slow, key, beta_fast, "a finite number above beta_slow")?;
+            let (key, m) = ("model.rope_scaling.attention_factor", attention_factor);
+            require(m.is_finite() && m > 0.0, key, m, "a finite number > 0")?;
+            require(original_context >= 1, "model.rope_scaling.original_context", original_context, "at least 1")?;
+            factor
+        }
     };
     require(factor.is_finite() && factor >= 1.0, "model.rope_scaling.factor", factor, "a finite number ≥ 1")
 }

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::config::FfnKind;
 use crate::config::ModelConfig;
-use crate::rope::RopeScaling;
+use crate::rope::{RopeScaling, yarn_magnitude};
 
 /// The tensor layouts Ember imports: GPT-2's, and Llama's (which Qwen2, Qwen3 and Mistral share).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -112,7 +112,8 @@ fn llama(json: &Value) -> Result<ModelConfig, String> {
     Ok(config)
 }
 
-/// RoPE scaling from `rope_scaling` (transformers 4) or `rope_parameters` (transformers 5): `linear` and `llama3`.
+/// RoPE scaling from `rope_scaling` (transformers 4) or `rope_parameters` (transformers 5): `linear`, `llama3` and
+/// `yarn`.
 fn rope_scaling(json: &Value) -> Result<Option<RopeScaling>, String> {
     let params = if json["rope_scaling"].is_null() { &json["rope_parameters"] } else { &json["rope_scaling"] };
     let factor = || params["factor"].as_f64().ok_or("rope scaling without a numeric factor");
@@ -126,8 +127,28 @@ fn rope_scaling(json: &Value) -> Result<Option<RopeScaling>, String> {
             high_freq_factor: f64_of(params, "high_freq_factor", 4.0),
             original_context: usize_of(params, "original_max_position_embeddings")?,
         })),
+        Some("yarn") => {
+            if params["truncate"].as_bool() == Some(false) {
+                return Err("YaRN with truncate = false is not supported".into());
+            }
+            let factor = factor()?;
+            // transformers' default: 0.1 ln s + 1, or the ratio of two such with DeepSeek's mscale and mscale_all_dim.
+            let magnitude = match (params["mscale"].as_f64(), params["mscale_all_dim"].as_f64()) {
+                (Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                    yarn_magnitude(factor, m) / yarn_magnitude(factor, all)
+                }
+                _ => yarn_magnitude(factor, 1.0),
+            };
+            Ok(Some(RopeScaling::Yarn {
+                factor,
+                original_context: usize_of(params, "original_max_position_embeddings")?,
+                beta_fast: f64_of(params, "beta_fast", 32.0),
+                beta_slow: f64_of(params, "beta_slow", 1.0),
+                attention_factor: params["attention_factor"].as_f64().unwrap_or(magnitude),
+            }))
+        }
         other => Err(format!(
-            "RoPE scaling {} is not supported (linear and llama3 are)",
+            "RoPE scaling {} is not supported (linear, llama3 and yarn are)",
             other.map_or_else(|| params.to_string(), |k| format!("{k:?}"))
         )),
     }

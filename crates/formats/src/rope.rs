@@ -13,11 +13,16 @@ pub enum RopeScaling {
     /// (`low_freq_factor` α) take θ_i / s, and between them (1 − t) θ_i / s + t θ_i with t = (L/λ_i − α) / (β − α),
     /// L the original context.
     Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_context: usize },
+    /// YaRN (Peng et al. 2023): θ_i / s where a rotation of θ_i over the original context L turns fewer than
+    /// `beta_slow` times, θ_i where more than `beta_fast`, a linear ramp in i between (its ends at the dimensions
+    /// d ln(L / 2πβ) / 2 ln base, floored and ceiled); cos and sin scaled by `attention_factor` (0.1 ln s + 1).
+    Yarn { factor: f64, original_context: usize, beta_fast: f64, beta_slow: f64, attention_factor: f64 },
 }
 
 impl RopeScaling {
-    /// θ_i as scaled.
-    pub fn frequency(&self, theta: f64) -> f64 {
+    /// θ_i = base^(−2i/d) of rotation pair i of a d-wide head, as scaled.
+    pub fn frequency(&self, i: usize, d: usize, base: f64) -> f64 {
+        let theta = base.powf(-2.0 * i as f64 / d as f64);
         match *self {
             RopeScaling::Linear { factor } => theta / factor,
             RopeScaling::Llama3 { factor, low_freq_factor: low, high_freq_factor: high, original_context } => {
@@ -32,8 +37,32 @@ impl RopeScaling {
                     (1.0 - t) * theta / factor + t * theta
                 }
             }
+            RopeScaling::Yarn { factor, original_context, beta_fast, beta_slow, .. } => {
+                let dim = |rotations: f64| {
+                    d as f64 * (original_context as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln()
+                        / (2.0 * base.ln())
+                };
+                let low = dim(beta_fast).floor().max(0.0);
+                let high = dim(beta_slow).ceil().min(d as f64 - 1.0);
+                let high = if high == low { high + 0.001 } else { high };
+                let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                theta / factor * ramp + theta * (1.0 - ramp)
+            }
         }
     }
+
+    /// What cos and sin are multiplied by: YaRN's attention factor, else 1.
+    pub fn magnitude(&self) -> f64 {
+        match *self {
+            RopeScaling::Yarn { attention_factor, .. } => attention_factor,
+            _ => 1.0,
+        }
+    }
+}
+
+/// YaRN's default attention factor for a scale s: 0.1 · m · ln s + 1 (1 for s ≤ 1).
+pub fn yarn_magnitude(factor: f64, m: f64) -> f64 {
+    if factor <= 1.0 { 1.0 } else { 0.1 * m * factor.ln() + 1.0 }
 }
 
 #[cfg(test)]
@@ -45,11 +74,16 @@ mod tests {
         let s =
             RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_context: 8192 };
         // λ = 2π/θ: 6.3 (< 8192/4) kept; 62,832 (> 8192) divided by 8; 4,096 between them, t = (2 − 1)/3.
-        assert_eq!(s.frequency(1.0), 1.0);
-        assert_eq!(s.frequency(1e-4), 1e-4 / 8.0);
+        // Pair 1 of a 2-wide head turns at θ = 1/base.
+        let at = |theta: f64| {
+            let base = 1.0 / theta;
+            s.frequency(1, 2, base)
+        };
+        assert!((at(1.0) - 1.0).abs() < 1e-15);
+        assert!((at(1e-4) - 1e-4 / 8.0).abs() < 1e-18);
         let theta = 2.0 * std::f64::consts::PI / 4096.0;
         let t = (8192.0 / 4096.0 - 1.0) / 3.0;
-        assert!((s.frequency(theta) - ((1.0 - t) * theta / 8.0 + t * theta)).abs() < 1e-15);
-        assert_eq!(RopeScaling::Linear { factor: 4.0 }.frequency(1.0), 0.25);
+        assert!((at(theta) - ((1.0 - t) * theta / 8.0 + t * theta)).abs() < 1e-12);
+        assert_eq!(RopeScaling::Linear { factor: 4.0 }.frequency(0, 8, 10_000.0), 0.25);
     }
 }

@@ -94,5 +94,12 @@ fn rope_scaling_is_read_from_toml_and_checked() {
     let err = ModelConfig { rope_scaling: Some(RopeScaling::Linear { factor: f64::NAN }), ..config.clone() };
     assert_eq!(err.validate().unwrap_err().key, "model.rope_scaling.factor");
     assert!(toml::from_str::<ModelConfig>(&table("kind = \"linear\"\nfactor = 4.0\nbeta = 1.0")).is_err());
-    assert!(toml::from_str::<ModelConfig>(&table("kind = \"yarn\"\nfactor = 4.0")).is_err());
+    assert!(toml::from_str::<ModelConfig>(&table("kind = \"longrope\"\nfactor = 4.0")).is_err());
+    let yarn = "kind = \"yarn\"\nfactor = 4.0\noriginal_context = 4096\nbeta_fast = 32.0\nbeta_slow = 1.0\nattention_factor = 1.1";
+    let config: ModelConfig = toml::from_str(&table(yarn)).unwrap();
+    assert!(config.validate().is_ok());
+    let slow =
+        RopeScaling::Yarn { factor: 4.0, original_context: 16, beta_fast: 1.0, beta_slow: 2.0, attention_factor: 1.1 };
+    let err = ModelConfig { rope_scaling: Some(slow), ..config }.validate().unwrap_err();
+    assert_eq!(err.key, "model.rope_scaling.beta_fast");
 }

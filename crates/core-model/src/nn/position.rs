@@ -119,16 +119,17 @@ impl Rope {
     fn table(rotary: Rotary, positions: &[usize], shape: [usize; 4], options: (&Device, DType)) -> Self {
         let Rotary { theta, dim: d, scaling } = rotary;
         let half = d / 2;
-        let frequency = |i: usize| {
-            let base = theta.powf(-2.0 * i as f64 / d as f64);
-            scaling.map_or(base, |s| s.frequency(base))
+        let frequency = |i: usize| match scaling {
+            Some(s) => s.frequency(i, d, theta),
+            None => theta.powf(-2.0 * i as f64 / d as f64),
         };
+        let magnitude = scaling.map_or(1.0, |s| s.magnitude());
         let (mut cos, mut sin) = (Vec::with_capacity(positions.len() * d), Vec::with_capacity(positions.len() * d));
         for &p in positions {
             for c in 0..d {
                 let angle = p as f64 * frequency(c % half);
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+                cos.push((angle.cos() * magnitude) as f32);
+                sin.push((angle.sin() * magnitude) as f32);
             }
         }
         Self {
