@@ -3,6 +3,7 @@
 //! `gelu_pytorch_tanh`). On the CPU one pass forward and one pass backward each, chunks in parallel; elsewhere Burn's
 //! activations.
 
+use burn::backend::flex::FlexTensor;
 use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension, tensor::FloatTensor};
 use burn::tensor::Tensor;
 use rayon::prelude::*;
@@ -11,20 +12,24 @@ use crate::cpu::{contiguous, floats, multiversion, on_cpu, stay_awake, tensor};
 use crate::math;
 use crate::tape::{self, Autodiff, Backward, CheckpointStrategy, Checkpointer, Gradients, Ops, OpsKind};
 
-/// Which GELU: exact x Φ(x), or the tanh approximation (GPT-2's `gelu_new`).
+/// An elementwise activation the fused kernels compute.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Gelu {
-    Exact,
-    Tanh,
+pub enum Activation {
+    /// Exact GELU x Φ(x).
+    Gelu,
+    /// GELU's tanh approximation (GPT-2's `gelu_new`, Gemma's `gelu_pytorch_tanh`).
+    GeluTanh,
+    /// SiLU g σ(g) (SwiGLU's gate).
+    Silu,
 }
 
 /// The fused activation as backend operations (CPU only; other devices take Burn's `gelu` or `gelu_approximate`).
 #[backend_extension(Flex, Autodiff)]
 pub trait GeluOps: Backend {
-    fn fused_gelu(x: FloatTensor<Self>, kind: Gelu) -> FloatTensor<Self>;
+    fn fused_gelu(x: FloatTensor<Self>, kind: Activation) -> FloatTensor<Self>;
 
     /// dx = dy ⊙ GELU'(x): Φ(x) + x φ(x) for the exact one.
-    fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>, kind: Gelu) -> FloatTensor<Self>;
+    fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>, kind: Activation) -> FloatTensor<Self>;
 }
 
 /// GELU(x) elementwise.
@@ -32,7 +37,7 @@ pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     if !on_cpu(&x.device()) {
         return burn::tensor::activation::gelu(x);
     }
-    Tensor::from_dispatch(<Dispatch as GeluOps>::fused_gelu(x.into_dispatch(), Gelu::Exact))
+    Tensor::from_dispatch(<Dispatch as GeluOps>::fused_gelu(x.into_dispatch(), Activation::Gelu))
 }
 
 /// GELU's tanh approximation ½ x (1 + tanh(√(2/π) (x + 0.044715 x³))) elementwise.
@@ -40,30 +45,21 @@ pub fn gelu_tanh<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     if !on_cpu(&x.device()) {
         return burn::tensor::activation::gelu_approximate(x);
     }
-    Tensor::from_dispatch(<Dispatch as GeluOps>::fused_gelu(x.into_dispatch(), Gelu::Tanh))
-}
-
-/// The activation of a gated unit's gate.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Gate {
-    /// SiLU(g) = g σ(g) (SwiGLU).
-    Silu,
-    /// GELU with the tanh approximation (GeGLU as Gemma runs it).
-    GeluTanh,
+    Tensor::from_dispatch(<Dispatch as GeluOps>::fused_gelu(x.into_dispatch(), Activation::GeluTanh))
 }
 
 /// The fused gated unit as backend operations (CPU only; other devices take Burn's activations and a product).
 #[backend_extension(Flex, Autodiff)]
 pub trait GatedOps: Backend {
     /// act(g) ⊙ u.
-    fn fused_gated(g: FloatTensor<Self>, u: FloatTensor<Self>, gate: Gate) -> FloatTensor<Self>;
+    fn fused_gated(g: FloatTensor<Self>, u: FloatTensor<Self>, gate: Activation) -> FloatTensor<Self>;
 
     /// (dg, du) = (dy ⊙ u ⊙ act'(g), dy ⊙ act(g)).
     fn fused_gated_backward(
         g: FloatTensor<Self>,
         u: FloatTensor<Self>,
         d_y: FloatTensor<Self>,
-        gate: Gate,
+        gate: Activation,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 }
 
@@ -72,7 +68,7 @@ pub fn swiglu<const D: usize>(g: Tensor<D>, u: Tensor<D>) -> Tensor<D> {
     if !on_cpu(&g.device()) {
         return burn::tensor::activation::silu(g) * u;
     }
-    Tensor::from_dispatch(<Dispatch as GatedOps>::fused_gated(g.into_dispatch(), u.into_dispatch(), Gate::Silu))
+    Tensor::from_dispatch(<Dispatch as GatedOps>::fused_gated(g.into_dispatch(), u.into_dispatch(), Activation::Silu))
 }
 
 /// GELU_tanh(g) ⊙ u elementwise (g and u of one shape).
@@ -80,7 +76,11 @@ pub fn geglu<const D: usize>(g: Tensor<D>, u: Tensor<D>) -> Tensor<D> {
     if !on_cpu(&g.device()) {
         return burn::tensor::activation::gelu_approximate(g) * u;
     }
-    Tensor::from_dispatch(<Dispatch as GatedOps>::fused_gated(g.into_dispatch(), u.into_dispatch(), Gate::GeluTanh))
+    Tensor::from_dispatch(<Dispatch as GatedOps>::fused_gated(
+        g.into_dispatch(),
+        u.into_dispatch(),
+        Activation::GeluTanh,
+    ))
 }
 
 const CHUNK: usize = 16_384;
@@ -94,36 +94,24 @@ fn cdf(x: f32) -> f32 {
 /// 1/√(2π), for φ(x) = e^(−x²/2) / √(2π).
 const INV_SQRT_2PI: f32 = 0.5 * std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2;
 
-/// (GELU(x), GELU'(x)): x Φ(x) and Φ(x) + x φ(x), or the tanh form's (as GeGLU's gate).
-#[inline(always)]
-fn gelu_of(kind: Gelu, x: f32) -> (f32, f32) {
-    match kind {
-        Gelu::Exact => {
-            let c = cdf(x);
-            (x * c, c + x * INV_SQRT_2PI * math::exp(-0.5 * x * x))
-        }
-        Gelu::Tanh => activate(Gate::GeluTanh, x),
-    }
-}
-
 multiversion! {
     /// y = GELU(x), elementwise.
-    fn gelu_chunk(y: &mut [f32], x: &[f32], kind: Gelu) {
-        y.iter_mut().zip(x).for_each(|(y, &x)| *y = gelu_of(kind, x).0);
+    fn gelu_chunk(y: &mut [f32], x: &[f32], kind: Activation) {
+        y.iter_mut().zip(x).for_each(|(y, &x)| *y = activate(kind, x).0);
     }
 }
 
 multiversion! {
     /// dx = dy ⊙ GELU'(x), elementwise.
-    fn gelu_backward_chunk(dx: &mut [f32], x: &[f32], dy: &[f32], kind: Gelu) {
+    fn gelu_backward_chunk(dx: &mut [f32], x: &[f32], dy: &[f32], kind: Activation) {
         for ((dx, &x), &dy) in dx.iter_mut().zip(x).zip(dy) {
-            *dx = dy * gelu_of(kind, x).1;
+            *dx = dy * activate(kind, x).1;
         }
     }
 }
 
 impl GeluOps for Flex {
-    fn fused_gelu(x: FloatTensor<Self>, kind: Gelu) -> FloatTensor<Self> {
+    fn fused_gelu(x: FloatTensor<Self>, kind: Activation) -> FloatTensor<Self> {
         stay_awake();
         let x = contiguous(x);
         let shape = x.layout().shape().to_vec();
@@ -133,17 +121,22 @@ impl GeluOps for Flex {
         tensor(y, &shape)
     }
 
-    fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>, kind: Gelu) -> FloatTensor<Self> {
+    fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>, kind: Activation) -> FloatTensor<Self> {
         stay_awake();
-        let (x, d_y) = (contiguous(x), contiguous(d_y));
-        let shape = x.layout().shape().to_vec();
-        let (xs, dys) = (floats(&x), floats(&d_y));
-        let mut dx = vec![0.0f32; xs.len()];
-        dx.par_chunks_mut(CHUNK).zip(xs.par_chunks(CHUNK).zip(dys.par_chunks(CHUNK))).for_each(|(dx, (x, dy))| {
-            gelu_backward_chunk(dx, x, dy, kind);
-        });
-        tensor(dx, &shape)
+        zip_map(x, d_y, |dx, x, dy| gelu_backward_chunk(dx, x, dy, kind))
     }
+}
+
+/// `chunk(out, a, b)` over two tensors of one shape, chunks in parallel.
+fn zip_map(a: FlexTensor, b: FlexTensor, chunk: impl Fn(&mut [f32], &[f32], &[f32]) + Sync) -> FlexTensor {
+    let (a, b) = (contiguous(a), contiguous(b));
+    let shape = a.layout().shape().to_vec();
+    let (xs, ys) = (floats(&a), floats(&b));
+    let mut out = vec![0.0f32; xs.len()];
+    out.par_chunks_mut(CHUNK).zip(xs.par_chunks(CHUNK).zip(ys.par_chunks(CHUNK))).for_each(|(out, (xs, ys))| {
+        chunk(out, xs, ys);
+    });
+    tensor(out, &shape)
 }
 
 /// σ(x) = 1 / (1 + e^(−x)).
@@ -156,17 +149,21 @@ fn sigmoid(x: f32) -> f32 {
 const SQRT_2_OVER_PI: f32 = std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2;
 const CUBIC: f32 = 0.044_715;
 
-/// (act(g), act'(g)): SiLU g σ(g) and its derivative σ(g) (1 + g (1 − σ(g))); or GELU_tanh ½ g (1 + t) with
-/// t = tanh(z), z = √(2/π)(g + 0.044715 g³), tanh(z) = 1 − 2/(e^(2z) + 1), and its derivative
+/// (act(g), act'(g)): GELU g Φ(g) and Φ(g) + g φ(g); SiLU g σ(g) and σ(g) (1 + g (1 − σ(g))); or GELU_tanh
+/// ½ g (1 + t) with t = tanh(z), z = √(2/π)(g + 0.044715 g³), tanh(z) = 1 − 2/(e^(2z) + 1), and its derivative
 /// ½ (1 + t) + ½ g (1 − t²) √(2/π)(1 + 3 · 0.044715 g²).
 #[inline(always)]
-fn activate(gate: Gate, g: f32) -> (f32, f32) {
-    match gate {
-        Gate::Silu => {
+fn activate(activation: Activation, g: f32) -> (f32, f32) {
+    match activation {
+        Activation::Gelu => {
+            let c = cdf(g);
+            (g * c, c + g * INV_SQRT_2PI * math::exp(-0.5 * g * g))
+        }
+        Activation::Silu => {
             let s = sigmoid(g);
             (g * s, s * (1.0 + g * (1.0 - s)))
         }
-        Gate::GeluTanh => {
+        Activation::GeluTanh => {
             let z = SQRT_2_OVER_PI * (g + CUBIC * g * g * g);
             let t = 1.0 - 2.0 / (math::exp(2.0 * z) + 1.0);
             let dz = SQRT_2_OVER_PI * (1.0 + 3.0 * CUBIC * g * g);
@@ -177,7 +174,7 @@ fn activate(gate: Gate, g: f32) -> (f32, f32) {
 
 multiversion! {
     /// y = act(g) u, elementwise.
-    fn gated_chunk(y: &mut [f32], g: &[f32], u: &[f32], gate: Gate) {
+    fn gated_chunk(y: &mut [f32], g: &[f32], u: &[f32], gate: Activation) {
         for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
             *y = activate(gate, g).0 * u;
         }
@@ -186,7 +183,7 @@ multiversion! {
 
 multiversion! {
     /// (dg, du) = (dy ⊙ u ⊙ act'(g), dy ⊙ act(g)), elementwise.
-    fn gated_backward_chunk(dg: &mut [f32], du: &mut [f32], g: &[f32], u: &[f32], dy: &[f32], gate: Gate) {
+    fn gated_backward_chunk(dg: &mut [f32], du: &mut [f32], g: &[f32], u: &[f32], dy: &[f32], gate: Activation) {
         for i in 0..g.len() {
             let (a, da) = activate(gate, g[i]);
             dg[i] = dy[i] * u[i] * da;
@@ -196,23 +193,16 @@ multiversion! {
 }
 
 impl GatedOps for Flex {
-    fn fused_gated(g: FloatTensor<Self>, u: FloatTensor<Self>, gate: Gate) -> FloatTensor<Self> {
+    fn fused_gated(g: FloatTensor<Self>, u: FloatTensor<Self>, gate: Activation) -> FloatTensor<Self> {
         stay_awake();
-        let (g, u) = (contiguous(g), contiguous(u));
-        let shape = g.layout().shape().to_vec();
-        let (gs, us) = (floats(&g), floats(&u));
-        let mut y = vec![0.0f32; gs.len()];
-        y.par_chunks_mut(CHUNK).zip(gs.par_chunks(CHUNK).zip(us.par_chunks(CHUNK))).for_each(|(y, (g, u))| {
-            gated_chunk(y, g, u, gate);
-        });
-        tensor(y, &shape)
+        zip_map(g, u, |y, g, u| gated_chunk(y, g, u, gate))
     }
 
     fn fused_gated_backward(
         g: FloatTensor<Self>,
         u: FloatTensor<Self>,
         d_y: FloatTensor<Self>,
-        gate: Gate,
+        gate: Activation,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         stay_awake();
         let (g, u, d_y) = (contiguous(g), contiguous(u), contiguous(d_y));
@@ -230,7 +220,7 @@ impl GatedOps for Flex {
 struct GatedBackward;
 
 impl<B: GatedOps> Backward<B, 2> for GatedBackward {
-    type State = (FloatTensor<B>, FloatTensor<B>, Gate);
+    type State = (FloatTensor<B>, FloatTensor<B>, Activation);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let parents = ops.parents.map(|p| p.map(|node| node.id));
@@ -242,7 +232,7 @@ impl<B: GatedOps> Backward<B, 2> for GatedBackward {
 }
 
 impl<B: GatedOps, C: CheckpointStrategy> GatedOps for Autodiff<B, C> {
-    fn fused_gated(g: FloatTensor<Self>, u: FloatTensor<Self>, gate: Gate) -> FloatTensor<Self> {
+    fn fused_gated(g: FloatTensor<Self>, u: FloatTensor<Self>, gate: Activation) -> FloatTensor<Self> {
         let prepared = GatedBackward.prepare::<C>([g.node(), u.node()]).compute_bound().stateful();
         let (g, u) = (g.into_primitive(), u.into_primitive());
         let y = B::fused_gated(g.clone(), u.clone(), gate);
@@ -256,7 +246,7 @@ impl<B: GatedOps, C: CheckpointStrategy> GatedOps for Autodiff<B, C> {
         g: FloatTensor<Self>,
         u: FloatTensor<Self>,
         d_y: FloatTensor<Self>,
-        gate: Gate,
+        gate: Activation,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let (dg, du) = B::fused_gated_backward(g.into_primitive(), u.into_primitive(), d_y.into_primitive(), gate);
         (Self::from_inner(dg), Self::from_inner(du))
@@ -267,7 +257,7 @@ impl<B: GatedOps, C: CheckpointStrategy> GatedOps for Autodiff<B, C> {
 struct GeluBackward;
 
 impl<B: GeluOps> Backward<B, 1> for GeluBackward {
-    type State = (FloatTensor<B>, Gelu);
+    type State = (FloatTensor<B>, Activation);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let [node_x] = ops.parents;
@@ -280,7 +270,7 @@ impl<B: GeluOps> Backward<B, 1> for GeluBackward {
 }
 
 impl<B: GeluOps, C: CheckpointStrategy> GeluOps for Autodiff<B, C> {
-    fn fused_gelu(x: FloatTensor<Self>, kind: Gelu) -> FloatTensor<Self> {
+    fn fused_gelu(x: FloatTensor<Self>, kind: Activation) -> FloatTensor<Self> {
         let prepared = GeluBackward.prepare::<C>([x.node()]).compute_bound().stateful();
         let x = x.into_primitive();
         let y = B::fused_gelu(x.clone(), kind);
@@ -290,7 +280,7 @@ impl<B: GeluOps, C: CheckpointStrategy> GeluOps for Autodiff<B, C> {
         }
     }
 
-    fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>, kind: Gelu) -> FloatTensor<Self> {
+    fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>, kind: Activation) -> FloatTensor<Self> {
         Self::from_inner(B::fused_gelu_backward(x.into_primitive(), d_y.into_primitive(), kind))
     }
 }
@@ -301,26 +291,35 @@ mod tests {
     use burn::tensor::{Device, Distribution, TensorData};
     use ember_test_support::{max_abs_diff, values};
 
+    const ALL: [Activation; 3] = [Activation::Gelu, Activation::GeluTanh, Activation::Silu];
+
+    /// Burn's own activation, the reference.
+    fn reference(activation: Activation, x: Tensor<2>) -> Tensor<2> {
+        match activation {
+            Activation::Gelu => burn::tensor::activation::gelu(x),
+            Activation::GeluTanh => burn::tensor::activation::gelu_approximate(x),
+            Activation::Silu => burn::tensor::activation::silu(x),
+        }
+    }
+
     #[test]
-    fn fused_gelus_equal_burns_forward_and_backward() {
+    fn fused_activations_equal_burns_forward_and_backward() {
         let dev = Device::flex();
         let device = dev.clone().autodiff();
         for n in [7, 40_000] {
             let x = values(Tensor::<2>::random([2, n], Distribution::Normal(0.0, 3.0), &dev));
             let w = values(Tensor::<2>::random([2, n], Distribution::Normal(0.0, 1.0), &dev));
-            let run = |kind: Gelu, fused: bool| {
+            let run = |kind: Activation, fused: bool| {
                 let x = Tensor::<2>::from_data(TensorData::new(x.clone(), [2, n]), &device).require_grad();
                 let w = Tensor::<2>::from_data(TensorData::new(w.clone(), [2, n]), &device);
-                let y = match (kind, fused) {
-                    (Gelu::Exact, true) => gelu(x.clone()),
-                    (Gelu::Exact, false) => burn::tensor::activation::gelu(x.clone()),
-                    (Gelu::Tanh, true) => gelu_tanh(x.clone()),
-                    (Gelu::Tanh, false) => burn::tensor::activation::gelu_approximate(x.clone()),
+                let y = match fused {
+                    true => Tensor::from_dispatch(<Dispatch as GeluOps>::fused_gelu(x.clone().into_dispatch(), kind)),
+                    false => reference(kind, x.clone()),
                 };
                 let grads = (y.clone() * w).sum().backward();
                 [values(y.inner()), values(x.grad(&grads).unwrap())]
             };
-            for kind in [Gelu::Exact, Gelu::Tanh] {
+            for kind in ALL {
                 for (what, (a, b)) in ["y", "dx"].iter().zip(run(kind, true).iter().zip(&run(kind, false))) {
                     let diff = max_abs_diff(a, b);
                     assert!(diff <= 1e-4, "{kind:?} {what}, n {n}: max abs error {diff}");
@@ -336,21 +335,23 @@ mod tests {
         for n in [7, 40_000] {
             let [g, u, w] =
                 [3.0, 1.0, 1.0].map(|s| values(Tensor::<2>::random([2, n], Distribution::Normal(0.0, s), &dev)));
-            let run = |gate: Gate, fused: bool| {
+            let run = |gate: Activation, fused: bool| {
                 let leaf =
                     |v: &Vec<f32>| Tensor::<2>::from_data(TensorData::new(v.clone(), [2, n]), &device).require_grad();
                 let (g, u) = (leaf(&g), leaf(&u));
                 let w = Tensor::<2>::from_data(TensorData::new(w.clone(), [2, n]), &device);
-                let y = match (gate, fused) {
-                    (Gate::Silu, true) => swiglu(g.clone(), u.clone()),
-                    (Gate::Silu, false) => burn::tensor::activation::silu(g.clone()) * u.clone(),
-                    (Gate::GeluTanh, true) => geglu(g.clone(), u.clone()),
-                    (Gate::GeluTanh, false) => burn::tensor::activation::gelu_approximate(g.clone()) * u.clone(),
+                let y = match fused {
+                    true => Tensor::from_dispatch(<Dispatch as GatedOps>::fused_gated(
+                        g.clone().into_dispatch(),
+                        u.clone().into_dispatch(),
+                        gate,
+                    )),
+                    false => reference(gate, g.clone()) * u.clone(),
                 };
                 let grads = (y.clone() * w.clone()).sum().backward();
                 [values(y.inner()), values(g.grad(&grads).unwrap()), values(u.grad(&grads).unwrap())]
             };
-            for gate in [Gate::Silu, Gate::GeluTanh] {
+            for gate in ALL {
                 for (what, (a, b)) in ["y", "dg", "du"].iter().zip(run(gate, true).iter().zip(&run(gate, false))) {
                     let diff = max_abs_diff(a, b);
                     assert!(diff <= 1e-4, "{gate:?} {what}, n {n}: max abs error {diff}");
