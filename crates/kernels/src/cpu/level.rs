@@ -86,12 +86,7 @@ pub fn has_vnni() -> bool {
 /// The kernels' level in one line, with gemm's (which follows the CPU, not `EMBER_CPU_LEVEL`), for benchmark headers.
 pub fn describe() -> String {
     let vnni = if has_vnni() { " + VNNI" } else { "" };
-    let gemm = match CpuLevel::detected() {
-        CpuLevel::Avx512 => "avx512",
-        CpuLevel::Avx2 => "avx2",
-        CpuLevel::Portable => "portable",
-    };
-    format!("CPU kernels {}{vnni}, matrix products gemm {gemm}", cpu_level())
+    format!("CPU kernels {}{vnni}, matrix products gemm {}", cpu_level(), CpuLevel::detected())
 }
 
 #[cfg(test)]
