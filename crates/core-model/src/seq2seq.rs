@@ -176,6 +176,11 @@ impl Seq2Seq {
         Init::load(tensors, device, |init| Self::build(config, init))
     }
 
+    /// Whether the parameter at `path` is an embedding table (weight decay on these is configurable).
+    pub fn is_embedding(path: &str) -> bool {
+        path.starts_with("src_emb.") || path.starts_with("tgt_emb.")
+    }
+
     fn build(config: &Seq2SeqConfig, init: &mut Init) -> Self {
         let m = &config.model;
         let d = m.d_model;

@@ -6,6 +6,7 @@ use std::path::Path;
 use anyhow::{Context, Result, anyhow, bail};
 use ember_core_model::ModelConfig;
 use ember_serve::GenerationRequest;
+use ember_train::config::TaskKind;
 use ember_train::translation::TranslationConfig;
 use ember_train::{DataConfig, TrainConfig};
 use serde::{Deserialize, Serialize};
@@ -31,7 +32,7 @@ impl RunConfig {
     pub fn validate(&self) -> Result<(), ember_core_model::Invalid> {
         self.model.validate()?;
         self.data.validate()?;
-        self.train.validate(&self.model)?;
+        self.train.validate(TaskKind::LanguageModel, &self.model)?;
         self.sample.validate()
     }
 
@@ -152,6 +153,24 @@ mod tests {
         let err = RunConfig::load(&baby(), &["max_steps=3".into()]).unwrap_err().to_string();
         assert!(err.contains("expected section.key=value"), "{err}");
         assert!(!err.contains('\n'));
+    }
+
+    #[test]
+    fn one_train_section_serves_both_tasks_and_each_refuses_the_others_keys() {
+        let err = RunConfig::load(&baby(), &["train.max_tokens=4096".into()]).unwrap_err().to_string();
+        let expected = "train.max_tokens = (set): a translator's key; a language model's [train] reads batch_size, \
+                        seq_len, eval_iters instead";
+        assert!(err.contains(expected), "{err}");
+        let bible = baby().with_file_name("bible-en-es.toml");
+        let err = AnyRunConfig::load(&bible, &["train.eval_iters=5".into()]).err().unwrap().to_string();
+        assert!(err.contains("train.eval_iters = (set): a language model's key; a translator's [train]"), "{err}");
+        let sets = ["train.schedule=\"cosine\"".into(), "train.weight_decay=0.1".into(), "train.min_lr=1e-4".into()];
+        let Ok(AnyRunConfig::Translation(config)) = AnyRunConfig::load(&bible, &sets) else { panic!("not loaded") };
+        assert_eq!(config.train.schedule(TaskKind::Translation), ember_train::config::ScheduleKind::Cosine);
+        let adam = config.train.adamw(TaskKind::Translation);
+        assert_eq!((adam.beta2, adam.eps, adam.weight_decay), (0.98, 1e-9, 0.1));
+        let lm = RunConfig::load(&baby(), &[]).unwrap().train.adamw(TaskKind::LanguageModel);
+        assert_eq!(lm.beta2, 0.99, "the baby GPT's own beta2");
     }
 
     #[test]

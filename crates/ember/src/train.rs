@@ -128,7 +128,7 @@ fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn C
     let seq_len = config.train.seq_len(&config.model);
     corpus.check_fits(&config.data.corpus, seq_len)?;
     if devices::on_host(device_choice) {
-        crate::admission::admit_training(&config.model, config.train.batch_size, seq_len)?;
+        crate::admission::admit_training(&config.model, config.train.batch_size(), seq_len)?;
     }
     // The sample printed after training, checked before the first step rather than after the last.
     if !args.no_sample {
@@ -157,7 +157,7 @@ fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn C
         .sum::<usize>();
     let parallel = match ranks {
         1 => String::new(),
-        _ => format!(" ({ranks} ranks × batch {})", config.train.batch_size),
+        _ => format!(" ({ranks} ranks × batch {})", config.train.batch_size()),
     };
     if writes {
         println!(

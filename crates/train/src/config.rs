@@ -4,8 +4,10 @@ use std::path::{Path, PathBuf};
 
 use ember_core_model::ModelConfig;
 use ember_core_model::config::{Invalid, require};
+use ember_core_model::params::ParamInfo;
 
 use crate::loss_scale::LossScaling;
+use crate::optim::AdamWConfig;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,22 +93,64 @@ pub enum ScheduleKind {
     Constant,
 }
 
+/// The task a `[train]` section drives: which batch and evaluation keys it reads, and its optimizer defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskKind {
+    LanguageModel,
+    Translation,
+}
+
+impl TaskKind {
+    fn name(self) -> &'static str {
+        match self {
+            TaskKind::LanguageModel => "a language model's",
+            TaskKind::Translation => "a translator's",
+        }
+    }
+
+    /// nanoGPT's cosine decay for language models; Vaswani et al.'s schedule for translation.
+    fn schedule(self) -> ScheduleKind {
+        match self {
+            TaskKind::LanguageModel => ScheduleKind::Cosine,
+            TaskKind::Translation => ScheduleKind::Noam,
+        }
+    }
+
+    /// Adam's (β₂, ε): PyTorch's (0.999, 1e-8) for language models, Vaswani et al.'s (0.98, 1e-9) for translation.
+    fn adam(self) -> (f64, f64) {
+        match self {
+            TaskKind::LanguageModel => (0.999, 1e-8),
+            TaskKind::Translation => (0.98, 1e-9),
+        }
+    }
+}
+
+/// `[train]`, one section for both tasks: the loop, AdamW and the schedule, and each task's batch and evaluation
+/// keys (language model: `batch_size`, `seq_len`, `eval_iters`; translation: `max_tokens`, `label_smoothing`,
+/// `bleu_sentences`, `keep_checkpoints`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
     #[serde(default = "default_seed")]
     pub seed: u64,
-    pub batch_size: usize,
-    /// Tokens per training window; defaults to `model.block_size`.
+    /// Language model: sequences per batch (12 when absent, as nanoGPT).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<usize>,
+    /// Language model: tokens per training window; defaults to `model.block_size`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seq_len: Option<usize>,
+    /// Translation: tokens per batch, padding included (rows × longest side; 4096 when absent, as fairseq's
+    /// `--max-tokens` in its recipes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<usize>,
     pub max_steps: u64,
     /// Stop after this many minutes of training (evaluating and checkpointing first); unset: train to `max_steps`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_minutes: Option<f64>,
-    /// Micro-batches whose gradients are summed into one optimizer step.
+    /// Batches whose gradients are summed into one optimizer step (fairseq's `--update-freq`).
     #[serde(default = "one")]
     pub grad_accum: usize,
+    /// The peak learning rate (cosine, constant), or the factor of Vaswani et al.'s schedule (noam).
     pub lr: f64,
     #[serde(default)]
     pub min_lr: f64,
@@ -115,14 +159,17 @@ pub struct TrainConfig {
     /// Step at which cosine decay reaches `min_lr`; defaults to `max_steps`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decay_steps: Option<u64>,
-    #[serde(default = "default_schedule")]
-    pub schedule: ScheduleKind,
+    /// Cosine for language models, noam for translation when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<ScheduleKind>,
     #[serde(default = "default_beta1")]
     pub beta1: f64,
-    #[serde(default = "default_beta2")]
-    pub beta2: f64,
-    #[serde(default = "default_eps")]
-    pub eps: f64,
+    /// 0.999 for language models, 0.98 for translation when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beta2: Option<f64>,
+    /// 1e-8 for language models, 1e-9 for translation when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eps: Option<f64>,
     /// Decoupled weight decay on 2-D weight matrices (never on biases or norm gains).
     #[serde(default)]
     pub weight_decay: f64,
@@ -132,11 +179,22 @@ pub struct TrainConfig {
     /// Clip the global gradient norm to this value; 0 turns clipping off.
     #[serde(default)]
     pub grad_clip: f64,
+    /// Translation: label smoothing ε of the loss (0.1 when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_smoothing: Option<f64>,
     pub eval_interval: u64,
-    pub eval_iters: usize,
+    /// Language model: batches averaged for each split's loss at an evaluation (200 when absent, as nanoGPT).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_iters: Option<usize>,
+    /// Translation: validation sentences translated (greedily) for BLEU at each evaluation (200 when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bleu_sentences: Option<usize>,
     /// Steps between checkpoints; defaults to `eval_interval`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_interval: Option<u64>,
+    /// Translation: checkpoints kept (the last ones), for `ember average` (5 when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_checkpoints: Option<usize>,
     /// The run directory.
     pub out_dir: PathBuf,
     /// `model.dtype = "f16"`: the first loss scale (2¹⁶, as PyTorch's `GradScaler`).
@@ -155,40 +213,47 @@ fn default_growth_interval() -> u64 {
     LossScaling::default().growth_interval
 }
 
-pub(crate) fn default_seed() -> u64 {
+fn default_seed() -> u64 {
     1337
 }
-pub(crate) fn one() -> usize {
+fn one() -> usize {
     1
 }
 pub(crate) fn yes() -> bool {
     true
 }
-fn default_schedule() -> ScheduleKind {
-    ScheduleKind::Cosine
-}
-pub(crate) fn default_beta1() -> f64 {
+fn default_beta1() -> f64 {
     0.9
-}
-fn default_beta2() -> f64 {
-    0.999
-}
-fn default_eps() -> f64 {
-    1e-8
 }
 
 impl TrainConfig {
-    pub fn validate(&self, model: &ModelConfig) -> Result<(), Invalid> {
+    /// Checks the keys `task` reads and refuses the other task's.
+    pub fn validate(&self, task: TaskKind, model: &ModelConfig) -> Result<(), Invalid> {
         require_out_dir(&self.out_dir)?;
-        require(self.batch_size >= 1, "train.batch_size", self.batch_size, "at least 1")?;
-        if let Some(t) = self.seq_len {
-            require(t >= 1, "train.seq_len", t, "at least 1")?;
-            require(
-                t <= model.block_size,
-                "train.seq_len",
-                t,
-                format!("at most model.block_size = {} (the rows of the position table)", model.block_size),
-            )?;
+        let keys = self.task_keys();
+        let own: Vec<&str> = keys.iter().filter(|k| k.0 == task).map(|k| k.1).collect();
+        for (owner, key, set) in keys {
+            let why = || format!("{} key; {} [train] reads {} instead", owner.name(), task.name(), own.join(", "));
+            require(owner == task || !set, &format!("train.{key}"), "(set)", why())?;
+        }
+        match task {
+            TaskKind::LanguageModel => {
+                let batch = self.batch_size();
+                require(batch >= 1, "train.batch_size", batch, "at least 1")?;
+                if let Some(t) = self.seq_len {
+                    require(t >= 1, "train.seq_len", t, "at least 1")?;
+                    let rows =
+                        format!("at most model.block_size = {} (the rows of the position table)", model.block_size);
+                    require(t <= model.block_size, "train.seq_len", t, rows)?;
+                }
+                require(self.eval_iters() >= 1, "train.eval_iters", self.eval_iters(), "at least 1")?;
+            }
+            TaskKind::Translation => {
+                let smoothing = self.label_smoothing();
+                require((0.0..1.0).contains(&smoothing), "train.label_smoothing", smoothing, "in [0, 1)")?;
+                let keep = self.keep_checkpoints();
+                require(keep >= 1, "train.keep_checkpoints", keep, "at least 1")?;
+            }
         }
         require(self.max_steps >= 1, "train.max_steps", self.max_steps, "at least 1")?;
         if let Some(m) = self.max_minutes {
@@ -202,7 +267,7 @@ impl TrainConfig {
             self.min_lr,
             format!("in [0, train.lr = {}]", self.lr),
         )?;
-        if self.schedule == ScheduleKind::Noam {
+        if self.schedule(task) == ScheduleKind::Noam {
             require(
                 self.warmup_steps >= 1,
                 "train.warmup_steps",
@@ -218,13 +283,13 @@ impl TrainConfig {
                 format!("at least train.warmup_steps = {}", self.warmup_steps),
             )?;
         }
-        require((0.0..1.0).contains(&self.beta1), "train.beta1", self.beta1, "in [0, 1)")?;
-        require((0.0..1.0).contains(&self.beta2), "train.beta2", self.beta2, "in [0, 1)")?;
-        require(self.eps > 0.0, "train.eps", self.eps, "a number > 0")?;
+        let adam = self.adamw(task);
+        require((0.0..1.0).contains(&adam.beta1), "train.beta1", adam.beta1, "in [0, 1)")?;
+        require((0.0..1.0).contains(&adam.beta2), "train.beta2", adam.beta2, "in [0, 1)")?;
+        require(adam.eps > 0.0, "train.eps", adam.eps, "a number > 0")?;
         require(self.weight_decay >= 0.0, "train.weight_decay", self.weight_decay, "a number ≥ 0")?;
         require(self.grad_clip >= 0.0, "train.grad_clip", self.grad_clip, "a number ≥ 0 (0 turns clipping off)")?;
         require(self.eval_interval >= 1, "train.eval_interval", self.eval_interval, "at least 1")?;
-        require(self.eval_iters >= 1, "train.eval_iters", self.eval_iters, "at least 1")?;
         if let Some(c) = self.checkpoint_interval {
             require(c >= 1, "train.checkpoint_interval", c, "at least 1")?;
         }
@@ -235,8 +300,63 @@ impl TrainConfig {
         Ok(())
     }
 
+    /// Each task's own keys, and whether the section sets it.
+    fn task_keys(&self) -> [(TaskKind, &'static str, bool); 7] {
+        use TaskKind::{LanguageModel as Lm, Translation as Mt};
+        [
+            (Lm, "batch_size", self.batch_size.is_some()),
+            (Lm, "seq_len", self.seq_len.is_some()),
+            (Lm, "eval_iters", self.eval_iters.is_some()),
+            (Mt, "max_tokens", self.max_tokens.is_some()),
+            (Mt, "label_smoothing", self.label_smoothing.is_some()),
+            (Mt, "bleu_sentences", self.bleu_sentences.is_some()),
+            (Mt, "keep_checkpoints", self.keep_checkpoints.is_some()),
+        ]
+    }
+
+    pub fn batch_size(&self) -> usize {
+        self.batch_size.unwrap_or(12)
+    }
+
     pub fn seq_len(&self, model: &ModelConfig) -> usize {
         self.seq_len.unwrap_or(model.block_size)
+    }
+
+    pub fn eval_iters(&self) -> usize {
+        self.eval_iters.unwrap_or(200)
+    }
+
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens.unwrap_or(4096)
+    }
+
+    pub fn label_smoothing(&self) -> f64 {
+        self.label_smoothing.unwrap_or(0.1)
+    }
+
+    pub fn bleu_sentences(&self) -> usize {
+        self.bleu_sentences.unwrap_or(200)
+    }
+
+    pub fn keep_checkpoints(&self) -> usize {
+        self.keep_checkpoints.unwrap_or(5)
+    }
+
+    pub fn schedule(&self, task: TaskKind) -> ScheduleKind {
+        self.schedule.unwrap_or(task.schedule())
+    }
+
+    /// AdamW's settings, with `task`'s defaults for what is absent.
+    pub fn adamw(&self, task: TaskKind) -> AdamWConfig {
+        let (beta2, eps) = task.adam();
+        let (beta2, eps) = (self.beta2.unwrap_or(beta2), self.eps.unwrap_or(eps));
+        AdamWConfig { beta1: self.beta1, beta2, eps, weight_decay: self.weight_decay }
+    }
+
+    /// Decoupled decay on 2-D weight matrices; on the embedding tables (`is_embedding` of the path) only when
+    /// `decay_embeddings`.
+    pub fn decays(&self, param: &ParamInfo, is_embedding: fn(&str) -> bool) -> bool {
+        param.shape.len() == 2 && (self.decay_embeddings || !is_embedding(&param.path))
     }
 
     pub fn decay_steps(&self) -> u64 {

@@ -10,12 +10,10 @@ use ember_core_model::{CausalLm, ModelConfig, Rng};
 use serde::{Deserialize, Serialize};
 
 use crate::collective::{Collective, Shard};
-use crate::config::TrainConfig;
+use crate::config::{TaskKind, TrainConfig};
 use crate::corpus::{Corpus, Sampler, Tokens};
 use crate::loss::lm_loss;
-use crate::loss_scale::LossScaling;
 use crate::metrics::Evaluation;
-use crate::optim::AdamWConfig;
 use crate::schedule::learning_rate;
 use crate::trainer::{BatchLoss, LoopConfig, Task, TrainError, TrainLoop};
 
@@ -76,16 +74,15 @@ impl Task for LanguageModel {
     }
 
     fn learning_rate(&self, step: u64) -> f64 {
-        learning_rate(&self.config, self.model_config.d_model, step)
+        learning_rate(&self.config, TaskKind::LanguageModel, self.model_config.d_model, step)
     }
 
-    /// Decoupled decay on 2-D weight matrices; embeddings only when configured.
-    fn decays(&self, p: &ParamInfo) -> bool {
-        p.shape.len() == 2 && (self.config.decay_embeddings || !CausalLm::is_embedding(&p.path))
+    fn decays(&self, param: &ParamInfo) -> bool {
+        self.config.decays(param, CausalLm::is_embedding)
     }
 
     fn next_loss(&mut self, model: &CausalLm) -> BatchLoss {
-        let (b, t) = (self.config.batch_size, self.seq_len());
+        let (b, t) = (self.config.batch_size(), self.seq_len());
         let batch = self.sampler.shard(&self.corpus.train, b, t, self.shard, &self.device);
         BatchLoss { loss: lm_loss(model.forward(batch.x), batch.y, None), tokens: b * t }
     }
@@ -99,12 +96,12 @@ impl Task for LanguageModel {
     fn evaluate(&mut self, model: &CausalLm, step: u64, collective: &dyn Collective) -> Result<LmReport, TrainError> {
         let model = model.valid();
         let inner = self.device.clone().inner();
-        let (b, t) = (self.config.batch_size, self.seq_len());
+        let (b, t) = (self.config.batch_size(), self.seq_len());
         // Σ over this rank's batches of its mean loss: every shard has b windows, so the ranks' sums add up to
         // ranks × Σ of the batch means.
         let loss_sum = |tokens: &Tokens, seed: u64| {
             let mut sampler = Sampler::new(seed);
-            (0..self.config.eval_iters)
+            (0..self.config.eval_iters())
                 .map(|_| {
                     let batch = sampler.shard(tokens, b, t, self.shard, &inner);
                     lm_loss(model.forward(batch.x), batch.y, None).into_scalar::<f32>()
@@ -114,7 +111,7 @@ impl Task for LanguageModel {
         let seed = self.config.seed.wrapping_add(2);
         let mut sums = [loss_sum(&self.corpus.train, seed), loss_sum(&self.corpus.val, seed)];
         collective.all_reduce_sum(&mut sums);
-        let mean = |sum: f32| sum / (self.config.eval_iters * self.shard.ranks) as f32;
+        let mean = |sum: f32| sum / (self.config.eval_iters() * self.shard.ranks) as f32;
         Ok(LmReport { step, train_loss: mean(sums[0]), val_loss: mean(sums[1]) })
     }
 
@@ -125,22 +122,6 @@ impl Task for LanguageModel {
     fn restore(&mut self, state: LmState, _run_dir: &Path) -> Result<(), TrainError> {
         self.sampler = state.sampler;
         Ok(())
-    }
-}
-
-impl From<&TrainConfig> for LoopConfig {
-    fn from(c: &TrainConfig) -> Self {
-        LoopConfig {
-            max_steps: c.max_steps,
-            max_minutes: c.max_minutes,
-            grad_accum: c.grad_accum,
-            grad_clip: c.grad_clip,
-            eval_interval: c.eval_interval,
-            eval_at_start: true,
-            checkpoint_interval: c.checkpoint_interval(),
-            adamw: AdamWConfig { beta1: c.beta1, beta2: c.beta2, eps: c.eps, weight_decay: c.weight_decay },
-            loss_scaling: LossScaling { init: c.loss_scale, growth_interval: c.loss_scale_growth_interval },
-        }
     }
 }
 
@@ -159,7 +140,7 @@ impl TrainLoop<LanguageModel> {
         let device = device.clone().autodiff();
         let model = CausalLm::new(&model_config, &mut Rng::new(config.seed), &device);
         let sampler = Sampler::new(config.seed.wrapping_add(1));
-        let loop_config = LoopConfig::from(&config);
+        let loop_config = LoopConfig::of(&config, TaskKind::LanguageModel);
         let task = LanguageModel { model_config, config, corpus, sampler, shard: Shard::WHOLE, device };
         TrainLoop::fresh(task, model, loop_config, run_dir)
     }
@@ -179,7 +160,7 @@ impl TrainLoop<LanguageModel> {
 
     /// Tokens per optimizer step, all ranks'.
     pub fn tokens_per_step(&self) -> usize {
-        self.task.config.batch_size * self.task.seq_len() * self.task.config.grad_accum * self.shard().ranks
+        self.task.config.batch_size() * self.task.seq_len() * self.task.config.grad_accum * self.shard().ranks
     }
 }
 

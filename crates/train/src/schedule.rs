@@ -1,11 +1,11 @@
 //! Learning-rate schedules, as a function of the optimizer step s (0-based).
 
-use crate::config::{ScheduleKind, TrainConfig};
+use crate::config::{ScheduleKind, TaskKind, TrainConfig};
 
-/// The learning rate for step `s` of a run configured by `train`, for a model of width `d_model`.
-pub fn learning_rate(train: &TrainConfig, d_model: usize, s: u64) -> f64 {
+/// The learning rate for step `s` of a `task` run configured by `train`, for a model of width `d_model`.
+pub fn learning_rate(train: &TrainConfig, task: TaskKind, d_model: usize, s: u64) -> f64 {
     let w = train.warmup_steps;
-    match train.schedule {
+    match train.schedule(task) {
         ScheduleKind::Cosine => cosine(train.lr, train.min_lr, w, train.decay_steps(), s),
         ScheduleKind::Noam => train.lr * noam(d_model, w, s + 1),
         ScheduleKind::Constant if s < w => train.lr * (s + 1) as f64 / (w + 1) as f64,

@@ -21,6 +21,7 @@ use serde::de::DeserializeOwned;
 
 use crate::checkpoint::{self, CheckpointError, TrainState};
 use crate::collective::{Collective, Shard, Single};
+use crate::config::{TaskKind, TrainConfig};
 use crate::loss_scale::{LossScaler, LossScaling, ScaleChange, ScaleStep};
 use crate::metrics::{self, Evaluation, MetricsWriter, StepReport};
 use crate::optim::{AdamW, AdamWConfig, clip_scale, global_grad_norm};
@@ -137,6 +138,23 @@ pub struct LoopConfig {
     pub adamw: AdamWConfig,
     /// The loss scale of f16 training.
     pub loss_scaling: LossScaling,
+}
+
+impl LoopConfig {
+    /// The loop of a `task` run configured by `train` (a language model also evaluates the untrained model).
+    pub fn of(train: &TrainConfig, task: TaskKind) -> Self {
+        LoopConfig {
+            max_steps: train.max_steps,
+            max_minutes: train.max_minutes,
+            grad_accum: train.grad_accum,
+            grad_clip: train.grad_clip,
+            eval_interval: train.eval_interval,
+            eval_at_start: task == TaskKind::LanguageModel,
+            checkpoint_interval: train.checkpoint_interval(),
+            adamw: train.adamw(task),
+            loss_scaling: LossScaling { init: train.loss_scale, growth_interval: train.loss_scale_growth_interval },
+        }
+    }
 }
 
 /// Time spent in each phase of the training steps (the CPU backends run eagerly, so the clock sees each phase).

@@ -76,7 +76,7 @@ pub fn bench_train(args: BenchTrainArgs, device: DeviceChoice, collective: Rc<dy
     model_config.vocab_size = Some(model_config.vocab_size.map_or(vocab, |v| v.max(vocab)));
     if on_host {
         let seq_len = config.train.seq_len(&model_config);
-        crate::admission::admit_training(&model_config, config.train.batch_size, seq_len)?;
+        crate::admission::admit_training(&model_config, config.train.batch_size(), seq_len)?;
     }
     let resolved = scratch.path().join("config.toml");
     std::fs::write(&resolved, RunConfig { model: model_config.clone(), ..config.clone() }.to_toml())?;

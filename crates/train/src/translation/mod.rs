@@ -22,17 +22,16 @@ use ember_core_model::seq2seq::Seq2Seq;
 use serde::{Deserialize, Serialize};
 
 use crate::collective::{Collective, Shard};
+use crate::config::TaskKind;
 use crate::loss::smoothed_loss;
-use crate::loss_scale::LossScaling;
 use crate::metrics::Evaluation;
-use crate::optim::AdamWConfig;
 use crate::parallel::{
     Pair, PairBatch, ParallelError, Vocabularies, encode_pairs, read_aligned, read_tsv, token_batches,
 };
-use crate::schedule::noam;
+use crate::schedule::learning_rate;
 use crate::trainer::{BatchLoss, LoopConfig, Task, TaskError, TrainError, TrainLoop};
 
-pub use config::{ParallelDataConfig, Seq2SeqSection, TranslationConfig, TranslationTrainConfig};
+pub use config::{ParallelDataConfig, Seq2SeqSection, TranslationConfig};
 pub use stored::{CHECKPOINTS, Translator, average, checkpoints, load};
 use stored::{load_vocabularies, save_vocabularies, step_files};
 
@@ -164,10 +163,10 @@ impl Translation {
         let inner = self.device.clone().inner();
         let mut order = Rng::new(0);
         let (mut total, mut tokens) = (0.0f64, 0usize);
-        for rows in token_batches(&self.valid, self.config.train.max_tokens, &mut order) {
+        for rows in token_batches(&self.valid, self.config.train.max_tokens(), &mut order) {
             let b = PairBatch::new(&self.valid, &rows, &inner);
             let logits = model.forward(b.src, &b.src_lengths, b.tgt_in);
-            let loss = smoothed_loss(logits, b.tgt_out, b.mask, self.config.train.label_smoothing);
+            let loss = smoothed_loss(logits, b.tgt_out, b.mask, self.config.train.label_smoothing());
             total += loss.into_scalar::<f32>() as f64 * b.tokens as f64;
             tokens += b.tokens;
         }
@@ -181,7 +180,7 @@ impl Translation {
 
     /// The epoch's batches, of `max_tokens` per rank: each global batch holds about `max_tokens` for every rank.
     fn epoch_batches(&mut self) -> Vec<Vec<usize>> {
-        token_batches(&self.train, self.config.train.max_tokens * self.shard.ranks, &mut self.rng)
+        token_batches(&self.train, self.config.train.max_tokens() * self.shard.ranks, &mut self.rng)
     }
 }
 
@@ -211,14 +210,13 @@ impl Task for Translation {
     type State = TranslationState;
     type Report = TranslationReport;
 
-    /// Vaswani et al. (2017) eq. 3, scaled by train.lr.
+    /// Vaswani et al. (2017) eq. 3 scaled by train.lr, unless `train.schedule` names another.
     fn learning_rate(&self, step: u64) -> f64 {
-        let t = &self.config.train;
-        t.lr * noam(self.config.model.d_model, t.warmup_steps, step + 1)
+        learning_rate(&self.config.train, TaskKind::Translation, self.config.model.d_model, step)
     }
 
-    fn decays(&self, _param: &ParamInfo) -> bool {
-        false
+    fn decays(&self, param: &ParamInfo) -> bool {
+        self.config.train.decays(param, Seq2Seq::is_embedding)
     }
 
     /// This rank's rows of the next batch of the epoch, starting a newly shuffled epoch when this one is done. A
@@ -237,7 +235,7 @@ impl Task for Translation {
         self.position += 1;
         let tokens = if mine.is_empty() { 0 } else { b.tokens };
         let logits = model.forward(b.src, &b.src_lengths, b.tgt_in);
-        BatchLoss { loss: smoothed_loss(logits, b.tgt_out, b.mask, self.config.train.label_smoothing), tokens }
+        BatchLoss { loss: smoothed_loss(logits, b.tgt_out, b.mask, self.config.train.label_smoothing()), tokens }
     }
 
     /// Also redraws the current epoch's batches (a resumed run's) for the new number of ranks.
@@ -252,7 +250,7 @@ impl Task for Translation {
     /// Validation loss, and the BLEU of the first `bleu_sentences` validation pairs (each rank computes both).
     fn evaluate(&mut self, model: &Seq2Seq, step: u64, _: &dyn Collective) -> Result<TranslationReport, TrainError> {
         let val_loss = self.validation_loss(model);
-        let sentences = &self.valid_text[..self.config.train.bleu_sentences.min(self.valid_text.len())];
+        let sentences = &self.valid_text[..self.config.train.bleu_sentences().min(self.valid_text.len())];
         let bleu = (self.bleu)(&model.valid(), &self.vocab, sentences).map_err(|cause| TrainError::Evaluation {
             step,
             cause: format!("scoring validation BLEU: {cause}").into(),
@@ -301,26 +299,10 @@ impl Task for Translation {
         fs::create_dir_all(&dir).map_err(|cause| TrainError::Io { path: dir.clone(), cause })?;
         bundle::save_tensors(&dir.join(format!("step-{step}.safetensors")), weights, HashMap::new())?;
         let all = step_files(&dir).map_err(|cause| TrainError::Io { path: dir.clone(), cause })?;
-        for (_, old) in all.iter().rev().skip(self.config.train.keep_checkpoints) {
+        for (_, old) in all.iter().rev().skip(self.config.train.keep_checkpoints()) {
             fs::remove_file(old).map_err(|cause| TrainError::Io { path: old.clone(), cause })?;
         }
         Ok(())
-    }
-}
-
-impl From<&TranslationTrainConfig> for LoopConfig {
-    fn from(t: &TranslationTrainConfig) -> Self {
-        LoopConfig {
-            max_steps: t.max_steps,
-            max_minutes: t.max_minutes,
-            grad_accum: t.grad_accum,
-            grad_clip: t.grad_clip,
-            eval_interval: t.eval_interval,
-            eval_at_start: false,
-            checkpoint_interval: t.checkpoint_interval,
-            adamw: AdamWConfig { beta1: t.beta1, beta2: t.beta2, eps: t.eps, weight_decay: 0.0 },
-            loss_scaling: LossScaling::default(),
-        }
     }
 }
 
@@ -344,7 +326,7 @@ impl TrainLoop<Translation> {
         let saved = TranslationConfig { model: seq2seq.model, ..config };
         let text = toml::to_string(&saved).expect("a translation config is TOML");
         bundle::write_atomic(&run_dir.join(bundle::CONFIG), text.as_bytes())?;
-        let loop_config = LoopConfig::from(&saved.train);
+        let loop_config = LoopConfig::of(&saved.train, TaskKind::Translation);
         let task = Translation::build(saved, vocab, &train_text, valid_text, rng, device, bleu)?;
         Ok(TrainLoop::fresh(task, model, loop_config, &run_dir))
     }
@@ -383,7 +365,7 @@ impl TrainLoop<Translation> {
         let device = device.clone().autodiff();
         let mut rng = Rng::new(config.train.seed);
         let model = Seq2Seq::new(&config.seq2seq_config(&vocab), &mut rng, &device);
-        let loop_config = LoopConfig::from(&config.train);
+        let loop_config = LoopConfig::of(&config.train, TaskKind::Translation);
         let task = Translation::build(config, vocab, &train_text, valid_text, rng, device, bleu)?;
         Ok((task, model, loop_config))
     }
