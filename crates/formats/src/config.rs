@@ -164,13 +164,11 @@ impl Display for Precision {
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     /// Token vocabulary; taken from the tokenizer when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vocab_size: Option<usize>,
     pub n_layers: usize,
     pub n_heads: usize,
     pub d_model: usize,
     /// Width of each attention head; d_model / n_heads when absent (Gemma 3 and DeepSeek-V2 set their own).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_dim: Option<usize>,
     /// Context length (rows of the learned position table).
     pub block_size: usize,
@@ -192,32 +190,25 @@ pub struct ModelConfig {
     #[serde(default)]
     pub ffn: FfnKind,
     /// Hidden width of the feed-forward network; 4d, or 8/3·d rounded up to a multiple of 64 for SwiGLU.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub d_ff: Option<usize>,
     #[serde(default)]
     pub positions: PositionKind,
     #[serde(default = "default_theta")]
     pub rope_theta: f64,
     /// RoPE's frequencies stretched to a longer context than the model was trained on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_scaling: Option<RopeScaling>,
     #[serde(default)]
     pub attention: AttentionKind,
     /// Key/value heads g (GQA; g = n_heads is MHA, 1 is MQA); n_heads when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n_kv_heads: Option<usize>,
     /// Bias on the QKV projection; `bias` when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qkv_bias: Option<bool>,
     /// Sliding causal window w: query i sees keys i − w < j ≤ i.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<usize>,
     /// With `window`: every n-th layer (layers n − 1, 2n − 1, …) attends to the whole context, the others in the
     /// window (Gemma 3: 6). Without it every layer has the window.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub global_every: Option<usize>,
     /// RoPE base of the windowed layers when `global_every` is set (`rope_theta` is the global layers').
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_local_theta: Option<f64>,
     /// RMSNorm of each head's query and key (γ over d_h, shared by the heads) before RoPE (Gemma 3, OLMo 2).
     #[serde(default, skip_serializing_if = "is_default")]
@@ -226,10 +217,8 @@ pub struct ModelConfig {
     #[serde(default, skip_serializing_if = "is_default")]
     pub embedding_scale: bool,
     /// MLA latent width d_c (cached per token per layer).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mla_latent_dim: Option<usize>,
     /// MLA decoupled RoPE key width d_R, shared across heads.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mla_rope_dim: Option<usize>,
     /// Output projection tied to the token embedding.
     #[serde(default = "yes")]
@@ -241,11 +230,9 @@ pub struct ModelConfig {
     pub feature_map: FeatureMap,
     /// Random features r when `attention_kernel = "favor"`, drawn once per layer from the layer's index
     /// ([`DEFAULT_FAVOR_FEATURES`] by default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub favor_features: Option<usize>,
     /// Optimizer steps between fresh draws of FAVOR+'s features while training (none: one draw for the whole run);
     /// inference keeps the draw the saved weights were last trained with.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub favor_redraw: Option<u64>,
     /// The float type of training's forward and backward passes (f16: mixed precision with dynamic loss scaling).
     #[serde(default, skip_serializing_if = "is_default")]

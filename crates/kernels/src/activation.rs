@@ -4,7 +4,7 @@
 //! activations.
 
 use burn::backend::flex::FlexTensor;
-use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension, tensor::FloatTensor};
+use burn::backend::{Backend, Dispatch, Flex, backend_extension, tensor::FloatTensor};
 use burn::tensor::Tensor;
 use rayon::prelude::*;
 
@@ -27,7 +27,11 @@ pub enum Activation {
 #[backend_extension(Flex, Autodiff)]
 pub trait GeluOps: Backend {
     fn fused_gelu(x: FloatTensor<Self>, kind: Activation) -> FloatTensor<Self>;
+}
 
+/// The fused activation's backward, run by the autodiff tape on the inner backend.
+#[backend_extension(Flex)]
+pub trait GeluGradOps: Backend {
     /// dx = dy ⊙ GELU'(x): Φ(x) + x φ(x) for the exact one.
     fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>, kind: Activation) -> FloatTensor<Self>;
 }
@@ -53,7 +57,11 @@ pub fn gelu_tanh<const D: usize>(x: Tensor<D>) -> Tensor<D> {
 pub trait GatedOps: Backend {
     /// act(g) ⊙ u.
     fn fused_gated(g: FloatTensor<Self>, u: FloatTensor<Self>, gate: Activation) -> FloatTensor<Self>;
+}
 
+/// The fused gated unit's backward, run by the autodiff tape on the inner backend.
+#[backend_extension(Flex)]
+pub trait GatedGradOps: Backend {
     /// (dg, du) = (dy ⊙ u ⊙ act'(g), dy ⊙ act(g)).
     fn fused_gated_backward(
         g: FloatTensor<Self>,
@@ -120,7 +128,9 @@ impl GeluOps for Flex {
         y.par_chunks_mut(CHUNK).zip(xs.par_chunks(CHUNK)).for_each(|(y, x)| gelu_chunk(y, x, kind));
         tensor(y, &shape)
     }
+}
 
+impl GeluGradOps for Flex {
     fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>, kind: Activation) -> FloatTensor<Self> {
         stay_awake();
         zip_map(x, d_y, |dx, x, dy| gelu_backward_chunk(dx, x, dy, kind))
@@ -197,7 +207,9 @@ impl GatedOps for Flex {
         stay_awake();
         zip_map(g, u, |y, g, u| gated_chunk(y, g, u, gate))
     }
+}
 
+impl GatedGradOps for Flex {
     fn fused_gated_backward(
         g: FloatTensor<Self>,
         u: FloatTensor<Self>,
@@ -219,7 +231,7 @@ impl GatedOps for Flex {
 #[derive(Debug)]
 struct GatedBackward;
 
-impl<B: GatedOps> Backward<B, 2> for GatedBackward {
+impl<B: GatedGradOps> Backward<B, 2> for GatedBackward {
     type State = (FloatTensor<B>, FloatTensor<B>, Activation);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
@@ -231,7 +243,7 @@ impl<B: GatedOps> Backward<B, 2> for GatedBackward {
     }
 }
 
-impl<B: GatedOps, C: CheckpointStrategy> GatedOps for Autodiff<B, C> {
+impl<B: GatedOps + GatedGradOps, C: CheckpointStrategy> GatedOps for Autodiff<B, C> {
     fn fused_gated(g: FloatTensor<Self>, u: FloatTensor<Self>, gate: Activation) -> FloatTensor<Self> {
         let prepared = GatedBackward.prepare::<C>([g.node(), u.node()]).compute_bound().stateful();
         let (g, u) = (g.into_primitive(), u.into_primitive());
@@ -241,22 +253,12 @@ impl<B: GatedOps, C: CheckpointStrategy> GatedOps for Autodiff<B, C> {
             OpsKind::UnTracked(prep) => prep.finish(y),
         }
     }
-
-    fn fused_gated_backward(
-        g: FloatTensor<Self>,
-        u: FloatTensor<Self>,
-        d_y: FloatTensor<Self>,
-        gate: Activation,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (dg, du) = B::fused_gated_backward(g.into_primitive(), u.into_primitive(), d_y.into_primitive(), gate);
-        (Self::from_inner(dg), Self::from_inner(du))
-    }
 }
 
 #[derive(Debug)]
 struct GeluBackward;
 
-impl<B: GeluOps> Backward<B, 1> for GeluBackward {
+impl<B: GeluGradOps> Backward<B, 1> for GeluBackward {
     type State = (FloatTensor<B>, Activation);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
@@ -269,7 +271,7 @@ impl<B: GeluOps> Backward<B, 1> for GeluBackward {
     }
 }
 
-impl<B: GeluOps, C: CheckpointStrategy> GeluOps for Autodiff<B, C> {
+impl<B: GeluOps + GeluGradOps, C: CheckpointStrategy> GeluOps for Autodiff<B, C> {
     fn fused_gelu(x: FloatTensor<Self>, kind: Activation) -> FloatTensor<Self> {
         let prepared = GeluBackward.prepare::<C>([x.node()]).compute_bound().stateful();
         let x = x.into_primitive();
@@ -278,10 +280,6 @@ impl<B: GeluOps, C: CheckpointStrategy> GeluOps for Autodiff<B, C> {
             OpsKind::Tracked(prep) => prep.finish((x, kind), y),
             OpsKind::UnTracked(prep) => prep.finish(y),
         }
-    }
-
-    fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>, kind: Activation) -> FloatTensor<Self> {
-        Self::from_inner(B::fused_gelu_backward(x.into_primitive(), d_y.into_primitive(), kind))
     }
 }
 

@@ -25,7 +25,11 @@ pub trait CrossEntropyOps: Backend {
         targets: IntTensor<Self>,
         epsilon: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
+}
 
+/// The fused loss's backward, run by the autodiff tape on the inner backend.
+#[backend_extension(Flex)]
+pub trait CrossEntropyGradOps: Backend {
     /// ∂L/∂x = dℓ ⊙ (softmax(x) − q), row by row, from the saved lse.
     fn cross_entropy_backward(
         logits: FloatTensor<Self>,
@@ -102,7 +106,9 @@ impl CrossEntropyOps for Flex {
         });
         (tensor(loss, &[n]), tensor(lse, &[n]))
     }
+}
 
+impl CrossEntropyGradOps for Flex {
     fn cross_entropy_backward(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
@@ -126,7 +132,7 @@ impl CrossEntropyOps for Flex {
 #[derive(Debug)]
 struct CrossEntropyBackward;
 
-impl<B: CrossEntropyOps> Backward<B, 1> for CrossEntropyBackward {
+impl<B: CrossEntropyGradOps> Backward<B, 1> for CrossEntropyBackward {
     type State = (FloatTensor<B>, IntTensor<B>, FloatTensor<B>, f32);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
@@ -139,7 +145,7 @@ impl<B: CrossEntropyOps> Backward<B, 1> for CrossEntropyBackward {
     }
 }
 
-impl<B: CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Autodiff<B, C> {
+impl<B: CrossEntropyOps + CrossEntropyGradOps, C: CheckpointStrategy> CrossEntropyOps for Autodiff<B, C> {
     fn cross_entropy_forward(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
@@ -152,17 +158,6 @@ impl<B: CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Autodiff<B, 
             OpsKind::Tracked(prep) => (prep.finish((x, targets, lse.clone(), epsilon), loss), Self::from_inner(lse)),
             OpsKind::UnTracked(prep) => (prep.finish(loss), Self::from_inner(lse)),
         }
-    }
-
-    fn cross_entropy_backward(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        lse: FloatTensor<Self>,
-        d_loss: FloatTensor<Self>,
-        epsilon: f32,
-    ) -> FloatTensor<Self> {
-        let (logits, lse, d_loss) = (logits.into_primitive(), lse.into_primitive(), d_loss.into_primitive());
-        Self::from_inner(B::cross_entropy_backward(logits, targets, lse, d_loss, epsilon))
     }
 }
 

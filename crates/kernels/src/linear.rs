@@ -2,7 +2,7 @@
 //! embedding E. On the CPU one matrix product over all rows (batch and time folded together) into the bias rows, and a
 //! backward of two products and a column sum, rows in parallel; elsewhere Burn's `Linear::forward` and `matmul`.
 
-use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension, tensor::FloatTensor};
+use burn::backend::{Backend, Dispatch, Flex, backend_extension, tensor::FloatTensor};
 use burn::nn::Linear;
 use burn::tensor::{DType, Tensor};
 
@@ -15,7 +15,11 @@ pub trait LinearOps: Backend {
     /// y = x W + b for x [N, d_in], W [d_in, d_out] (any non-negative strides: a transposed view is read in place),
     /// b [d_out].
     fn linear_forward(x: FloatTensor<Self>, w: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
+}
 
+/// The fused projection's backward, run by the autodiff tape on the inner backend.
+#[backend_extension(Flex)]
+pub trait LinearGradOps: Backend {
     /// (dx, dW, db) = (dy Wᵀ, xᵀ dy, Σ_rows dy).
     fn linear_backward(
         x: FloatTensor<Self>,
@@ -64,7 +68,9 @@ impl LinearOps for Flex {
         let (n, k, m) = (x.layout().shape()[0], x.layout().shape()[1], w.layout().shape()[1]);
         tensor(matmul_in_blocks(n, m, k, Mat::rows(floats(&x), k), Mat::of(&w), Some(floats(&b))), &[n, m])
     }
+}
 
+impl LinearGradOps for Flex {
     fn linear_backward(
         x: FloatTensor<Self>,
         w: FloatTensor<Self>,
@@ -85,7 +91,7 @@ impl LinearOps for Flex {
 #[derive(Debug)]
 struct LinearBackward;
 
-impl<B: LinearOps> Backward<B, 3> for LinearBackward {
+impl<B: LinearGradOps> Backward<B, 3> for LinearBackward {
     type State = (FloatTensor<B>, FloatTensor<B>);
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
@@ -97,7 +103,7 @@ impl<B: LinearOps> Backward<B, 3> for LinearBackward {
     }
 }
 
-impl<B: LinearOps, C: CheckpointStrategy> LinearOps for Autodiff<B, C> {
+impl<B: LinearOps + LinearGradOps, C: CheckpointStrategy> LinearOps for Autodiff<B, C> {
     fn linear_forward(x: FloatTensor<Self>, w: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
         let prepared = LinearBackward.prepare::<C>([x.node(), w.node(), b.node()]).compute_bound().stateful();
         let (x, w) = (x.into_primitive(), w.into_primitive());
@@ -106,15 +112,6 @@ impl<B: LinearOps, C: CheckpointStrategy> LinearOps for Autodiff<B, C> {
             OpsKind::Tracked(prep) => prep.finish((x, w), y),
             OpsKind::UnTracked(prep) => prep.finish(y),
         }
-    }
-
-    fn linear_backward(
-        x: FloatTensor<Self>,
-        w: FloatTensor<Self>,
-        d_y: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (dx, dw, db) = B::linear_backward(x.into_primitive(), w.into_primitive(), d_y.into_primitive());
-        (Self::from_inner(dx), Self::from_inner(dw), Self::from_inner(db))
     }
 }
 

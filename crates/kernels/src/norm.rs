@@ -26,7 +26,11 @@ pub trait NormOps: Backend {
         beta: FloatTensor<Self>,
         params: NormParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
 
+/// The fused normalisation's backward, run by the autodiff tape on the inner backend.
+#[backend_extension(Flex)]
+pub trait NormGradOps: Backend {
     /// (dx, dγ, dβ) from dy and the saved μ, 1/σ.
     #[allow(clippy::type_complexity)]
     fn norm_backward(
@@ -169,7 +173,9 @@ impl NormOps for Flex {
         let n = shape[0];
         (tensor(y, &shape), tensor(mean, &[n]), tensor(rstd, &[n]))
     }
+}
 
+impl NormGradOps for Flex {
     fn norm_backward(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
@@ -206,7 +212,7 @@ impl NormOps for Flex {
 #[derive(Debug)]
 struct NormBackward;
 
-impl<B: NormOps> Backward<B, 3> for NormBackward {
+impl<B: NormGradOps> Backward<B, 3> for NormBackward {
     type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, NormParams);
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
@@ -218,7 +224,7 @@ impl<B: NormOps> Backward<B, 3> for NormBackward {
     }
 }
 
-impl<B: NormOps, C: CheckpointStrategy> NormOps for Autodiff<B, C> {
+impl<B: NormOps + NormGradOps, C: CheckpointStrategy> NormOps for Autodiff<B, C> {
     fn norm_forward(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
@@ -235,25 +241,6 @@ impl<B: NormOps, C: CheckpointStrategy> NormOps for Autodiff<B, C> {
             }
             OpsKind::UnTracked(prep) => (prep.finish(y), Self::from_inner(mean), Self::from_inner(rstd)),
         }
-    }
-
-    fn norm_backward(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        d_y: FloatTensor<Self>,
-        mean: FloatTensor<Self>,
-        rstd: FloatTensor<Self>,
-        params: NormParams,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (dx, dg, db) = B::norm_backward(
-            x.into_primitive(),
-            gamma.into_primitive(),
-            d_y.into_primitive(),
-            mean.into_primitive(),
-            rstd.into_primitive(),
-            params,
-        );
-        (Self::from_inner(dx), Self::from_inner(dg), Self::from_inner(db))
     }
 }
 

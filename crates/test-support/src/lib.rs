@@ -46,6 +46,29 @@ pub fn model_table(n_layers: usize, n_heads: usize, d_model: usize, block_size: 
     )
 }
 
+/// A tiny translation run config (Vaswani et al.'s layout: Post-LN, ReLU, sinusoidal positions) of `layers`
+/// encoder and decoder layers, 2 heads, d_model = `d`, d_ff = 2d, `block` positions (the longest pair kept) and a
+/// joint BPE of `vocab` tokens over `data`'s `train.tsv` and `valid.tsv` (also the test set), writing to `out`;
+/// `train` holds the rest of `[train]`.
+pub fn translation_toml(
+    layers: usize,
+    d: usize,
+    block: usize,
+    vocab: usize,
+    data: &Path,
+    out: &Path,
+    train: &str,
+) -> String {
+    let (model, data, out) = (model_table(layers, 2, d, block), data.display(), out.display());
+    format!(
+        "{model}norm_placement = \"post\"\nffn = \"relu\"\nd_ff = {}\npositions = \"sinusoidal\"\n\n\
+         [seq2seq]\nencoder_layers = {layers}\ndecoder_layers = {layers}\n\n\
+         [data]\ntrain = \"{data}/train.tsv\"\nvalid = \"{data}/valid.tsv\"\ntest = \"{data}/valid.tsv\"\n\
+         vocab_size = {vocab}\nmax_len = {block}\n\n[train]\nout_dir = \"{out}\"\n{train}",
+        2 * d
+    )
+}
+
 /// [`max_abs_diff_tensors`] over the largest |b| (at least 1): a tolerance relative to the values' size, for results
 /// (such as gradients through exponentials) that reach tens, where f32's rounding alone is 1e-6.
 pub fn max_relative_diff_tensors<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {

@@ -25,11 +25,9 @@ pub struct DataConfig {
     /// UTF-8 text to train on.
     pub corpus: PathBuf,
     /// A dataset `scripts/prepare-data.sh` can rebuild when `corpus` is missing.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dataset: Option<String>,
     pub tokenizer: TokenizerKind,
     /// Vocabulary size of a BPE tokenizer.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vocab_size: Option<usize>,
     /// The last fraction of the corpus (by position) is the validation split.
     #[serde(default = "default_val_fraction")]
@@ -134,18 +132,14 @@ pub struct TrainConfig {
     #[serde(default = "default_seed")]
     pub seed: u64,
     /// Language model: sequences per batch (12 when absent, as nanoGPT).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_size: Option<usize>,
     /// Language model: tokens per training window; defaults to `model.block_size`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seq_len: Option<usize>,
     /// Translation: tokens per batch, padding included (rows × longest side; 4096 when absent, as fairseq's
     /// `--max-tokens` in its recipes).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<usize>,
     pub max_steps: u64,
     /// Stop after this many minutes of training (evaluating and checkpointing first); unset: train to `max_steps`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_minutes: Option<f64>,
     /// Batches whose gradients are summed into one optimizer step (fairseq's `--update-freq`).
     #[serde(default = "one")]
@@ -157,18 +151,14 @@ pub struct TrainConfig {
     #[serde(default)]
     pub warmup_steps: u64,
     /// Step at which cosine decay reaches `min_lr`; defaults to `max_steps`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decay_steps: Option<u64>,
     /// Cosine for language models, noam for translation when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<ScheduleKind>,
     #[serde(default = "default_beta1")]
     pub beta1: f64,
     /// 0.999 for language models, 0.98 for translation when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub beta2: Option<f64>,
     /// 1e-8 for language models, 1e-9 for translation when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eps: Option<f64>,
     /// Decoupled weight decay on 2-D weight matrices (never on biases or norm gains).
     #[serde(default)]
@@ -180,20 +170,15 @@ pub struct TrainConfig {
     #[serde(default)]
     pub grad_clip: f64,
     /// Translation: label smoothing ε of the loss (0.1 when absent).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label_smoothing: Option<f64>,
     pub eval_interval: u64,
     /// Language model: batches averaged for each split's loss at an evaluation (200 when absent, as nanoGPT).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_iters: Option<usize>,
     /// Translation: validation sentences translated (greedily) for BLEU at each evaluation (200 when absent).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bleu_sentences: Option<usize>,
     /// Steps between checkpoints; defaults to `eval_interval`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_interval: Option<u64>,
     /// Translation: checkpoints kept (the last ones), for `ember average` (5 when absent).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_checkpoints: Option<usize>,
     /// The run directory.
     pub out_dir: PathBuf,

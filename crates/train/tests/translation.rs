@@ -45,39 +45,11 @@ fn write_data(dir: &Path, name: &str, pairs: usize, seed: u64) {
 }
 
 fn config(data: &Path, out: &Path, max_steps: u64) -> TranslationConfig {
-    let text = format!(
-        r#"{model}norm_placement = "post"
-ffn = "relu"
-d_ff = 32
-positions = "sinusoidal"
-
-[seq2seq]
-encoder_layers = 1
-decoder_layers = 1
-
-[data]
-train = "{data}/train.tsv"
-valid = "{data}/valid.tsv"
-vocab_size = 300
-max_len = 32
-
-[train]
-seed = 5
-max_tokens = 96
-max_steps = {max_steps}
-lr = 2.0
-warmup_steps = 3
-grad_clip = 1.0
-eval_interval = 4
-bleu_sentences = 4
-checkpoint_interval = 2
-keep_checkpoints = 2
-out_dir = "{out}"
-"#,
-        model = ember_test_support::model_table(1, 2, 16, 32),
-        data = data.display(),
-        out = out.display()
+    let train = format!(
+        "seed = 5\nmax_tokens = 96\nmax_steps = {max_steps}\nlr = 2.0\nwarmup_steps = 3\ngrad_clip = 1.0\n\
+         eval_interval = 4\nbleu_sentences = 4\ncheckpoint_interval = 2\nkeep_checkpoints = 2\n"
     );
+    let text = ember_test_support::translation_toml(1, 16, 32, 300, data, out, &train);
     let config: TranslationConfig = toml::from_str(&text).unwrap();
     config.validate().unwrap();
     config

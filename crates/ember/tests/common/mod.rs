@@ -167,38 +167,9 @@ pub fn tiny_translation_config(dir: &Path, out: &Path) -> std::path::PathBuf {
     let data = bible();
     head(&data.join("train.tsv"), &dir.join("train.tsv"), 600);
     head(&data.join("valid.tsv"), &dir.join("valid.tsv"), 12);
-    let text = format!(
-        r#"{model}norm_placement = "post"
-ffn = "relu"
-d_ff = 64
-positions = "sinusoidal"
-
-[seq2seq]
-encoder_layers = 2
-decoder_layers = 2
-
-[data]
-train = "{dir}/train.tsv"
-valid = "{dir}/valid.tsv"
-test = "{dir}/valid.tsv"
-vocab_size = 400
-max_len = 96
-
-[train]
-max_tokens = 1024
-max_steps = 12
-lr = 2.0
-warmup_steps = 4
-eval_interval = 6
-bleu_sentences = 4
-checkpoint_interval = 3
-keep_checkpoints = 3
-out_dir = "{out}"
-"#,
-        model = ember_test_support::model_table(2, 2, 32, 96),
-        dir = dir.display(),
-        out = out.display()
-    );
+    let train = "max_tokens = 1024\nmax_steps = 12\nlr = 2.0\nwarmup_steps = 4\neval_interval = 6\n\
+                 bleu_sentences = 4\ncheckpoint_interval = 3\nkeep_checkpoints = 3\n";
+    let text = ember_test_support::translation_toml(2, 32, 96, 400, dir, out, train);
     let path = dir.join("tiny-translation.toml");
     std::fs::write(&path, text).unwrap();
     path

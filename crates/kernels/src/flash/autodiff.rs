@@ -1,21 +1,18 @@
 //! The kernels' backward pass as autodiff's: the forward saves (q, k, v, o, lse); the backward computes
 //! D = rowsum(dO ⊙ o) with backend ops, then dq, dk, dv with the FlashAttention-2 kernels.
 
-use burn::backend::{
-    AutodiffBackend, TensorMetadata,
-    tensor::{FloatTensor, IntTensor},
-};
+use burn::backend::{AutodiffBackend, TensorMetadata, tensor::FloatTensor};
 
 use burn::tensor::FloatDType;
 
-use super::{FlashOps, FlashParams, KvLayout, PackedAttentionOps};
+use super::{FlashGradOps, FlashOps, FlashParams, KvLayout, PackedAttentionGradOps, PackedAttentionOps};
 use crate::spec::PackedHeads;
 use crate::tape::{self, Autodiff, Backward, CheckpointStrategy, Checkpointer, Gradients, NodeId, Ops, OpsKind};
 
 #[derive(Debug)]
 struct FlashBackward;
 
-impl<B: FlashOps> Backward<B, 3> for FlashBackward {
+impl<B: FlashGradOps> Backward<B, 3> for FlashBackward {
     type State = (NodeId, NodeId, NodeId, FloatTensor<B>, FloatTensor<B>, FlashParams);
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
@@ -34,7 +31,7 @@ impl<B: FlashOps> Backward<B, 3> for FlashBackward {
     }
 }
 
-impl<B: FlashOps, C: CheckpointStrategy> FlashOps for Autodiff<B, C> {
+impl<B: FlashOps + FlashGradOps, C: CheckpointStrategy> FlashOps for Autodiff<B, C> {
     fn flash_forward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -57,45 +54,12 @@ impl<B: FlashOps, C: CheckpointStrategy> FlashOps for Autodiff<B, C> {
             }
         }
     }
-
-    fn flash_backward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        d_o: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        delta: FloatTensor<Self>,
-        params: FlashParams,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (d_q, d_k, d_v) = B::flash_backward(
-            q.into_primitive(),
-            k.into_primitive(),
-            v.into_primitive(),
-            d_o.into_primitive(),
-            lse.into_primitive(),
-            delta.into_primitive(),
-            params,
-        );
-        (Self::from_inner(d_q), Self::from_inner(d_k), Self::from_inner(d_v))
-    }
-
-    fn flash_decode_int8(
-        q: FloatTensor<Self>,
-        k_codes: IntTensor<Self>,
-        k_scales: FloatTensor<Self>,
-        v_codes: IntTensor<Self>,
-        v_scales: FloatTensor<Self>,
-        params: FlashParams,
-    ) -> FloatTensor<Self> {
-        let (q, k_scales, v_scales) = (q.into_primitive(), k_scales.into_primitive(), v_scales.into_primitive());
-        Self::from_inner(B::flash_decode_int8(q, k_codes, k_scales, v_codes, v_scales, params))
-    }
 }
 
 #[derive(Debug)]
 struct PackedBackward;
 
-impl<B: PackedAttentionOps> Backward<B, 1> for PackedBackward {
+impl<B: PackedAttentionGradOps> Backward<B, 1> for PackedBackward {
     type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, PackedHeads, FlashParams);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
@@ -108,7 +72,7 @@ impl<B: PackedAttentionOps> Backward<B, 1> for PackedBackward {
     }
 }
 
-impl<B: PackedAttentionOps, C: CheckpointStrategy> PackedAttentionOps for Autodiff<B, C> {
+impl<B: PackedAttentionOps + PackedAttentionGradOps, C: CheckpointStrategy> PackedAttentionOps for Autodiff<B, C> {
     fn packed_attention_forward(
         qkv: FloatTensor<Self>,
         heads: PackedHeads,
@@ -124,17 +88,5 @@ impl<B: PackedAttentionOps, C: CheckpointStrategy> PackedAttentionOps for Autodi
             }
             OpsKind::UnTracked(prep) => (prep.finish(o), Self::from_inner(lse)),
         }
-    }
-
-    fn packed_attention_backward(
-        qkv: FloatTensor<Self>,
-        o: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        d_o: FloatTensor<Self>,
-        heads: PackedHeads,
-        params: FlashParams,
-    ) -> FloatTensor<Self> {
-        let (qkv, o, lse, d_o) = (qkv.into_primitive(), o.into_primitive(), lse.into_primitive(), d_o.into_primitive());
-        Self::from_inner(B::packed_attention_backward(qkv, o, lse, d_o, heads, params))
     }
 }

@@ -7,7 +7,7 @@ use burn::cubecl::ir::{ElemType, FloatKind, Type};
 use burn::tensor::{DType, FloatDType, Shape};
 
 use super::tiers::Geometry;
-use super::{DECODE_ROWS, FlashOps, FlashParams, KvLayout};
+use super::{DECODE_ROWS, FlashGradOps, FlashOps, FlashParams, Int8AttentionOps, KvLayout};
 use crate::spec::KernelTier;
 use crate::wgsl::{Wgsl, empty, f32_contiguous, launch, launch_with_info_at};
 
@@ -329,7 +329,9 @@ impl FlashOps for CubeBackend {
         }
         (o, lse)
     }
+}
 
+impl Int8AttentionOps for CubeBackend {
     fn flash_decode_int8(
         q: CubeTensor,
         k_codes: CubeTensor,
@@ -356,7 +358,9 @@ impl FlashOps for CubeBackend {
         }
         o
     }
+}
 
+impl FlashGradOps for CubeBackend {
     fn flash_backward(
         q: CubeTensor,
         k: CubeTensor,

@@ -12,7 +12,9 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use rayon::prelude::*;
 
-use super::{FlashOps, FlashParams, KvLayout, PackedAttentionOps};
+use super::{
+    FlashGradOps, FlashOps, FlashParams, Int8AttentionOps, KvLayout, PackedAttentionGradOps, PackedAttentionOps,
+};
 use crate::cpu::{Mat, contiguous, dot, floats, matmul, multiversion, stay_awake, tensor};
 use crate::math;
 use crate::spec::PackedHeads;
@@ -422,7 +424,37 @@ impl FlashOps for Flex {
         };
         (tensor(o, &qs), tensor(lse, &qs[..3]))
     }
+}
 
+impl Int8AttentionOps for Flex {
+    fn flash_decode_int8(
+        q: FloatTensor<Self>,
+        k_codes: IntTensor<Self>,
+        k_scales: FloatTensor<Self>,
+        v_codes: IntTensor<Self>,
+        v_scales: FloatTensor<Self>,
+        params: FlashParams,
+    ) -> FloatTensor<Self> {
+        stay_awake();
+        let KvLayout::Int8 { group, keys } = params.layout else { panic!("int8 decoding takes an int8 layout") };
+        let q = contiguous(q);
+        let qs = shape(&q);
+        let (batch, hq, tq, d) = (qs[0], qs[1], qs[2], qs[3]);
+        // Token-major [B, Tk, Hkv·D]: four codes per word.
+        let hkv = shape(&k_codes)[2] * 4 / d;
+        let tk_stored = shape(&k_codes)[1];
+        let (k, v) = (dequantize(k_codes, k_scales, group), dequantize(v_codes, v_scales, group));
+        let dims = Dims { b: batch, hq, hkv, tq, tk: keys, d };
+        let (q_rows, kv_rows) = (Rows::contiguous(hq, tq, d), Rows::interleaved(0, tk_stored, d, hkv * d));
+        let q = Operand::of(&q, q_rows);
+        let (k, v) = (Operand { data: &k, rows: kv_rows }, Operand { data: &v, rows: kv_rows });
+        let mut o = vec![0.0f32; batch * hq * tq * d];
+        forward(q, k, v, dims, &params, rows_of(&mut o, d, batch * hq * tq));
+        tensor(o, &qs)
+    }
+}
+
+impl FlashGradOps for Flex {
     fn flash_backward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -448,32 +480,6 @@ impl FlashOps for Flex {
             [rows_of(&mut dq, d, b * hq * tq), rows_of(&mut dk, d, b * hkv * tk), rows_of(&mut dv, d, b * hkv * tk)];
         backward(inputs, floats(&lse), floats(&delta), dims, &params, outputs);
         (tensor(dq, &qs), tensor(dk, &ks), tensor(dv, &ks))
-    }
-
-    fn flash_decode_int8(
-        q: FloatTensor<Self>,
-        k_codes: IntTensor<Self>,
-        k_scales: FloatTensor<Self>,
-        v_codes: IntTensor<Self>,
-        v_scales: FloatTensor<Self>,
-        params: FlashParams,
-    ) -> FloatTensor<Self> {
-        stay_awake();
-        let KvLayout::Int8 { group, keys } = params.layout else { panic!("int8 decoding takes an int8 layout") };
-        let q = contiguous(q);
-        let qs = shape(&q);
-        let (batch, hq, tq, d) = (qs[0], qs[1], qs[2], qs[3]);
-        // Token-major [B, Tk, Hkv·D]: four codes per word.
-        let hkv = shape(&k_codes)[2] * 4 / d;
-        let tk_stored = shape(&k_codes)[1];
-        let (k, v) = (dequantize(k_codes, k_scales, group), dequantize(v_codes, v_scales, group));
-        let dims = Dims { b: batch, hq, hkv, tq, tk: keys, d };
-        let (q_rows, kv_rows) = (Rows::contiguous(hq, tq, d), Rows::interleaved(0, tk_stored, d, hkv * d));
-        let q = Operand::of(&q, q_rows);
-        let (k, v) = (Operand { data: &k, rows: kv_rows }, Operand { data: &v, rows: kv_rows });
-        let mut o = vec![0.0f32; batch * hq * tq * d];
-        forward(q, k, v, dims, &params, rows_of(&mut o, d, batch * hq * tq));
-        tensor(o, &qs)
     }
 }
 
@@ -504,7 +510,9 @@ impl PackedAttentionOps for Flex {
         let lse = forward(operand(q), operand(k), operand(v), dims, &params, o);
         (tensor(out, &[b, tq, hq * d]), tensor(lse, &[b, hq, tq]))
     }
+}
 
+impl PackedAttentionGradOps for Flex {
     fn packed_attention_backward(
         qkv: FloatTensor<Self>,
         o: FloatTensor<Self>,

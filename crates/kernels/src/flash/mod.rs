@@ -113,20 +113,11 @@ pub trait FlashOps: Backend {
         v: FloatTensor<Self>,
         params: FlashParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
+}
 
-    /// (dq, dk, dv) from dO, the saved lse and D = rowsum(dO ⊙ o).
-    #[allow(clippy::type_complexity)]
-    #[fusion(meta = backward_meta)]
-    fn flash_backward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        d_o: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        delta: FloatTensor<Self>,
-        params: FlashParams,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-
+/// Attention against int8 keys and values, for decoding (no autodiff).
+#[backend_extension(Cube, Flex, Fusion)]
+pub trait Int8AttentionOps: Backend {
     /// o for a few query rows against int8 keys and values (see [`Int8Kv`]); inference only.
     #[fusion(meta = int8_meta)]
     fn flash_decode_int8(
@@ -139,6 +130,23 @@ pub trait FlashOps: Backend {
     ) -> FloatTensor<Self>;
 }
 
+/// Attention's backward, run by the autodiff tape on the inner backend; the wgpu implementation launches the WGSL kernels.
+#[backend_extension(Cube, Flex, Fusion)]
+pub trait FlashGradOps: Backend {
+    /// (dq, dk, dv) from dO, the saved lse and D = rowsum(dO ⊙ o).
+    #[allow(clippy::type_complexity)]
+    #[fusion(meta = backward_meta)]
+    fn flash_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        d_o: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        delta: FloatTensor<Self>,
+        params: FlashParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
+
 /// Self-attention reading q, k and v in place from a fused projection and writing o's heads side by side (CPU).
 #[backend_extension(Flex, Autodiff)]
 pub trait PackedAttentionOps: Backend {
@@ -148,7 +156,11 @@ pub trait PackedAttentionOps: Backend {
         heads: PackedHeads,
         params: FlashParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
+}
 
+/// Packed-head attention's backward, run by the autodiff tape on the inner backend.
+#[backend_extension(Flex)]
+pub trait PackedAttentionGradOps: Backend {
     /// d(qkv) [B, T, (hq + 2·hkv)·d] from dO and the forward's o and lse.
     fn packed_attention_backward(
         qkv: FloatTensor<Self>,
@@ -213,7 +225,7 @@ pub struct Int8Kv {
 pub fn int8_attention(q: Tensor<4>, kv: Int8Kv, spec: &AttentionSpec) -> Tensor<4> {
     let keys = kv.k_codes.dims()[1];
     let params = FlashParams { layout: KvLayout::Int8 { group: kv.group, keys }, ..FlashParams::new(spec) };
-    Tensor::from_dispatch(<Dispatch as FlashOps>::flash_decode_int8(
+    Tensor::from_dispatch(<Dispatch as Int8AttentionOps>::flash_decode_int8(
         q.into_dispatch(),
         kv.k_codes.into_dispatch(),
         kv.k_scales.into_dispatch(),

@@ -27,12 +27,9 @@ pub struct Seq2SeqSection {
 pub struct ParallelDataConfig {
     pub train: PathBuf,
     /// With it, `train` holds the source sentences and this file the targets, line by line.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train_target: Option<PathBuf>,
     pub valid: PathBuf,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub valid_target: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test: Option<PathBuf>,
     /// Tokens of the joint vocabulary, or of each side's.
     pub vocab_size: usize,
