@@ -2,16 +2,13 @@
 //! (RoPE, RMSNorm, GQA, SwiGLU, untied output), Gemma 3 and MLA models are configs of this one model; see
 //! [`ModelConfig`].
 
-use std::collections::HashMap;
-
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Embedding};
-use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
-use ember_formats::packed::Packed;
+use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use ember_kernels::{AttentionAlgorithm, GpuTuning, Similarity};
 
 use crate::cache::{Context, KvCache};
-use crate::init::Init;
+use crate::init::{Build, Init};
 use crate::nn::attention::{CausalSelfAttention, SelfAttentionConfig};
 use crate::nn::ffn::{Ffn, FfnConfig};
 use crate::nn::mla::{MlaAttention, MlaConfig};
@@ -20,9 +17,8 @@ use crate::nn::position::Positions;
 use crate::nn::projection::{Projection, TokenEmbedding};
 use crate::nn::residual::sublayer;
 use crate::nn::{embedding, projection, token_embedding};
-use crate::params::Mismatch;
+use ember_formats::config::ModelConfig;
 use ember_formats::config::{AttentionKind, NormPlacement, PositionKind};
-use ember_formats::{Rng, config::ModelConfig};
 
 /// Self-attention of one block: MHA / GQA / MQA, or multi-head latent attention.
 #[allow(clippy::large_enum_variant)] // one per block; boxing would buy nothing
@@ -110,32 +106,10 @@ pub struct CausalLm {
     config: ModelConfig,
 }
 
-impl CausalLm {
-    /// GPT-2 initialisation from `rng`: embeddings N(0, 0.02), norms γ = 1, β = 0.
-    pub fn new(config: &ModelConfig, rng: &mut Rng, device: &Device) -> Self {
-        Self::build(config, &mut Init::draw(rng, device))
-    }
+impl Build for CausalLm {
+    type Config = ModelConfig;
 
-    /// The model of `config` with the parameters of `tensors` (by path, as [`crate::params::state_dict`] names
-    /// them; others are ignored) on `device`.
-    pub fn load(
-        config: &ModelConfig,
-        tensors: &HashMap<String, TensorData>,
-        device: &Device,
-    ) -> Result<Self, Mismatch> {
-        Init::load(tensors, device, |init| Self::build(config, init))
-    }
-
-    /// [`CausalLm::load`] with the projections and token embedding of `packed` kept in their ggml blocks.
-    pub fn load_packed(
-        config: &ModelConfig,
-        tensors: &HashMap<String, TensorData>,
-        packed: &HashMap<String, Packed>,
-        device: &Device,
-    ) -> Result<Self, Mismatch> {
-        Init::load_packed(tensors, packed, device, |init| Self::build(config, init))
-    }
-
+    /// GPT-2 initialisation: embeddings N(0, 0.02), norms γ = 1, β = 0.
     fn build(config: &ModelConfig, init: &mut Init) -> Self {
         let (d, v) = (config.d_model, config.vocab());
         let norm = |init: &mut Init, name: &str| init.scope(name, |init| NormConfig::of(config).init(init));
@@ -157,7 +131,9 @@ impl CausalLm {
             config: config.clone(),
         }
     }
+}
 
+impl CausalLm {
     /// The same model with every attention layer computed by `algorithm`, tuned by `tuning` on a GPU.
     pub fn with_attention(mut self, algorithm: AttentionAlgorithm, tuning: GpuTuning) -> Self {
         for block in &mut self.blocks {
@@ -283,8 +259,12 @@ impl CausalLm {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::params::Mismatch;
     use crate::params::state_dict;
+    use burn::tensor::Device;
+    use ember_formats::Rng;
     use ember_formats::config::{FfnKind, NormKind};
+    use std::collections::HashMap;
 
     fn layouts() -> Vec<ModelConfig> {
         let gpt = ModelConfig::gpt(50, 2, 4, 32, 16);

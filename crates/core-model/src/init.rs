@@ -21,6 +21,35 @@ pub struct Init<'a> {
     error: Option<Mismatch>,
 }
 
+/// A model made from its config by one `build` that asks an [`Init`] for each parameter: drawn fresh, or read from
+/// stored tensors (some kept in ggml blocks).
+pub trait Build: Sized {
+    type Config;
+
+    fn build(config: &Self::Config, init: &mut Init) -> Self;
+
+    /// The model of `config` initialised from `rng` on `device`.
+    fn new(config: &Self::Config, rng: &mut Rng, device: &Device) -> Self {
+        Self::build(config, &mut Init::draw(rng, device))
+    }
+
+    /// The model of `config` with the parameters of `tensors` (by path, as [`crate::params::state_dict`] names
+    /// them) on `device`; a missing, misshapen or unused tensor is the error.
+    fn load(config: &Self::Config, tensors: &HashMap<String, TensorData>, device: &Device) -> Result<Self, Mismatch> {
+        Init::load(tensors, device, |init| Self::build(config, init))
+    }
+
+    /// [`Build::load`] with the matrices of `packed` kept in their ggml blocks where the model takes them so.
+    fn load_packed(
+        config: &Self::Config,
+        tensors: &HashMap<String, TensorData>,
+        packed: &HashMap<String, Packed>,
+        device: &Device,
+    ) -> Result<Self, Mismatch> {
+        Init::load_packed(tensors, packed, device, |init| Self::build(config, init))
+    }
+}
+
 enum Source<'a> {
     Draw(&'a mut Rng),
     /// Dense tensors, and matrices kept in ggml blocks.

@@ -18,4 +18,5 @@ pub use ember_formats::{config, files, rng, tokenizer};
 
 pub use causal_lm::CausalLm;
 pub use config::{Invalid, ModelConfig};
+pub use init::Build;
 pub use rng::Rng;

@@ -3,15 +3,13 @@
 //! FFN; each sub-layer wrapped Post-LN (the paper), Pre-LN or Peri-LN. Embeddings are scaled by √d and summed with
 //! sinusoidal positions (or RoPE rotates self-attention's q and k); the output projection may share the embedding.
 
-use std::collections::HashMap;
-
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Embedding, Linear};
-use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
+use burn::tensor::{FloatDType, Int, Tensor};
 use ember_kernels::{AttentionAlgorithm, AttentionSpec, GpuTuning, linear};
 
 use crate::cache::{Context, KvCache};
-use crate::init::Init;
+use crate::init::{Build, Init};
 use crate::nn::attention::{CausalSelfAttention, SelfAttentionConfig};
 use crate::nn::cross_attention::{CrossAttention, CrossAttentionConfig, Memory};
 use crate::nn::ffn::{Ffn, FfnConfig};
@@ -19,8 +17,6 @@ use crate::nn::norm::{Norm, NormConfig};
 use crate::nn::position::Positions;
 use crate::nn::residual::sublayer;
 use crate::nn::{embedding, linear_layer, tied_logits};
-use crate::params::Mismatch;
-use ember_formats::Rng;
 use ember_formats::config::ModelConfig;
 use ember_formats::config::{NormPlacement, PositionKind};
 
@@ -160,27 +156,10 @@ pub struct Seq2Seq {
     config: Seq2SeqConfig,
 }
 
-impl Seq2Seq {
+impl Build for Seq2Seq {
+    type Config = Seq2SeqConfig;
+
     /// Embeddings N(0, d^−½) (they are scaled by √d), other weights as in the decoder-only model.
-    pub fn new(config: &Seq2SeqConfig, rng: &mut Rng, device: &Device) -> Self {
-        Self::build(config, &mut Init::draw(rng, device))
-    }
-
-    /// The model of `config` with the parameters of `tensors` (by path, as [`crate::params::state_dict`] names
-    /// them; others are ignored) on `device`.
-    pub fn load(
-        config: &Seq2SeqConfig,
-        tensors: &HashMap<String, TensorData>,
-        device: &Device,
-    ) -> Result<Self, Mismatch> {
-        Init::load(tensors, device, |init| Self::build(config, init))
-    }
-
-    /// Whether the parameter at `path` is an embedding table (weight decay on these is configurable).
-    pub fn is_embedding(path: &str) -> bool {
-        path.starts_with("src_emb.") || path.starts_with("tgt_emb.")
-    }
-
     fn build(config: &Seq2SeqConfig, init: &mut Init) -> Self {
         let m = &config.model;
         let d = m.d_model;
@@ -205,6 +184,13 @@ impl Seq2Seq {
             out: (!m.tie_embeddings).then(|| linear_layer(init, "out", d, config.tgt_vocab, std, false)),
             config: config.clone(),
         }
+    }
+}
+
+impl Seq2Seq {
+    /// Whether the parameter at `path` is an embedding table (weight decay on these is configurable).
+    pub fn is_embedding(path: &str) -> bool {
+        path.starts_with("src_emb.") || path.starts_with("tgt_emb.")
     }
 
     /// The same model with every attention layer computed by `algorithm`, tuned by `tuning` on a GPU.
@@ -304,6 +290,8 @@ impl Seq2Seq {
 mod tests {
     use super::*;
     use crate::params::state_dict;
+    use burn::tensor::Device;
+    use ember_formats::Rng;
 
     #[test]
     fn load_reads_back_every_parameter_with_shared_or_separate_embeddings() {

@@ -1,5 +1,6 @@
 //! Imported checkpoints against Hugging Face: the fixtures come from scripts/reference/hf_fixtures.py.
 
+use ember_core_model::Build;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{Device, Int, Tensor, TensorData};

@@ -2,6 +2,7 @@
 //! √d, sinusoidal positions; fixture from `scripts/reference/seq2seq_fixture.py`): logits of a padded batch equal
 //! within 1e-4 with the same weights.
 
+use ember_core_model::Build;
 use std::path::Path;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};

@@ -17,6 +17,7 @@ mod serve;
 mod train;
 mod translate;
 
+use ember_core_model::Build;
 use ember_core_model::weights::WeightFormat;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -48,7 +48,7 @@ impl Progress {
 /// "step 200: train loss 2.4426, val loss 2.4912" or, for a translator, "step 6: val loss 5.1234, val BLEU (greedy)
 /// 0.42" (its BLEU is scored on greedy translations).
 fn eval_line(r: &impl Evaluation) -> String {
-    format!("step {}: {}", r.step(), r.summary())
+    format!("step {}: {}", r.losses().step, r.summary())
 }
 
 impl<R: Evaluation> Observer<R> for Progress {

@@ -67,6 +67,17 @@ fn fingerprints(out: &Output) -> Vec<String> {
     lines.iter().map(|l| l.split(", parameters ").nth(1).unwrap().to_string()).collect()
 }
 
+/// Two ranks (`out`, writing `ranks`) ended with equal replicas, and one process (`single`, writing `alone`) trained
+/// the same `steps` with the same losses to the same weights.
+fn assert_ranks_match_one_process(out: &Output, single: &Output, (ranks, alone): (&Path, &Path), steps: usize) {
+    let prints = fingerprints(out);
+    assert!(prints.len() == 2 && prints[0] == prints[1], "the replicas differ: {prints:?}");
+    assert!(single.status.success(), "{}", String::from_utf8_lossy(&single.stderr));
+    assert_eq!(step_losses(ranks).len(), steps);
+    assert_same_losses(ranks, alone);
+    assert_same_weights(ranks, alone);
+}
+
 fn assert_same_losses(a: &Path, b: &Path) {
     let (a, b) = (step_losses(a), step_losses(b));
     assert_eq!(a.len(), b.len());
@@ -92,14 +103,8 @@ fn two_ranks_train_as_one_process_with_twice_the_batch() {
         let dir = tempfile::tempdir().unwrap();
         let (ranks, alone) = (dir.path().join("ranks"), dir.path().join("alone"));
         let out = run_ok(mpiexec(&[], &strs(&baby_gpt(dir.path(), &ranks, 6, accum, 20))));
-        let prints = fingerprints(&out);
-        assert_eq!(prints.len(), 2, "{}", String::from_utf8_lossy(&out.stdout));
-        assert_eq!(prints[0], prints[1], "the replicas differ");
         let single = Command::new(EMBER).args(baby_gpt(dir.path(), &alone, 12, accum, 20)).output().unwrap();
-        assert!(single.status.success(), "{}", String::from_utf8_lossy(&single.stderr));
-        assert_eq!(step_losses(&ranks).len(), 20);
-        assert_same_losses(&ranks, &alone);
-        assert_same_weights(&ranks, &alone);
+        assert_ranks_match_one_process(&out, &single, (&ranks, &alone), 20);
     }
 }
 
@@ -121,13 +126,8 @@ fn two_ranks_train_the_translator_as_one_process() {
             .collect::<Vec<_>>()
     };
     let out = run_ok(mpiexec(&[], &strs(&args(&ranks, 512))));
-    let prints = fingerprints(&out);
-    assert!(prints.len() == 2 && prints[0] == prints[1], "{prints:?}");
     let single = Command::new(EMBER).args(args(&alone, 1024)).output().unwrap();
-    assert!(single.status.success(), "{}", String::from_utf8_lossy(&single.stderr));
-    assert_eq!(step_losses(&ranks).len(), 3);
-    assert_same_losses(&ranks, &alone);
-    assert_same_weights(&ranks, &alone);
+    assert_ranks_match_one_process(&out, &single, (&ranks, &alone), 3);
 }
 
 #[test]

@@ -221,18 +221,8 @@ fn convert_to_mla_keeps_the_loss_at_full_rank_and_fine_tunes_with_resume() {
     let run = common::tiny_run(dir.path(), 30);
     let text = dir.path().join("corpus.txt");
     let loss = |model: &std::path::Path| -> f64 {
-        let out = ember(&[
-            "--device",
-            "cpu",
-            "eval",
-            "perplexity",
-            "--model",
-            model.to_str().unwrap(),
-            "--text",
-            text.to_str().unwrap(),
-            "--tokens",
-            "500",
-        ]);
+        let args = ["--device", "cpu", "eval", "perplexity", "--model", model.to_str().unwrap()];
+        let out = ember(&[&args[..], &["--text", text.to_str().unwrap(), "--tokens", "500"]].concat());
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
         stdout
@@ -315,20 +305,9 @@ fn bench_context_and_bench_convert_report_a_row_per_length_and_width() {
     assert_eq!(std::fs::read_to_string(&svg).unwrap().matches("<polyline").count(), 4);
 
     let text = dir.path().join("corpus.txt");
-    let out = ember(&[
-        "--device",
-        "cpu",
-        "bench",
-        "convert",
-        "--model",
-        run.to_str().unwrap(),
-        "--text",
-        text.to_str().unwrap(),
-        "--tokens",
-        "300",
-        "--latent-dims",
-        "0,8",
-    ]);
+    let args =
+        ["--device", "cpu", "bench", "convert", "--model", run.to_str().unwrap(), "--text", text.to_str().unwrap()];
+    let out = ember(&[&args[..], &["--tokens", "300", "--latent-dims", "0,8"]].concat());
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let full = stdout.lines().find(|l| l.starts_with("| MLA d_L = 33 | 280 |")).unwrap_or_else(|| panic!("{stdout}"));

@@ -6,6 +6,7 @@
 mod common;
 
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
+use ember_core_model::Build;
 use ember_core_model::config::{AttentionKernel, NormPlacement};
 use ember_core_model::seq2seq::{Seq2Seq, Seq2SeqConfig};
 use ember_core_model::{CausalLm, ModelConfig, Rng};
@@ -49,9 +50,7 @@ fn forward_logits_match_the_cpu_within_1e_4() {
 fn twenty_training_steps_lower_the_loss() {
     let Some(_) = wgpu_test_device() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let corpus = common::small_corpus(dir.path(), 100_000);
-    let run = dir.path().join("run");
-    let config = common::tiny_config(dir.path(), &corpus, &run, "");
+    let (config, run) = common::tiny_setup(dir.path(), 100_000);
     let out =
         common::train_ok(&["--device", "wgpu", "--config", config.to_str().unwrap(), "--set", "train.max_steps=20"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -294,9 +293,7 @@ fn two_hundred_f16_training_steps_follow_f32_within_the_stated_band() {
 fn an_overflowing_loss_scale_skips_the_step_halves_and_grows_again() {
     let Some(_) = wgpu_test_device() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let corpus = common::small_corpus(dir.path(), 20_000);
-    let run = dir.path().join("run");
-    let config = common::tiny_config(dir.path(), &corpus, &run, "");
+    let (config, run) = common::tiny_setup(dir.path(), 20_000);
     let config = config.to_str().unwrap();
     let sets = [
         "model.dtype=f16",

@@ -394,6 +394,28 @@ impl JsonStyle {
         out.push(bracket);
     }
 
+    /// `open` item, item … `close` (`[]` or `{}` when empty), each item on its own line when indenting.
+    fn bracketed(
+        &self,
+        out: &mut String,
+        depth: usize,
+        (open, close): (char, char),
+        items: &[Value],
+        mut item: impl FnMut(&mut String, &Value) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        out.push(open);
+        if items.is_empty() {
+            out.push(close);
+            return Ok(());
+        }
+        for (i, value) in items.iter().enumerate() {
+            self.before(out, i == 0, depth + 1);
+            item(out, value)?;
+        }
+        self.close(out, depth, close);
+        Ok(())
+    }
+
     fn write(&self, out: &mut String, value: &Value, depth: usize) -> Result<(), Error> {
         match value.kind() {
             ValueKind::None | ValueKind::Undefined => out.push_str("null"),
@@ -405,34 +427,18 @@ impl JsonStyle {
             ValueKind::String => self.string(out, value.as_str().unwrap_or_default()),
             ValueKind::Seq | ValueKind::Iterable => {
                 let items: Vec<Value> = value.try_iter()?.collect();
-                if items.is_empty() {
-                    out.push_str("[]");
-                    return Ok(());
-                }
-                out.push('[');
-                for (i, item) in items.iter().enumerate() {
-                    self.before(out, i == 0, depth + 1);
-                    self.write(out, item, depth + 1)?;
-                }
-                self.close(out, depth, ']');
+                self.bracketed(out, depth, ('[', ']'), &items, |out, item| self.write(out, item, depth + 1))?;
             }
             ValueKind::Map => {
                 let mut keys: Vec<Value> = value.try_iter()?.collect();
                 if self.sort_keys {
                     keys.sort_by_key(|k| k.to_string());
                 }
-                if keys.is_empty() {
-                    out.push_str("{}");
-                    return Ok(());
-                }
-                out.push('{');
-                for (i, k) in keys.iter().enumerate() {
-                    self.before(out, i == 0, depth + 1);
+                self.bracketed(out, depth, ('{', '}'), &keys, |out, k| {
                     self.string(out, &k.to_string());
                     out.push_str(&self.key);
-                    self.write(out, &value.get_item(k)?, depth + 1)?;
-                }
-                self.close(out, depth, '}');
+                    self.write(out, &value.get_item(k)?, depth + 1)
+                })?;
             }
             other => {
                 return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: a {other} is not JSON")));

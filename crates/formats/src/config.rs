@@ -141,15 +141,17 @@ impl Precision {
     }
 }
 
+/// A unit variant of `T` by the name its config key takes (serde's), for command-line flags; an unknown name is
+/// "unknown variant `x`, expected one of …".
+pub fn from_name<T: serde::de::DeserializeOwned>(name: &str) -> Result<T, String> {
+    T::deserialize(serde::de::value::StrDeserializer::<serde::de::value::Error>::new(name)).map_err(|e| e.to_string())
+}
+
 impl std::str::FromStr for Precision {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "f32" => Ok(Self::F32),
-            "f16" => Ok(Self::F16),
-            other => Err(format!("{other}: the float types are f32 and f16")),
-        }
+        from_name(s)
     }
 }
 

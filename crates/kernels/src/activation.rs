@@ -29,13 +29,6 @@ pub trait GeluOps: Backend {
     fn fused_gelu(x: FloatTensor<Self>, kind: Activation) -> FloatTensor<Self>;
 }
 
-/// The fused activation's backward, run by the autodiff tape on the inner backend.
-#[backend_extension(Flex)]
-pub trait GeluGradOps: Backend {
-    /// dx = dy ⊙ GELU'(x): Φ(x) + x φ(x) for the exact one.
-    fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>, kind: Activation) -> FloatTensor<Self>;
-}
-
 /// GELU(x) elementwise.
 pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     if !on_cpu(&x.device()) {
@@ -57,18 +50,6 @@ pub fn gelu_tanh<const D: usize>(x: Tensor<D>) -> Tensor<D> {
 pub trait GatedOps: Backend {
     /// act(g) ⊙ u.
     fn fused_gated(g: FloatTensor<Self>, u: FloatTensor<Self>, gate: Activation) -> FloatTensor<Self>;
-}
-
-/// The fused gated unit's backward, run by the autodiff tape on the inner backend.
-#[backend_extension(Flex)]
-pub trait GatedGradOps: Backend {
-    /// (dg, du) = (dy ⊙ u ⊙ act'(g), dy ⊙ act(g)).
-    fn fused_gated_backward(
-        g: FloatTensor<Self>,
-        u: FloatTensor<Self>,
-        d_y: FloatTensor<Self>,
-        gate: Activation,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>);
 }
 
 /// SiLU(g) ⊙ u elementwise (g and u of one shape).
@@ -130,11 +111,10 @@ impl GeluOps for Flex {
     }
 }
 
-impl GeluGradOps for Flex {
-    fn fused_gelu_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>, kind: Activation) -> FloatTensor<Self> {
-        stay_awake();
-        zip_map(x, d_y, |dx, x, dy| gelu_backward_chunk(dx, x, dy, kind))
-    }
+/// dx = dy ⊙ GELU'(x): Φ(x) + x φ(x) for the exact one.
+fn fused_gelu_backward(x: FloatTensor<Flex>, d_y: FloatTensor<Flex>, kind: Activation) -> FloatTensor<Flex> {
+    stay_awake();
+    zip_map(x, d_y, |dx, x, dy| gelu_backward_chunk(dx, x, dy, kind))
 }
 
 /// `chunk(out, a, b)` over two tensors of one shape, chunks in parallel.
@@ -209,45 +189,44 @@ impl GatedOps for Flex {
     }
 }
 
-impl GatedGradOps for Flex {
-    fn fused_gated_backward(
-        g: FloatTensor<Self>,
-        u: FloatTensor<Self>,
-        d_y: FloatTensor<Self>,
-        gate: Activation,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        stay_awake();
-        let (g, u, d_y) = (contiguous(g), contiguous(u), contiguous(d_y));
-        let shape = g.layout().shape().to_vec();
-        let (gs, us, dys) = (floats(&g), floats(&u), floats(&d_y));
-        let (mut dg, mut du) = (vec![0.0f32; gs.len()], vec![0.0f32; gs.len()]);
-        let outs = dg.par_chunks_mut(CHUNK).zip(du.par_chunks_mut(CHUNK));
-        outs.zip(gs.par_chunks(CHUNK).zip(us.par_chunks(CHUNK)).zip(dys.par_chunks(CHUNK)))
-            .for_each(|((dg, du), ((g, u), dy))| gated_backward_chunk(dg, du, g, u, dy, gate));
-        (tensor(dg, &shape), tensor(du, &shape))
-    }
+/// (dg, du) = (dy ⊙ u ⊙ act'(g), dy ⊙ act(g)).
+fn fused_gated_backward(
+    g: FloatTensor<Flex>,
+    u: FloatTensor<Flex>,
+    d_y: FloatTensor<Flex>,
+    gate: Activation,
+) -> (FloatTensor<Flex>, FloatTensor<Flex>) {
+    stay_awake();
+    let (g, u, d_y) = (contiguous(g), contiguous(u), contiguous(d_y));
+    let shape = g.layout().shape().to_vec();
+    let (gs, us, dys) = (floats(&g), floats(&u), floats(&d_y));
+    let (mut dg, mut du) = (vec![0.0f32; gs.len()], vec![0.0f32; gs.len()]);
+    let outs = dg.par_chunks_mut(CHUNK).zip(du.par_chunks_mut(CHUNK));
+    outs.zip(gs.par_chunks(CHUNK).zip(us.par_chunks(CHUNK)).zip(dys.par_chunks(CHUNK)))
+        .for_each(|((dg, du), ((g, u), dy))| gated_backward_chunk(dg, du, g, u, dy, gate));
+    (tensor(dg, &shape), tensor(du, &shape))
 }
 
 #[derive(Debug)]
 struct GatedBackward;
 
-impl<B: GatedGradOps> Backward<B, 2> for GatedBackward {
-    type State = (FloatTensor<B>, FloatTensor<B>, Activation);
+impl Backward<Flex, 2> for GatedBackward {
+    type State = (FloatTensor<Flex>, FloatTensor<Flex>, Activation);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let parents = ops.parents.map(|p| p.map(|node| node.id));
-        let d_y = grads.consume::<B>(&ops.node);
+        let d_y = grads.consume::<Flex>(&ops.node);
         let (g, u, gate) = ops.state;
-        let (dg, du) = B::fused_gated_backward(g, u, d_y, gate);
-        tape::register::<B, 2>(grads, parents, [dg, du]);
+        let (dg, du) = fused_gated_backward(g, u, d_y, gate);
+        tape::register::<Flex, 2>(grads, parents, [dg, du]);
     }
 }
 
-impl<B: GatedOps + GatedGradOps, C: CheckpointStrategy> GatedOps for Autodiff<B, C> {
+impl<C: CheckpointStrategy> GatedOps for Autodiff<Flex, C> {
     fn fused_gated(g: FloatTensor<Self>, u: FloatTensor<Self>, gate: Activation) -> FloatTensor<Self> {
         let prepared = GatedBackward.prepare::<C>([g.node(), u.node()]).compute_bound().stateful();
         let (g, u) = (g.into_primitive(), u.into_primitive());
-        let y = B::fused_gated(g.clone(), u.clone(), gate);
+        let y = Flex::fused_gated(g.clone(), u.clone(), gate);
         match prepared {
             OpsKind::Tracked(prep) => prep.finish((g, u, gate), y),
             OpsKind::UnTracked(prep) => prep.finish(y),
@@ -258,24 +237,24 @@ impl<B: GatedOps + GatedGradOps, C: CheckpointStrategy> GatedOps for Autodiff<B,
 #[derive(Debug)]
 struct GeluBackward;
 
-impl<B: GeluGradOps> Backward<B, 1> for GeluBackward {
-    type State = (FloatTensor<B>, Activation);
+impl Backward<Flex, 1> for GeluBackward {
+    type State = (FloatTensor<Flex>, Activation);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let [node_x] = ops.parents;
-        let d_y = grads.consume::<B>(&ops.node);
+        let d_y = grads.consume::<Flex>(&ops.node);
         if let Some(node) = node_x {
             let (x, kind) = ops.state;
-            grads.register::<B>(node.id, B::fused_gelu_backward(x, d_y, kind));
+            grads.register::<Flex>(node.id, fused_gelu_backward(x, d_y, kind));
         }
     }
 }
 
-impl<B: GeluOps + GeluGradOps, C: CheckpointStrategy> GeluOps for Autodiff<B, C> {
+impl<C: CheckpointStrategy> GeluOps for Autodiff<Flex, C> {
     fn fused_gelu(x: FloatTensor<Self>, kind: Activation) -> FloatTensor<Self> {
         let prepared = GeluBackward.prepare::<C>([x.node()]).compute_bound().stateful();
         let x = x.into_primitive();
-        let y = B::fused_gelu(x.clone(), kind);
+        let y = Flex::fused_gelu(x.clone(), kind);
         match prepared {
             OpsKind::Tracked(prep) => prep.finish((x, kind), y),
             OpsKind::UnTracked(prep) => prep.finish(y),

@@ -135,10 +135,7 @@ mod tests {
 
     #[test]
     fn causal_row_zero_attends_only_to_key_zero() {
-        let dev = Device::flex();
-        let q = Tensor::<4>::random([1, 2, 5, 8], Distribution::Normal(0.0, 1.0), &dev);
-        let k = Tensor::<4>::random([1, 2, 5, 8], Distribution::Normal(0.0, 1.0), &dev);
-        let v = Tensor::<4>::random([1, 2, 5, 8], Distribution::Normal(0.0, 1.0), &dev);
+        let [q, k, v] = qkv(1, 2, 5, 8);
         let o = reference_attention(q, k, v.clone(), &AttentionSpec::causal(8));
         let first: Tensor<4> = o.slice([0..1, 0..2, 0..1, 0..8]);
         assert!(max_diff(first, v.slice([0..1, 0..2, 0..1, 0..8])) < 1e-6);
@@ -146,10 +143,7 @@ mod tests {
 
     #[test]
     fn query_offset_matches_the_last_rows_of_full_attention() {
-        let dev = Device::flex();
-        let q = Tensor::<4>::random([2, 2, 6, 4], Distribution::Normal(0.0, 1.0), &dev);
-        let k = Tensor::<4>::random([2, 2, 6, 4], Distribution::Normal(0.0, 1.0), &dev);
-        let v = Tensor::<4>::random([2, 2, 6, 4], Distribution::Normal(0.0, 1.0), &dev);
+        let [q, k, v] = qkv(2, 2, 6, 4);
         let full = reference_attention(q.clone(), k.clone(), v.clone(), &AttentionSpec::causal(4));
         let spec = AttentionSpec { query_offset: 4, ..AttentionSpec::causal(4) };
         let tail = reference_attention(q.slice([0..2, 0..2, 4..6, 0..4]), k, v, &spec);
@@ -158,10 +152,7 @@ mod tests {
 
     #[test]
     fn burn_fused_equals_naive_and_gqa_repeats_kv_heads() {
-        let dev = Device::flex();
-        let q = Tensor::<4>::random([2, 4, 7, 8], Distribution::Normal(0.0, 1.0), &dev);
-        let k = Tensor::<4>::random([2, 2, 7, 8], Distribution::Normal(0.0, 1.0), &dev);
-        let v = Tensor::<4>::random([2, 2, 7, 8], Distribution::Normal(0.0, 1.0), &dev);
+        let ([q, _, _], [k, v, _]) = (qkv(2, 4, 7, 8), qkv(2, 2, 7, 8));
         let spec = AttentionSpec::causal(8);
         let reference = reference_attention(q.clone(), repeat_kv(k.clone(), 4), repeat_kv(v.clone(), 4), &spec);
         let fused = attention(q.clone(), k.clone(), v.clone(), &spec.clone().with_algorithm(AttentionAlgorithm::Burn));

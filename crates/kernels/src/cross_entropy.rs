@@ -27,19 +27,6 @@ pub trait CrossEntropyOps: Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 }
 
-/// The fused loss's backward, run by the autodiff tape on the inner backend.
-#[backend_extension(Flex)]
-pub trait CrossEntropyGradOps: Backend {
-    /// ∂L/∂x = dℓ ⊙ (softmax(x) − q), row by row, from the saved lse.
-    fn cross_entropy_backward(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        lse: FloatTensor<Self>,
-        d_loss: FloatTensor<Self>,
-        epsilon: f32,
-    ) -> FloatTensor<Self>;
-}
-
 /// ℓ per row of logits [N, V] against targets [N], label smoothing ε.
 pub fn cross_entropy(logits: Tensor<2>, targets: Tensor<1, Int>, epsilon: f64) -> Tensor<1> {
     if !on_cpu(&logits.device()) {
@@ -108,44 +95,43 @@ impl CrossEntropyOps for Flex {
     }
 }
 
-impl CrossEntropyGradOps for Flex {
-    fn cross_entropy_backward(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        lse: FloatTensor<Self>,
-        d_loss: FloatTensor<Self>,
-        epsilon: f32,
-    ) -> FloatTensor<Self> {
-        stay_awake();
-        let (logits, lse, d_loss) = (contiguous(logits), contiguous(lse), contiguous(d_loss));
-        let shape = logits.layout().shape().to_vec();
-        let v = shape[1];
-        let (x, y, lse, dl) = (floats(&logits), indices(targets), floats(&lse), floats(&d_loss));
-        let mut dx = vec![0.0f32; x.len()];
-        dx.par_chunks_mut(v.max(1)).enumerate().for_each(|(r, dx)| {
-            row_gradient(dx, &x[r * v..][..v], y[r], dl[r], lse[r], epsilon);
-        });
-        tensor(dx, &shape)
-    }
+/// ∂L/∂x = dℓ ⊙ (softmax(x) − q), row by row, from the saved lse.
+fn cross_entropy_backward(
+    logits: FloatTensor<Flex>,
+    targets: IntTensor<Flex>,
+    lse: FloatTensor<Flex>,
+    d_loss: FloatTensor<Flex>,
+    epsilon: f32,
+) -> FloatTensor<Flex> {
+    stay_awake();
+    let (logits, lse, d_loss) = (contiguous(logits), contiguous(lse), contiguous(d_loss));
+    let shape = logits.layout().shape().to_vec();
+    let v = shape[1];
+    let (x, y, lse, dl) = (floats(&logits), indices(targets), floats(&lse), floats(&d_loss));
+    let mut dx = vec![0.0f32; x.len()];
+    dx.par_chunks_mut(v.max(1)).enumerate().for_each(|(r, dx)| {
+        row_gradient(dx, &x[r * v..][..v], y[r], dl[r], lse[r], epsilon);
+    });
+    tensor(dx, &shape)
 }
 
 #[derive(Debug)]
 struct CrossEntropyBackward;
 
-impl<B: CrossEntropyGradOps> Backward<B, 1> for CrossEntropyBackward {
-    type State = (FloatTensor<B>, IntTensor<B>, FloatTensor<B>, f32);
+impl Backward<Flex, 1> for CrossEntropyBackward {
+    type State = (FloatTensor<Flex>, IntTensor<Flex>, FloatTensor<Flex>, f32);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let [node_logits] = ops.parents;
-        let d_loss = grads.consume::<B>(&ops.node);
+        let d_loss = grads.consume::<Flex>(&ops.node);
         let (logits, targets, lse, epsilon) = ops.state;
         if let Some(node) = node_logits {
-            grads.register::<B>(node.id, B::cross_entropy_backward(logits, targets, lse, d_loss, epsilon));
+            grads.register::<Flex>(node.id, cross_entropy_backward(logits, targets, lse, d_loss, epsilon));
         }
     }
 }
 
-impl<B: CrossEntropyOps + CrossEntropyGradOps, C: CheckpointStrategy> CrossEntropyOps for Autodiff<B, C> {
+impl<C: CheckpointStrategy> CrossEntropyOps for Autodiff<Flex, C> {
     fn cross_entropy_forward(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
@@ -153,7 +139,7 @@ impl<B: CrossEntropyOps + CrossEntropyGradOps, C: CheckpointStrategy> CrossEntro
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let prepared = CrossEntropyBackward.prepare::<C>([logits.node()]).compute_bound().stateful();
         let x = logits.into_primitive();
-        let (loss, lse) = B::cross_entropy_forward(x.clone(), targets.clone(), epsilon);
+        let (loss, lse) = Flex::cross_entropy_forward(x.clone(), targets.clone(), epsilon);
         match prepared {
             OpsKind::Tracked(prep) => (prep.finish((x, targets, lse.clone(), epsilon), loss), Self::from_inner(lse)),
             OpsKind::UnTracked(prep) => (prep.finish(loss), Self::from_inner(lse)),

@@ -17,17 +17,6 @@ pub trait LinearOps: Backend {
     fn linear_forward(x: FloatTensor<Self>, w: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
-/// The fused projection's backward, run by the autodiff tape on the inner backend.
-#[backend_extension(Flex)]
-pub trait LinearGradOps: Backend {
-    /// (dx, dW, db) = (dy Wᵀ, xᵀ dy, Σ_rows dy).
-    fn linear_backward(
-        x: FloatTensor<Self>,
-        w: FloatTensor<Self>,
-        d_y: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-}
-
 /// `layer` applied to the last dimension of x.
 pub fn linear<const D: usize>(layer: &Linear, x: Tensor<D>) -> Tensor<D> {
     let w = layer.weight.val();
@@ -70,44 +59,43 @@ impl LinearOps for Flex {
     }
 }
 
-impl LinearGradOps for Flex {
-    fn linear_backward(
-        x: FloatTensor<Self>,
-        w: FloatTensor<Self>,
-        d_y: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        stay_awake();
-        let (x, d_y) = (contiguous(x), contiguous(d_y));
-        let (n, k, m) = (x.layout().shape()[0], x.layout().shape()[1], w.layout().shape()[1]);
-        let (xs, dys) = (floats(&x), floats(&d_y));
-        // dx = dy Wᵀ; dW = xᵀ dy (its row blocks are column blocks of x).
-        let dx = matmul_in_blocks(n, k, m, Mat::rows(dys, m), Mat::of(&w).t(), None);
-        let dw = matmul_in_blocks(k, m, n, Mat::transposed(xs, k), Mat::rows(dys, m), None);
-        // db = Σ_rows dy.
-        (tensor(dx, &[n, k]), tensor(dw, &[k, m]), tensor(column_sums(dys, m), &[m]))
-    }
+/// (dx, dW, db) = (dy Wᵀ, xᵀ dy, Σ_rows dy).
+fn linear_backward(
+    x: FloatTensor<Flex>,
+    w: FloatTensor<Flex>,
+    d_y: FloatTensor<Flex>,
+) -> (FloatTensor<Flex>, FloatTensor<Flex>, FloatTensor<Flex>) {
+    stay_awake();
+    let (x, d_y) = (contiguous(x), contiguous(d_y));
+    let (n, k, m) = (x.layout().shape()[0], x.layout().shape()[1], w.layout().shape()[1]);
+    let (xs, dys) = (floats(&x), floats(&d_y));
+    // dx = dy Wᵀ; dW = xᵀ dy (its row blocks are column blocks of x).
+    let dx = matmul_in_blocks(n, k, m, Mat::rows(dys, m), Mat::of(&w).t(), None);
+    let dw = matmul_in_blocks(k, m, n, Mat::transposed(xs, k), Mat::rows(dys, m), None);
+    // db = Σ_rows dy.
+    (tensor(dx, &[n, k]), tensor(dw, &[k, m]), tensor(column_sums(dys, m), &[m]))
 }
 
 #[derive(Debug)]
 struct LinearBackward;
 
-impl<B: LinearGradOps> Backward<B, 3> for LinearBackward {
-    type State = (FloatTensor<B>, FloatTensor<B>);
+impl Backward<Flex, 3> for LinearBackward {
+    type State = (FloatTensor<Flex>, FloatTensor<Flex>);
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let parents = ops.parents.map(|p| p.map(|node| node.id));
-        let d_y = grads.consume::<B>(&ops.node);
+        let d_y = grads.consume::<Flex>(&ops.node);
         let (x, w) = ops.state;
-        let (dx, dw, db) = B::linear_backward(x, w, d_y);
-        tape::register::<B, 3>(grads, parents, [dx, dw, db]);
+        let (dx, dw, db) = linear_backward(x, w, d_y);
+        tape::register::<Flex, 3>(grads, parents, [dx, dw, db]);
     }
 }
 
-impl<B: LinearOps + LinearGradOps, C: CheckpointStrategy> LinearOps for Autodiff<B, C> {
+impl<C: CheckpointStrategy> LinearOps for Autodiff<Flex, C> {
     fn linear_forward(x: FloatTensor<Self>, w: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
         let prepared = LinearBackward.prepare::<C>([x.node(), w.node(), b.node()]).compute_bound().stateful();
         let (x, w) = (x.into_primitive(), w.into_primitive());
-        let y = B::linear_forward(x.clone(), w.clone(), b.into_primitive());
+        let y = Flex::linear_forward(x.clone(), w.clone(), b.into_primitive());
         match prepared {
             OpsKind::Tracked(prep) => prep.finish((x, w), y),
             OpsKind::UnTracked(prep) => prep.finish(y),

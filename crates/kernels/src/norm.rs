@@ -28,21 +28,6 @@ pub trait NormOps: Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 }
 
-/// The fused normalisation's backward, run by the autodiff tape on the inner backend.
-#[backend_extension(Flex)]
-pub trait NormGradOps: Backend {
-    /// (dx, dγ, dβ) from dy and the saved μ, 1/σ.
-    #[allow(clippy::type_complexity)]
-    fn norm_backward(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        d_y: FloatTensor<Self>,
-        mean: FloatTensor<Self>,
-        rstd: FloatTensor<Self>,
-        params: NormParams,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-}
-
 /// γ ⊙ x̂ + β over the last dimension of x (β absent: 0).
 pub fn norm<const D: usize>(x: Tensor<D>, gamma: Tensor<1>, beta: Option<Tensor<1>>, params: NormParams) -> Tensor<D> {
     if !on_cpu(&x.device()) {
@@ -175,56 +160,56 @@ impl NormOps for Flex {
     }
 }
 
-impl NormGradOps for Flex {
-    fn norm_backward(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        d_y: FloatTensor<Self>,
-        mean: FloatTensor<Self>,
-        rstd: FloatTensor<Self>,
-        params: NormParams,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        stay_awake();
-        let (x, gamma, d_y) = (contiguous(x), contiguous(gamma), contiguous(d_y));
-        let (mean, rstd) = (contiguous(mean), contiguous(rstd));
-        let shape = x.layout().shape().to_vec();
-        let d = shape[1];
-        let (xs, g, dys, mus, ss) = (floats(&x), floats(&gamma), floats(&d_y), floats(&mean), floats(&rstd));
-        let mut dx = vec![0.0f32; xs.len()];
-        let rows = rows_per_task(shape[0], d);
-        let saved = Saved { xs, dys, g, mus, ss, d };
-        // dx = s (ĝ − mean(ĝ) − x̂ mean(ĝ ⊙ x̂)) with ĝ = dy ⊙ γ (RMSNorm: no mean(ĝ) term); dγ = Σ dy ⊙ x̂,
-        // dβ = Σ dy, summed per task and then over tasks.
-        let partial: Vec<(Vec<f32>, Vec<f32>)> = dx
-            .par_chunks_mut(rows * d)
-            .enumerate()
-            .map(|(task, dx)| norm_backward_rows(dx, task * rows, saved, params))
-            .collect();
-        let (mut dg, mut db) = (vec![0.0f32; d], vec![0.0f32; d]);
-        for (pg, pb) in partial {
-            dg.iter_mut().zip(pg).for_each(|(a, b)| *a += b);
-            db.iter_mut().zip(pb).for_each(|(a, b)| *a += b);
-        }
-        (tensor(dx, &shape), tensor(dg, &[d]), tensor(db, &[d]))
+/// (dx, dγ, dβ) from dy and the saved μ, 1/σ.
+#[allow(clippy::type_complexity)]
+fn norm_backward(
+    x: FloatTensor<Flex>,
+    gamma: FloatTensor<Flex>,
+    d_y: FloatTensor<Flex>,
+    mean: FloatTensor<Flex>,
+    rstd: FloatTensor<Flex>,
+    params: NormParams,
+) -> (FloatTensor<Flex>, FloatTensor<Flex>, FloatTensor<Flex>) {
+    stay_awake();
+    let (x, gamma, d_y) = (contiguous(x), contiguous(gamma), contiguous(d_y));
+    let (mean, rstd) = (contiguous(mean), contiguous(rstd));
+    let shape = x.layout().shape().to_vec();
+    let d = shape[1];
+    let (xs, g, dys, mus, ss) = (floats(&x), floats(&gamma), floats(&d_y), floats(&mean), floats(&rstd));
+    let mut dx = vec![0.0f32; xs.len()];
+    let rows = rows_per_task(shape[0], d);
+    let saved = Saved { xs, dys, g, mus, ss, d };
+    // dx = s (ĝ − mean(ĝ) − x̂ mean(ĝ ⊙ x̂)) with ĝ = dy ⊙ γ (RMSNorm: no mean(ĝ) term); dγ = Σ dy ⊙ x̂,
+    // dβ = Σ dy, summed per task and then over tasks.
+    let partial: Vec<(Vec<f32>, Vec<f32>)> = dx
+        .par_chunks_mut(rows * d)
+        .enumerate()
+        .map(|(task, dx)| norm_backward_rows(dx, task * rows, saved, params))
+        .collect();
+    let (mut dg, mut db) = (vec![0.0f32; d], vec![0.0f32; d]);
+    for (pg, pb) in partial {
+        dg.iter_mut().zip(pg).for_each(|(a, b)| *a += b);
+        db.iter_mut().zip(pb).for_each(|(a, b)| *a += b);
     }
+    (tensor(dx, &shape), tensor(dg, &[d]), tensor(db, &[d]))
 }
 
 #[derive(Debug)]
 struct NormBackward;
 
-impl<B: NormGradOps> Backward<B, 3> for NormBackward {
-    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, NormParams);
+impl Backward<Flex, 3> for NormBackward {
+    type State = (FloatTensor<Flex>, FloatTensor<Flex>, FloatTensor<Flex>, FloatTensor<Flex>, NormParams);
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let parents = ops.parents.map(|p| p.map(|node| node.id));
-        let d_y = grads.consume::<B>(&ops.node);
+        let d_y = grads.consume::<Flex>(&ops.node);
         let (x, gamma, mean, rstd, params) = ops.state;
-        let (dx, dg, db) = B::norm_backward(x, gamma, d_y, mean, rstd, params);
-        tape::register::<B, 3>(grads, parents, [dx, dg, db]);
+        let (dx, dg, db) = norm_backward(x, gamma, d_y, mean, rstd, params);
+        tape::register::<Flex, 3>(grads, parents, [dx, dg, db]);
     }
 }
 
-impl<B: NormOps + NormGradOps, C: CheckpointStrategy> NormOps for Autodiff<B, C> {
+impl<C: CheckpointStrategy> NormOps for Autodiff<Flex, C> {
     fn norm_forward(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
@@ -233,7 +218,7 @@ impl<B: NormOps + NormGradOps, C: CheckpointStrategy> NormOps for Autodiff<B, C>
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let prepared = NormBackward.prepare::<C>([x.node(), gamma.node(), beta.node()]).compute_bound().stateful();
         let (xi, gi) = (x.into_primitive(), gamma.into_primitive());
-        let (y, mean, rstd) = B::norm_forward(xi.clone(), gi.clone(), beta.into_primitive(), params);
+        let (y, mean, rstd) = Flex::norm_forward(xi.clone(), gi.clone(), beta.into_primitive(), params);
         match prepared {
             OpsKind::Tracked(prep) => {
                 let state = (xi, gi, mean.clone(), rstd.clone(), params);

@@ -104,15 +104,7 @@ const CHUNK: usize = 256;
 impl std::str::FromStr for KvKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "none" => Ok(KvKind::None),
-            "contiguous" => Ok(KvKind::Contiguous),
-            "paged" => Ok(KvKind::Paged),
-            "int8" => Ok(KvKind::Int8),
-            "int4" => Ok(KvKind::Int4),
-            "state" => Ok(KvKind::State),
-            other => Err(format!("{other:?} is not a KV store (none, contiguous, paged, int8, int4, state)")),
-        }
+        ember_formats::config::from_name(s)
     }
 }
 
@@ -464,6 +456,7 @@ pub fn generate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ember_core_model::Build;
 
     /// Text streamed from the incremental decode is exactly the decode of every generated token at once, through
     /// characters split over byte tokens (an emoji, a musical symbol, CJK) and across held-back stop-string bytes; a

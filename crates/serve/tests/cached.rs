@@ -3,6 +3,7 @@
 //! the paged store, and linear-attention models with their recurrent state; quantized stores stay close; forked sequences share pages, and later prompts the cached pages of
 //! their shared prefix.
 
+use ember_core_model::Build;
 use std::collections::HashMap;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};

@@ -4,6 +4,7 @@
 //! (a prompt too long for the context fails alone) and batch composition (greedy texts decoded in one batch equal
 //! those decoded one sequence at a time, on every KV store the scheduler batches).
 
+use ember_core_model::Build;
 use std::sync::mpsc;
 
 use burn::tensor::Device;

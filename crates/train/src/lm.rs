@@ -1,6 +1,7 @@
 //! Language-model training as a [`Task`] of the shared loop: random windows of the token corpus, the causal-LM
 //! loss, the configured schedule, and evaluation by mean train / val loss over fixed windows.
 
+use ember_core_model::Build;
 use std::path::Path;
 
 use burn::module::Module;
@@ -13,7 +14,7 @@ use crate::collective::{Collective, Shard};
 use crate::config::{TaskKind, TrainConfig};
 use crate::corpus::{Corpus, Sampler, Tokens};
 use crate::loss::lm_loss;
-use crate::metrics::Evaluation;
+use crate::metrics::{EvalLosses, Evaluation};
 use crate::schedule::learning_rate;
 use crate::trainer::{BatchLoss, LoopConfig, Task, TrainError, TrainLoop};
 
@@ -50,14 +51,8 @@ pub struct LmReport {
 }
 
 impl Evaluation for LmReport {
-    fn step(&self) -> u64 {
-        self.step
-    }
-    fn val_loss(&self) -> f32 {
-        self.val_loss
-    }
-    fn train_loss(&self) -> Option<f32> {
-        Some(self.train_loss)
+    fn losses(&self) -> EvalLosses {
+        EvalLosses { step: self.step, train_loss: Some(self.train_loss), val_loss: self.val_loss }
     }
     fn summary(&self) -> String {
         format!("train loss {:.4}, val loss {:.4}", self.train_loss, self.val_loss)

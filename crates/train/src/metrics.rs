@@ -29,13 +29,8 @@ pub struct StepReport {
 /// An evaluation after some optimizer steps, whatever the task measured (each task has its report type, a line of
 /// `metrics.jsonl` with `step` and `val_loss` at least).
 pub trait Evaluation {
-    fn step(&self) -> u64;
-    /// The validation loss, drawn in the loss curve.
-    fn val_loss(&self) -> f32;
-    /// The training loss, where the task measures it at evaluations.
-    fn train_loss(&self) -> Option<f32> {
-        None
-    }
+    /// The step and the losses measured, as the loss curve reads them back.
+    fn losses(&self) -> EvalLosses;
     /// What was measured, as a person reads it: "train loss 2.4426, val loss 2.4912".
     fn summary(&self) -> String;
 }

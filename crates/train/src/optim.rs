@@ -167,22 +167,27 @@ pub fn clip_scale(norm: f64, max_norm: f64) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use burn::nn::{Linear, LinearConfig};
     use burn::tensor::Device;
+
+    /// A 3 → 2 linear layer and the gradients of f = Σ (x W + b) at x = [1, −2, 0.5]: dL/dW[i][j] = x[i], dL/db = 1.
+    pub(crate) fn linear_and_gradients() -> (Linear, GradientsParams) {
+        let dev = Device::flex().autodiff();
+        let layer: Linear = LinearConfig::new(3, 2).init(&dev);
+        let x = Tensor::<2>::from_data(TensorData::new(vec![1f32, -2.0, 0.5], [1, 3]), &dev);
+        let grads = GradientsParams::from_grads(layer.forward(x).sum().backward(), &layer);
+        (layer, grads)
+    }
 
     /// One AdamW step on f(W) = Σ W x (gradient x broadcast) checked against the closed form of the first step:
     /// m̂ = g, v̂ = g², so θ₁ = θ₀(1 − ηλ) − η·g/(|g| + ε).
     #[test]
     fn first_step_matches_closed_form_and_decay_only_where_asked() {
-        let dev = Device::flex().autodiff();
-        let layer: Linear = LinearConfig::new(3, 2).init(&dev);
+        let (layer, grads) = linear_and_gradients();
         let before_w = layer.weight.val().into_data().try_to_vec::<f32>().unwrap();
         let before_b = layer.bias.as_ref().unwrap().val().into_data().try_to_vec::<f32>().unwrap();
-        let x = Tensor::<2>::from_data(TensorData::new(vec![1f32, -2.0, 0.5], [1, 3]), &dev);
-        let loss = layer.forward(x).sum();
-        let grads = GradientsParams::from_grads(loss.backward(), &layer);
         let config = AdamWConfig { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.1 };
         let mut optim = AdamW::new(config, HashSet::from([layer.weight.id]));
         let (lr, scale) = (0.01, 0.5);

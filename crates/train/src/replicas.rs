@@ -99,10 +99,7 @@ mod tests {
     /// Alone, averaging leaves the gradients as they were and reports the rank's own loss and tokens.
     #[test]
     fn one_rank_averages_to_its_own_gradients() {
-        let dev = Device::flex().autodiff();
-        let layer: Linear = LinearConfig::new(3, 2).init(&dev);
-        let x = Tensor::<2>::from_data(TensorData::new(vec![1f32, -2.0, 0.5], [1, 3]), &dev);
-        let mut grads = GradientsParams::from_grads(layer.forward(x).sum().backward(), &layer);
+        let (layer, mut grads) = crate::optim::tests::linear_and_gradients();
         let before = grads.get::<2>(layer.weight.id).unwrap().into_data();
         let global = average_gradients(&layer, &mut grads, 1.5, 7, false, &Single);
         assert_eq!(global, Global { loss: 1.5, tokens: 7, stop: false });

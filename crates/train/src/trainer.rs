@@ -422,7 +422,7 @@ impl<T: Task> TrainLoop<T> {
             }
         }
         let last_eval = match last_eval {
-            Some(e) if e.step() == self.step => e,
+            Some(e) if e.losses().step == self.step => e,
             // Resumed at or past max_steps: nothing to train, but the caller still hears how the model does.
             _ => self.eval_and_log(&mut metrics, observer)?,
         };
@@ -443,7 +443,7 @@ impl<T: Task> TrainLoop<T> {
             metrics.append(&report)?;
         }
         observer.on_eval(&report);
-        match report.val_loss() {
+        match report.losses().val_loss {
             loss if loss.is_finite() => Ok(report),
             loss => Err(self.non_finite("the validation loss", loss.into(), self.step)),
         }

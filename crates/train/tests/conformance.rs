@@ -1,6 +1,7 @@
 //! Conformance with PyTorch (fixture from scripts/fixtures/gpt_forward.py): the GPT's logits, the causal-LM loss,
 //! the global gradient norm, and the loss after one clipped AdamW step. Tolerance: 1e-4 absolute (f32).
 
+use ember_core_model::Build;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 

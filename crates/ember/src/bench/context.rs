@@ -3,6 +3,7 @@
 //! decoding): seconds per training step and per decoded token against T, both models built from one config with
 //! random weights (speed does not depend on their values) and timed in turns.
 
+use ember_core_model::Build;
 use std::path::PathBuf;
 use std::time::Instant;
 

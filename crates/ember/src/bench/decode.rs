@@ -1,6 +1,7 @@
 //! `ember bench decode`: generation tokens/s with the KV cache against recomputing the context every step, at
 //! several lengths, side by side in one run.
 
+use ember_core_model::Build;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Instant;

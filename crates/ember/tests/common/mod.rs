@@ -22,6 +22,12 @@ pub fn small_corpus(dir: &Path, bytes: usize) -> PathBuf {
     path
 }
 
+/// A tiny GPT run on the first `bytes` of the Shakespeare fixture: its config file and run directory (`dir/run`).
+pub fn tiny_setup(dir: &Path, bytes: usize) -> (PathBuf, PathBuf) {
+    let (corpus, run) = (small_corpus(dir, bytes), dir.join("run"));
+    (tiny_config(dir, &corpus, &run, ""), run)
+}
+
 /// A tiny GPT run config on `corpus` writing to `out_dir`.
 pub fn tiny_config(dir: &Path, corpus: &Path, out_dir: &Path, extra_train: &str) -> PathBuf {
     let text = format!(
@@ -87,9 +93,7 @@ impl Tiny {
 
 /// A tiny run (`tiny_config`) trained for `steps` steps on the first 20 kB of Shakespeare, in `dir/run`.
 pub fn tiny_run(dir: &Path, steps: u64) -> PathBuf {
-    let corpus = small_corpus(dir, 20_000);
-    let run = dir.join("run");
-    let config = tiny_config(dir, &corpus, &run, "");
+    let (config, run) = tiny_setup(dir, 20_000);
     let steps = format!("train.max_steps={steps}");
     train_ok(&["--device", "cpu", "--config", config.to_str().unwrap(), "--set", &steps]);
     run

@@ -1,11 +1,11 @@
 //! The kernels' backward pass as autodiff's: the forward saves (q, k, v, o, lse); the backward computes
 //! D = rowsum(dO ⊙ o) with backend ops, then dq, dk, dv with the FlashAttention-2 kernels.
 
-use burn::backend::{AutodiffBackend, TensorMetadata, tensor::FloatTensor};
+use burn::backend::{AutodiffBackend, Flex, TensorMetadata, tensor::FloatTensor};
 
 use burn::tensor::FloatDType;
 
-use super::{FlashGradOps, FlashOps, FlashParams, KvLayout, PackedAttentionGradOps, PackedAttentionOps};
+use super::{FlashGradOps, FlashOps, FlashParams, KvLayout, PackedAttentionOps, flex};
 use crate::spec::PackedHeads;
 use crate::tape::{self, Autodiff, Backward, CheckpointStrategy, Checkpointer, Gradients, NodeId, Ops, OpsKind};
 
@@ -59,20 +59,20 @@ impl<B: FlashOps + FlashGradOps, C: CheckpointStrategy> FlashOps for Autodiff<B,
 #[derive(Debug)]
 struct PackedBackward;
 
-impl<B: PackedAttentionGradOps> Backward<B, 1> for PackedBackward {
-    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, PackedHeads, FlashParams);
+impl Backward<Flex, 1> for PackedBackward {
+    type State = (FloatTensor<Flex>, FloatTensor<Flex>, FloatTensor<Flex>, PackedHeads, FlashParams);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let [node] = ops.parents;
-        let d_o = grads.consume::<B>(&ops.node);
+        let d_o = grads.consume::<Flex>(&ops.node);
         let (qkv, o, lse, heads, params) = ops.state;
         if let Some(node) = node {
-            grads.register::<B>(node.id, B::packed_attention_backward(qkv, o, lse, d_o, heads, params));
+            grads.register::<Flex>(node.id, flex::packed_attention_backward(qkv, o, lse, d_o, heads, params));
         }
     }
 }
 
-impl<B: PackedAttentionOps + PackedAttentionGradOps, C: CheckpointStrategy> PackedAttentionOps for Autodiff<B, C> {
+impl<C: CheckpointStrategy> PackedAttentionOps for Autodiff<Flex, C> {
     fn packed_attention_forward(
         qkv: FloatTensor<Self>,
         heads: PackedHeads,
@@ -80,7 +80,7 @@ impl<B: PackedAttentionOps + PackedAttentionGradOps, C: CheckpointStrategy> Pack
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let prepared = PackedBackward.prepare::<C>([qkv.node()]).compute_bound().stateful();
         let qkv = qkv.into_primitive();
-        let (o, lse) = B::packed_attention_forward(qkv.clone(), heads, params.clone());
+        let (o, lse) = Flex::packed_attention_forward(qkv.clone(), heads, params.clone());
         match prepared {
             OpsKind::Tracked(prep) => {
                 let state = (qkv, o.clone(), lse.clone(), heads, params);

@@ -12,9 +12,7 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use rayon::prelude::*;
 
-use super::{
-    FlashGradOps, FlashOps, FlashParams, Int8AttentionOps, KvLayout, PackedAttentionGradOps, PackedAttentionOps,
-};
+use super::{FlashGradOps, FlashOps, FlashParams, Int8AttentionOps, KvLayout, PackedAttentionOps};
 use crate::cpu::{Mat, contiguous, dot, floats, matmul, multiversion, stay_awake, tensor};
 use crate::math;
 use crate::spec::PackedHeads;
@@ -512,31 +510,30 @@ impl PackedAttentionOps for Flex {
     }
 }
 
-impl PackedAttentionGradOps for Flex {
-    fn packed_attention_backward(
-        qkv: FloatTensor<Self>,
-        o: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        d_o: FloatTensor<Self>,
-        heads: PackedHeads,
-        params: FlashParams,
-    ) -> FloatTensor<Self> {
-        stay_awake();
-        let (qkv, o, lse, d_o) = (contiguous(qkv), contiguous(o), contiguous(lse), contiguous(d_o));
-        let (dims, [q, k, v, o_rows]) = packed(&qkv, heads);
-        let Dims { hq, tq, d, .. } = dims;
-        let (o, d_o) = (Operand::of(&o, o_rows), Operand::of(&d_o, o_rows));
-        // D_i = Σ_e dO_ie o_ie, [B, hq, T].
-        let mut delta = vec![0.0f32; floats(&lse).len()];
-        delta.par_chunks_mut(tq.max(1)).enumerate().for_each(|(bh, delta)| {
-            let (b, h) = (bh / hq, bh % hq);
-            delta.iter_mut().enumerate().for_each(|(i, di)| *di = dot(d_o.row(b, h, i, d), o.row(b, h, i, d)));
-        });
-        let mut d_qkv = vec![0.0f32; floats(&qkv).len()];
-        // d(qkv) in qkv's layout: each row holds dq's heads, then dk's, then dv's.
-        let outputs = token_major_rows(&mut d_qkv, [dims.b, tq, d], [hq, dims.hkv, dims.hkv]);
-        let inputs = (Operand::of(&qkv, q), Operand::of(&qkv, k), Operand::of(&qkv, v), d_o);
-        backward(inputs, floats(&lse), &delta, dims, &params, outputs);
-        tensor(d_qkv, &shape(&qkv))
-    }
+/// d(qkv) [B, T, (hq + 2·hkv)·d] from dO and the forward's o and lse.
+pub(super) fn packed_attention_backward(
+    qkv: FloatTensor<Flex>,
+    o: FloatTensor<Flex>,
+    lse: FloatTensor<Flex>,
+    d_o: FloatTensor<Flex>,
+    heads: PackedHeads,
+    params: FlashParams,
+) -> FloatTensor<Flex> {
+    stay_awake();
+    let (qkv, o, lse, d_o) = (contiguous(qkv), contiguous(o), contiguous(lse), contiguous(d_o));
+    let (dims, [q, k, v, o_rows]) = packed(&qkv, heads);
+    let Dims { hq, tq, d, .. } = dims;
+    let (o, d_o) = (Operand::of(&o, o_rows), Operand::of(&d_o, o_rows));
+    // D_i = Σ_e dO_ie o_ie, [B, hq, T].
+    let mut delta = vec![0.0f32; floats(&lse).len()];
+    delta.par_chunks_mut(tq.max(1)).enumerate().for_each(|(bh, delta)| {
+        let (b, h) = (bh / hq, bh % hq);
+        delta.iter_mut().enumerate().for_each(|(i, di)| *di = dot(d_o.row(b, h, i, d), o.row(b, h, i, d)));
+    });
+    let mut d_qkv = vec![0.0f32; floats(&qkv).len()];
+    // d(qkv) in qkv's layout: each row holds dq's heads, then dk's, then dv's.
+    let outputs = token_major_rows(&mut d_qkv, [dims.b, tq, d], [hq, dims.hkv, dims.hkv]);
+    let inputs = (Operand::of(&qkv, q), Operand::of(&qkv, k), Operand::of(&qkv, v), d_o);
+    backward(inputs, floats(&lse), &delta, dims, &params, outputs);
+    tensor(d_qkv, &shape(&qkv))
 }

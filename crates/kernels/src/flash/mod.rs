@@ -158,20 +158,6 @@ pub trait PackedAttentionOps: Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 }
 
-/// Packed-head attention's backward, run by the autodiff tape on the inner backend.
-#[backend_extension(Flex)]
-pub trait PackedAttentionGradOps: Backend {
-    /// d(qkv) [B, T, (hq + 2·hkv)·d] from dO and the forward's o and lse.
-    fn packed_attention_backward(
-        qkv: FloatTensor<Self>,
-        o: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        d_o: FloatTensor<Self>,
-        heads: PackedHeads,
-        params: FlashParams,
-    ) -> FloatTensor<Self>;
-}
-
 /// Query rows up to which attention decodes with split keys (and stores may read their own layouts in place).
 pub const DECODE_ROWS: usize = 4;
 

@@ -9,6 +9,7 @@
 mod config;
 mod stored;
 
+use ember_core_model::Build;
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -24,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::collective::{Collective, Shard};
 use crate::config::TaskKind;
 use crate::loss::smoothed_loss;
-use crate::metrics::Evaluation;
+use crate::metrics::{EvalLosses, Evaluation};
 use crate::parallel::{
     Pair, PairBatch, ParallelError, Vocabularies, encode_pairs, read_aligned, read_tsv, token_batches,
 };
@@ -194,11 +195,8 @@ pub struct TranslationReport {
 }
 
 impl Evaluation for TranslationReport {
-    fn step(&self) -> u64 {
-        self.step
-    }
-    fn val_loss(&self) -> f32 {
-        self.val_loss
+    fn losses(&self) -> EvalLosses {
+        EvalLosses { step: self.step, train_loss: None, val_loss: self.val_loss }
     }
     fn summary(&self) -> String {
         format!("val loss {:.4}, val BLEU (greedy) {:.2}", self.val_loss, self.val_bleu)

@@ -1,6 +1,7 @@
 //! What a translation run directory keeps: the vocabularies, the last checkpoints' weights for averaging, and the
 //! trained translator loaded back.
 
+use ember_core_model::Build;
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
