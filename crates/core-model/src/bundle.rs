@@ -1,6 +1,6 @@
 //! The run directory, the only thing `train` hands to `serve`: config, weights, tokenizer, checkpoint, metrics.
 
-use crate::Build;
+use crate::init::Build;
 use std::collections::HashMap;
 use std::fs;
 use std::io::Write;

@@ -8,7 +8,7 @@
 //! divided by √(d_h + d_R). Without RoPE and at full rank (d_L = rank of [W_K | W_V; b_K | b_V]) the converted model
 //! computes the original's logits.
 
-use crate::Build;
+use crate::init::Build;
 use std::collections::HashMap;
 
 use crate::linalg::{low_rank, symmetric_eigen};

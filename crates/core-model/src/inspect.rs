@@ -97,7 +97,7 @@ pub fn kv_cache_bytes(c: &ModelConfig, batch: usize, length: usize, bytes_per_el
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Build;
+    use crate::init::Build;
     use crate::params::param_infos;
     use crate::{CausalLm, Rng};
     use burn::tensor::Device;

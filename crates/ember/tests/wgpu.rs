@@ -5,6 +5,8 @@
 
 mod common;
 
+use std::path::PathBuf;
+
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 use ember_core_model::Build;
 use ember_core_model::config::{AttentionKernel, NormPlacement};
@@ -16,6 +18,15 @@ use ember_test_support::{max_abs_diff, metric, values, wgpu_test_device};
 /// The baby GPT and the other architectures: Llama-style (RMSNorm, SwiGLU, RoPE, GQA, untied), MLA with a sliding
 /// window and Peri-LN, the 2017 layout (Post-LN, sinusoidal, ReLU), and linear (elu + 1, with RoPE and GQA) and
 /// FAVOR+ attention.
+/// A tiny GPT run on `bytes` of text in a fresh directory (its config file and run directory), where a wgpu
+/// adapter exists.
+fn tiny_run_with_wgpu(bytes: usize) -> Option<(tempfile::TempDir, PathBuf, PathBuf)> {
+    wgpu_test_device()?;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, run) = common::tiny_setup(dir.path(), bytes);
+    Some((dir, config, run))
+}
+
 fn variants() -> Vec<ModelConfig> {
     let gpt = ModelConfig::gpt(71, 4, 4, 128, 64);
     let llama = ModelConfig { tie_embeddings: false, ..gpt.clone().llama_style(2) };
@@ -48,9 +59,7 @@ fn forward_logits_match_the_cpu_within_1e_4() {
 #[test]
 #[ignore = "needs a wgpu adapter: a GPU driver or lavapipe (scripts/test.sh installs mesa-vulkan-drivers)"]
 fn twenty_training_steps_lower_the_loss() {
-    let Some(_) = wgpu_test_device() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let (config, run) = common::tiny_setup(dir.path(), 100_000);
+    let Some((_dir, config, run)) = tiny_run_with_wgpu(100_000) else { return };
     let out =
         common::train_ok(&["--device", "wgpu", "--config", config.to_str().unwrap(), "--set", "train.max_steps=20"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -291,9 +300,7 @@ fn two_hundred_f16_training_steps_follow_f32_within_the_stated_band() {
 #[test]
 #[ignore = "needs a wgpu adapter: a GPU driver or lavapipe (scripts/test.sh installs mesa-vulkan-drivers)"]
 fn an_overflowing_loss_scale_skips_the_step_halves_and_grows_again() {
-    let Some(_) = wgpu_test_device() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let (config, run) = common::tiny_setup(dir.path(), 20_000);
+    let Some((_dir, config, run)) = tiny_run_with_wgpu(20_000) else { return };
     let config = config.to_str().unwrap();
     let sets = [
         "model.dtype=f16",

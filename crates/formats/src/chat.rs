@@ -375,23 +375,12 @@ struct JsonStyle {
 }
 
 impl JsonStyle {
-    /// The separator before an item (`first` or not) at nesting `depth`.
-    fn before(&self, out: &mut String, first: bool, depth: usize) {
-        if !first {
-            out.push_str(&self.item);
-        }
+    /// A line break and the indent of nesting `depth`, when indenting.
+    fn newline(&self, out: &mut String, depth: usize) {
         if let Some(n) = self.indent {
             out.push('\n');
             out.push_str(&" ".repeat(n * depth));
         }
-    }
-
-    fn close(&self, out: &mut String, depth: usize, bracket: char) {
-        if let Some(n) = self.indent {
-            out.push('\n');
-            out.push_str(&" ".repeat(n * depth));
-        }
-        out.push(bracket);
     }
 
     /// `open` item, item … `close` (`[]` or `{}` when empty), each item on its own line when indenting.
@@ -409,10 +398,14 @@ impl JsonStyle {
             return Ok(());
         }
         for (i, value) in items.iter().enumerate() {
-            self.before(out, i == 0, depth + 1);
+            if i > 0 {
+                out.push_str(&self.item);
+            }
+            self.newline(out, depth + 1);
             item(out, value)?;
         }
-        self.close(out, depth, close);
+        self.newline(out, depth);
+        out.push(close);
         Ok(())
     }
 

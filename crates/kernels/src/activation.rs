@@ -8,7 +8,7 @@ use burn::backend::{Backend, Dispatch, Flex, backend_extension, tensor::FloatTen
 use burn::tensor::Tensor;
 use rayon::prelude::*;
 
-use crate::cpu::{contiguous, floats, multiversion, on_cpu, stay_awake, tensor};
+use crate::cpu::{contiguous, floats, multiversion, on_cpu, operands, stay_awake, tensor};
 use crate::math;
 use crate::tape::{self, Autodiff, Backward, CheckpointStrategy, Checkpointer, Gradients, Ops, OpsKind};
 
@@ -101,8 +101,7 @@ multiversion! {
 
 impl GeluOps for Flex {
     fn fused_gelu(x: FloatTensor<Self>, kind: Activation) -> FloatTensor<Self> {
-        stay_awake();
-        let x = contiguous(x);
+        let [x] = operands([x]);
         let shape = x.layout().shape().to_vec();
         let xs = floats(&x);
         let mut y = vec![0.0f32; xs.len()];
@@ -196,8 +195,7 @@ fn fused_gated_backward(
     d_y: FloatTensor<Flex>,
     gate: Activation,
 ) -> (FloatTensor<Flex>, FloatTensor<Flex>) {
-    stay_awake();
-    let (g, u, d_y) = (contiguous(g), contiguous(u), contiguous(d_y));
+    let [g, u, d_y] = operands([g, u, d_y]);
     let shape = g.layout().shape().to_vec();
     let (gs, us, dys) = (floats(&g), floats(&u), floats(&d_y));
     let (mut dg, mut du) = (vec![0.0f32; gs.len()], vec![0.0f32; gs.len()]);
@@ -266,7 +264,7 @@ impl<C: CheckpointStrategy> GeluOps for Autodiff<Flex, C> {
 mod tests {
     use super::*;
     use burn::tensor::{Device, Distribution, TensorData};
-    use ember_test_support::{max_abs_diff, values};
+    use ember_test_support::{assert_outputs_close, values};
 
     const ALL: [Activation; 3] = [Activation::Gelu, Activation::GeluTanh, Activation::Silu];
 
@@ -297,10 +295,13 @@ mod tests {
                 [values(y.inner()), values(x.grad(&grads).unwrap())]
             };
             for kind in ALL {
-                for (what, (a, b)) in ["y", "dx"].iter().zip(run(kind, true).iter().zip(&run(kind, false))) {
-                    let diff = max_abs_diff(a, b);
-                    assert!(diff <= 1e-4, "{kind:?} {what}, n {n}: max abs error {diff}");
-                }
+                assert_outputs_close(
+                    &["y", "dx"],
+                    &run(kind, true),
+                    &run(kind, false),
+                    1e-4,
+                    &format!("{kind:?}, n {n}"),
+                );
             }
         }
     }
@@ -329,10 +330,8 @@ mod tests {
                 [values(y.inner()), values(g.grad(&grads).unwrap()), values(u.grad(&grads).unwrap())]
             };
             for gate in ALL {
-                for (what, (a, b)) in ["y", "dg", "du"].iter().zip(run(gate, true).iter().zip(&run(gate, false))) {
-                    let diff = max_abs_diff(a, b);
-                    assert!(diff <= 1e-4, "{gate:?} {what}, n {n}: max abs error {diff}");
-                }
+                let case = format!("{gate:?}, n {n}");
+                assert_outputs_close(&["y", "dg", "du"], &run(gate, true), &run(gate, false), 1e-4, &case);
             }
         }
     }

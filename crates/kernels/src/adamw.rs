@@ -6,7 +6,7 @@ use burn::backend::{Backend, Dispatch, Flex, backend_extension, tensor::FloatTen
 use burn::tensor::Tensor;
 use rayon::prelude::*;
 
-use crate::cpu::{contiguous, floats, multiversion, on_cpu, stay_awake, tensor};
+use crate::cpu::{floats, multiversion, on_cpu, operands, tensor};
 
 /// The constants of one update.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -104,8 +104,7 @@ impl AdamWOps for Flex {
         v: FloatTensor<Self>,
         s: AdamWStep,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        stay_awake();
-        let [theta, g, m, v] = [theta, g, m, v].map(contiguous);
+        let [theta, g, m, v] = operands([theta, g, m, v]);
         let n = floats(&theta).len();
         let (mut theta_out, mut m_out, mut v_out) = (vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]);
         let constants = [s.lr, s.beta1, s.beta2, s.eps, s.decay, s.bc1, s.bc2, s.grad_scale].map(|x| x as f32);

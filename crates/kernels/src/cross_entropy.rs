@@ -12,7 +12,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor};
 use rayon::prelude::*;
 
-use crate::cpu::{contiguous, floats, multiversion, on_cpu, stay_awake, tensor};
+use crate::cpu::{floats, multiversion, on_cpu, operands, tensor};
 use crate::math;
 use crate::tape::{Autodiff, Backward, CheckpointStrategy, Checkpointer, Gradients, Ops, OpsKind};
 
@@ -82,8 +82,7 @@ impl CrossEntropyOps for Flex {
         targets: IntTensor<Self>,
         epsilon: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        stay_awake();
-        let logits = contiguous(logits);
+        let [logits] = operands([logits]);
         let [n, v] = [logits.layout().shape()[0], logits.layout().shape()[1]];
         let (x, y) = (floats(&logits), indices(targets));
         let mut loss = vec![0.0f32; n];
@@ -103,8 +102,7 @@ fn cross_entropy_backward(
     d_loss: FloatTensor<Flex>,
     epsilon: f32,
 ) -> FloatTensor<Flex> {
-    stay_awake();
-    let (logits, lse, d_loss) = (contiguous(logits), contiguous(lse), contiguous(d_loss));
+    let [logits, lse, d_loss] = operands([logits, lse, d_loss]);
     let shape = logits.layout().shape().to_vec();
     let v = shape[1];
     let (x, y, lse, dl) = (floats(&logits), indices(targets), floats(&lse), floats(&d_loss));
@@ -151,7 +149,7 @@ impl<C: CheckpointStrategy> CrossEntropyOps for Autodiff<Flex, C> {
 mod tests {
     use super::*;
     use burn::tensor::{Device, Distribution, TensorData};
-    use ember_test_support::{max_abs_diff, values};
+    use ember_test_support::{assert_outputs_close, values};
 
     /// Per-row losses and the gradient of Σ w ⊙ ℓ for the logits, fused or by the reference.
     fn run(fused: bool, x: &[f32], y: &[i64], w: &[f32], [n, v]: [usize; 2], epsilon: f64) -> [Vec<f32>; 2] {
@@ -178,10 +176,8 @@ mod tests {
             for epsilon in [0.0, 0.1] {
                 let fused = run(true, &x, &y, &w, [n, v], epsilon);
                 let reference = run(false, &x, &y, &w, [n, v], epsilon);
-                for (what, (a, b)) in ["loss", "dlogits"].iter().zip(fused.iter().zip(&reference)) {
-                    let diff = max_abs_diff(a, b);
-                    assert!(diff <= 1e-4, "{what}, N {n}, V {v}, ε {epsilon}: max abs error {diff}");
-                }
+                let case = format!("N {n}, V {v}, ε {epsilon}");
+                assert_outputs_close(&["loss", "dlogits"], &fused, &reference, 1e-4, &case);
             }
         }
     }

@@ -6,7 +6,7 @@ use burn::backend::{Backend, Dispatch, Flex, backend_extension, tensor::FloatTen
 use burn::nn::Linear;
 use burn::tensor::{DType, Tensor};
 
-use crate::cpu::{Mat, column_sums, contiguous, floats, matmul_in_blocks, on_cpu, stay_awake, tensor};
+use crate::cpu::{Mat, column_sums, floats, matmul_in_blocks, on_cpu, operands, tensor};
 use crate::tape::{self, Autodiff, Backward, CheckpointStrategy, Checkpointer, Gradients, Ops, OpsKind};
 
 /// The fused affine map as backend operations (CPU only; other devices take Burn's).
@@ -52,8 +52,7 @@ fn affine<const D: usize>(x: Tensor<D>, w: Tensor<2>, b: Option<Tensor<1>>) -> T
 
 impl LinearOps for Flex {
     fn linear_forward(x: FloatTensor<Self>, w: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
-        stay_awake();
-        let (x, b) = (contiguous(x), contiguous(b));
+        let [x, b] = operands([x, b]);
         let (n, k, m) = (x.layout().shape()[0], x.layout().shape()[1], w.layout().shape()[1]);
         tensor(matmul_in_blocks(n, m, k, Mat::rows(floats(&x), k), Mat::of(&w), Some(floats(&b))), &[n, m])
     }
@@ -65,8 +64,7 @@ fn linear_backward(
     w: FloatTensor<Flex>,
     d_y: FloatTensor<Flex>,
 ) -> (FloatTensor<Flex>, FloatTensor<Flex>, FloatTensor<Flex>) {
-    stay_awake();
-    let (x, d_y) = (contiguous(x), contiguous(d_y));
+    let [x, d_y] = operands([x, d_y]);
     let (n, k, m) = (x.layout().shape()[0], x.layout().shape()[1], w.layout().shape()[1]);
     let (xs, dys) = (floats(&x), floats(&d_y));
     // dx = dy Wᵀ; dW = xᵀ dy (its row blocks are column blocks of x).
@@ -108,7 +106,7 @@ mod tests {
     use super::*;
     use burn::nn::LinearConfig;
     use burn::tensor::{Device, Distribution, TensorData};
-    use ember_test_support::{max_abs_diff, values};
+    use ember_test_support::{assert_outputs_close, values};
 
     #[test]
     fn fused_linear_equals_burns_forward_and_gradients() {
@@ -141,10 +139,8 @@ mod tests {
                 }
                 out
             };
-            for (what, (a, r)) in ["y", "dx", "dW", "db"].iter().zip(run(true).iter().zip(&run(false))) {
-                let diff = max_abs_diff(a, r);
-                assert!(diff <= 1e-4, "{what} of [{b}, {t}, {d_in}] -> {d_out}: max abs error {diff}");
-            }
+            let case = format!("[{b}, {t}, {d_in}] -> {d_out}");
+            assert_outputs_close(&["y", "dx", "dW", "db"], &run(true), &run(false), 1e-4, &case);
         }
     }
 
@@ -170,10 +166,8 @@ mod tests {
                 let grads = (y.clone() * w).sum().backward();
                 [values(y.inner()), values(x.grad(&grads).unwrap()), values(e.grad(&grads).unwrap())]
             };
-            for (what, (a, r)) in ["y", "dx", "dE"].iter().zip(run(true).iter().zip(&run(false))) {
-                let diff = max_abs_diff(a, r);
-                assert!(diff <= 1e-4, "{what} of [{b}, {t}, {d}] through E [{v}, {d}]: max abs error {diff}");
-            }
+            let case = format!("[{b}, {t}, {d}] through E [{v}, {d}]");
+            assert_outputs_close(&["y", "dx", "dE"], &run(true), &run(false), 1e-4, &case);
         }
     }
 }

@@ -5,7 +5,7 @@ use burn::backend::{AutodiffBackend, Backend, Dispatch, Flex, backend_extension,
 use burn::tensor::{FloatDType, Tensor};
 use rayon::prelude::*;
 
-use crate::cpu::{contiguous, floats, multiversion, on_cpu, stay_awake, tensor};
+use crate::cpu::{floats, multiversion, on_cpu, operands, tensor};
 use crate::tape::{self, Autodiff, Backward, CheckpointStrategy, Checkpointer, Gradients, Ops, OpsKind};
 
 /// Which normalisation, and its ε.
@@ -142,8 +142,7 @@ impl NormOps for Flex {
         beta: FloatTensor<Self>,
         params: NormParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        stay_awake();
-        let (x, gamma, beta) = (contiguous(x), contiguous(gamma), contiguous(beta));
+        let [x, gamma, beta] = operands([x, gamma, beta]);
         let shape = x.layout().shape().to_vec();
         let d = shape[1];
         let (xs, g, b) = (floats(&x), floats(&gamma), floats(&beta));
@@ -170,9 +169,7 @@ fn norm_backward(
     rstd: FloatTensor<Flex>,
     params: NormParams,
 ) -> (FloatTensor<Flex>, FloatTensor<Flex>, FloatTensor<Flex>) {
-    stay_awake();
-    let (x, gamma, d_y) = (contiguous(x), contiguous(gamma), contiguous(d_y));
-    let (mean, rstd) = (contiguous(mean), contiguous(rstd));
+    let [x, gamma, d_y, mean, rstd] = operands([x, gamma, d_y, mean, rstd]);
     let shape = x.layout().shape().to_vec();
     let d = shape[1];
     let (xs, g, dys, mus, ss) = (floats(&x), floats(&gamma), floats(&d_y), floats(&mean), floats(&rstd));

@@ -69,6 +69,16 @@ pub fn translation_toml(
     )
 }
 
+/// Each output of a fused kernel (named by `names`: "y", "dx", …) within `tolerance` (max abs) of the reference's;
+/// `case` names the inputs in the failure message.
+pub fn assert_outputs_close(names: &[&str], fused: &[Vec<f32>], reference: &[Vec<f32>], tolerance: f32, case: &str) {
+    assert_eq!(fused.len(), reference.len(), "{case}: the fused kernel and the reference give different outputs");
+    for (what, (a, b)) in names.iter().zip(fused.iter().zip(reference)) {
+        let diff = max_abs_diff(a, b);
+        assert!(diff <= tolerance, "{what} of {case}: max abs error {diff} > {tolerance}");
+    }
+}
+
 /// [`max_abs_diff_tensors`] over the largest |b| (at least 1): a tolerance relative to the values' size, for results
 /// (such as gradients through exponentials) that reach tens, where f32's rounding alone is 1e-6.
 pub fn max_relative_diff_tensors<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {

@@ -5,7 +5,7 @@ pub mod gguf_model;
 pub use ember_formats::gguf;
 pub mod hf;
 
-use crate::Build;
+use crate::init::Build;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{Device, TensorData};

@@ -13,7 +13,7 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use rayon::prelude::*;
 
 use super::{FlashGradOps, FlashOps, FlashParams, Int8AttentionOps, KvLayout, PackedAttentionOps};
-use crate::cpu::{Mat, contiguous, dot, floats, matmul, multiversion, stay_awake, tensor};
+use crate::cpu::{Mat, contiguous, dot, floats, matmul, multiversion, operands, stay_awake, tensor};
 use crate::math;
 use crate::spec::PackedHeads;
 
@@ -395,8 +395,7 @@ impl FlashOps for Flex {
         v: FloatTensor<Self>,
         params: FlashParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        stay_awake();
-        let q = contiguous(q);
+        let [q] = operands([q]);
         let (qs, ks) = (shape(&q), shape(&k));
         let (batch, hq, tq, d) = (qs[0], qs[1], qs[2], qs[3]);
         let (o, lse) = match &params.layout {
@@ -462,9 +461,7 @@ impl FlashGradOps for Flex {
         delta: FloatTensor<Self>,
         params: FlashParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        stay_awake();
-        let (q, k, v) = (contiguous(q), contiguous(k), contiguous(v));
-        let (d_o, lse, delta) = (contiguous(d_o), contiguous(lse), contiguous(delta));
+        let [q, k, v, d_o, lse, delta] = operands([q, k, v, d_o, lse, delta]);
         let (qs, ks) = (shape(&q), shape(&k));
         let dims = Dims { b: qs[0], hq: qs[1], hkv: ks[1], tq: qs[2], tk: ks[2], d: qs[3] };
         let (q_rows, kv_rows) =
@@ -497,8 +494,7 @@ impl PackedAttentionOps for Flex {
         heads: PackedHeads,
         params: FlashParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        stay_awake();
-        let qkv = contiguous(qkv);
+        let [qkv] = operands([qkv]);
         let (dims, [q, k, v, _]) = packed(&qkv, heads);
         let operand = |rows| Operand::of(&qkv, rows);
         let Dims { b, hq, tq, d, .. } = dims;
@@ -519,8 +515,7 @@ pub(super) fn packed_attention_backward(
     heads: PackedHeads,
     params: FlashParams,
 ) -> FloatTensor<Flex> {
-    stay_awake();
-    let (qkv, o, lse, d_o) = (contiguous(qkv), contiguous(o), contiguous(lse), contiguous(d_o));
+    let [qkv, o, lse, d_o] = operands([qkv, o, lse, d_o]);
     let (dims, [q, k, v, o_rows]) = packed(&qkv, heads);
     let Dims { hq, tq, d, .. } = dims;
     let (o, d_o) = (Operand::of(&o, o_rows), Operand::of(&d_o, o_rows));

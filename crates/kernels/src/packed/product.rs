@@ -13,12 +13,11 @@ use super::{Layout, PackedOps, gather_rows};
 #[cfg(target_arch = "x86_64")]
 use super::{tiles, x86};
 use crate::cpu::level::has_vnni;
-use crate::cpu::{Chunks, Mat, RowChunks, contiguous, floats, on_every_core, stay_awake, tensor};
+use crate::cpu::{Chunks, Mat, RowChunks, floats, on_every_core, operands, tensor};
 
 impl PackedOps for Flex {
     fn packed_matmul(x: FloatTensor<Self>, blocks: IntTensor<Self>, layout: Layout) -> FloatTensor<Self> {
-        stay_awake();
-        let x = contiguous(x);
+        let [x] = operands([x]);
         let n = x.layout().shape()[0];
         let bytes = blocks.as_slice::<u8>().expect("packed blocks are bytes");
         tensor(matmul(floats(&x), n, bytes, &layout), &[n, layout.rows()])
