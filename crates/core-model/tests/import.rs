@@ -17,10 +17,13 @@ fn fixtures() -> PathBuf {
 
 /// Imports a tiny random-init HF model and compares its logits for the stored inputs (f32, 1e-4 absolute).
 fn logits_match(name: &str) {
-    let dir = fixtures().join(name);
-    let device = Device::flex();
-    let (config, tensors) = import::hf::load(&dir).unwrap();
-    let model = CausalLm::load(&config, &tensors, &device).unwrap();
+    let (config, tensors) = import::hf::load(&fixtures().join(name)).unwrap();
+    model_matches(name, &CausalLm::load(&config, &tensors, &Device::flex()).unwrap());
+}
+
+/// `model`'s logits for the inputs stored with the fixture `name` against transformers' (f32, 1e-4 absolute).
+fn model_matches(name: &str, model: &CausalLm) {
+    let (dir, device) = (fixtures().join(name), Device::flex());
     let (expected, _) = load_tensors(&dir.join("expected.safetensors")).unwrap();
     let ids: Vec<i64> = expected["input_ids"].as_slice::<f32>().unwrap().iter().map(|&x| x as i64).collect();
     let shape = expected["input_ids"].shape().to_vec();
@@ -55,6 +58,24 @@ fn qwen2_qwen3_and_mistral_logits_match_hugging_face() {
     assert_eq!((mistral.window, mistral.qk_norm), (Some(5), false));
     for name in ["qwen2-tiny", "qwen3-tiny", "mistral-tiny"] {
         logits_match(name);
+    }
+}
+
+/// The same models converted to GGUF by llama.cpp's convert_hf_to_gguf.py (scripts/reference/gguf_fixtures.py) give
+/// transformers' logits through the GGUF importer: Qwen2's q, k, v biases and Qwen3's per-head q/k norms and head
+/// width from the metadata (both stored in rotate-half order), and linear and YaRN RoPE scaling from
+/// `llama.rope.scaling.*`.
+#[test]
+fn qwen2_qwen3_and_rope_scaled_gguf_files_from_llama_cpp_match_hugging_face() {
+    for name in ["qwen2-tiny", "qwen3-tiny", "linear-rope-tiny", "yarn-rope-tiny"] {
+        let (config, weights, _, _) = import::gguf_model::load(&fixtures().join(format!("{name}.gguf"))).unwrap();
+        let hf = import::hf::load(&fixtures().join(name)).unwrap().0;
+        let key = |c: &ember_core_model::ModelConfig| {
+            (c.qkv_bias(), c.qk_norm, c.head_dim(), c.kv_heads(), c.rope_theta, c.rope_scaling, c.tie_embeddings)
+        };
+        assert_eq!(key(&config), key(&hf), "{name}");
+        let model = CausalLm::load_packed(&config, &weights.dense, &weights.packed, &Device::flex()).unwrap();
+        model_matches(name, &model);
     }
 }
 

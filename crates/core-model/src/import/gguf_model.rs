@@ -1,6 +1,10 @@
-//! A GGUF file of the llama or gemma3 architecture as an Ember model: hyper-parameters and tokenizer from the
-//! metadata, matrices kept in their blocks and renamed (q, k and v stacked into one projection), and, for llama,
-//! llama.cpp's interleaved q/k row order turned back into the rotate-half order (gemma3 files keep rotate-half).
+//! A GGUF file of the llama, qwen2, qwen3 or gemma3 architecture as an Ember model: hyper-parameters and tokenizer
+//! from the metadata, matrices kept in their blocks and renamed (q, k and v stacked into one projection), and, for
+//! llama, llama.cpp's interleaved q/k row order turned back into the rotate-half order (the other architectures are
+//! stored rotate-half, llama.cpp's NEOX RoPE).
+//!
+//! Qwen2 is the Llama layout with biases on q, k and v; Qwen3 has no biases but an RMSNorm of each query and key head
+//! before RoPE, and its head width from `attention.key_length`.
 //!
 //! Gemma 3 is Ember's decoder configured as: embeddings scaled by √d, RMSNorm before and after each sub-layer
 //! (`sandwich`; the file stores Gemma's 1 + γ as the gain), RMSNorm of each query and key head before RoPE, GeGLU,
@@ -19,6 +23,7 @@ use crate::weights::Weights;
 use ember_formats::config::ModelConfig;
 use ember_formats::config::{FfnKind, NormPlacement};
 use ember_formats::packed::Packed;
+use ember_formats::rope::{RopeScaling, yarn_magnitude};
 use ember_formats::tokenizer;
 
 /// Config, Ember-named weights, tokenizer and chat format of a llama GGUF file.
@@ -61,15 +66,31 @@ fn optional_count(gguf: &Gguf, key: &str) -> Result<Option<usize>, String> {
 #[derive(Clone, Copy, PartialEq)]
 enum Arch {
     Llama,
+    Qwen2,
+    Qwen3,
     Gemma3,
 }
 
-fn arch(gguf: &Gguf) -> Result<Arch, String> {
-    match meta(gguf, "general.architecture")?.as_str().unwrap_or_default() {
-        "llama" => Ok(Arch::Llama),
-        "gemma3" => Ok(Arch::Gemma3),
-        other => Err(format!("architecture {other:?} is not supported (llama and gemma3 are)")),
+impl Arch {
+    const ALL: [Arch; 4] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3];
+
+    /// llama.cpp's name, which also prefixes the architecture's metadata keys.
+    fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Gemma3 => "gemma3",
+        }
     }
+}
+
+fn arch(gguf: &Gguf) -> Result<Arch, String> {
+    let name = meta(gguf, "general.architecture")?.as_str().unwrap_or_default();
+    Arch::ALL.into_iter().find(|a| a.name() == name).ok_or_else(|| {
+        let known: Vec<&str> = Arch::ALL.iter().map(|a| a.name()).collect();
+        format!("architecture {name:?} is not supported ({} are)", known.join(", "))
+    })
 }
 
 /// Gemma 3's sliding-window pattern (every sixth layer global) and local RoPE base, which its files do not store.
@@ -78,8 +99,7 @@ const GEMMA3_LOCAL_THETA: f64 = 10_000.0;
 
 fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
     let arch = arch(gguf)?;
-    let prefix = if arch == Arch::Llama { "llama" } else { "gemma3" };
-    let key = |name: &str| format!("{prefix}.{name}");
+    let key = |name: &str| format!("{}.{name}", arch.name());
     let tokens = meta(gguf, "tokenizer.ggml.tokens")?.as_array().ok_or("tokenizer.ggml.tokens is not an array")?;
     let h = count(gguf, &key("attention.head_count"))?;
     let d = count(gguf, &key("embedding_length"))?;
@@ -99,9 +119,9 @@ fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
         Some(base) => base.as_f64().ok_or_else(|| format!("metadata {} is not a number", key("rope.freq_base")))?,
     };
     config.tie_embeddings = gguf.info("output.weight").is_none();
-    if gguf.get(&key("rope.scaling.type")).is_some() || gguf.get(&key("rope.scaling.factor")).is_some() {
-        return Err("RoPE scaling is not supported".into());
-    }
+    config.rope_scaling = rope_scaling(gguf, &key)?;
+    config.qkv_bias = (arch == Arch::Qwen2).then_some(true);
+    config.qk_norm = arch == Arch::Qwen3;
     if arch == Arch::Gemma3 {
         config.ffn = FfnKind::Geglu;
         config.norm_placement = NormPlacement::Sandwich;
@@ -123,6 +143,39 @@ fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
         return Err(format!("partial rotary embeddings ({rope_dim} of {} dims) are not supported", config.head_dim()));
     }
     Ok(config)
+}
+
+/// RoPE scaling from `{arch}.rope.scaling.*`, as llama.cpp's converter writes it: `linear` (factor) and `yarn`
+/// (factor, original context, and β_fast, β_slow and the attention factor where given, else transformers' defaults:
+/// 32, 1 and 0.1 ln s + 1). Llama 3's scaling is a `rope_freqs` tensor, which is refused as a tensor the model does
+/// not use.
+fn rope_scaling(gguf: &Gguf, key: &dyn Fn(&str) -> String) -> Result<Option<RopeScaling>, String> {
+    let number = |name: &str| -> Result<Option<f64>, String> {
+        let Some(value) = gguf.get(&key(name)) else { return Ok(None) };
+        value.as_f64().map(Some).ok_or_else(|| format!("metadata {} is not a number", key(name)))
+    };
+    let kind = gguf.get(&key("rope.scaling.type")).map(|v| v.as_str().unwrap_or_default());
+    let factor =
+        || number("rope.scaling.factor")?.ok_or_else(|| format!("metadata {} is missing", key("rope.scaling.factor")));
+    match kind {
+        None | Some("none") => Ok(None),
+        Some("linear") => Ok(Some(RopeScaling::Linear { factor: factor()? })),
+        Some("yarn") => {
+            let factor = factor()?;
+            if let Some(ext) = number("rope.scaling.yarn_ext_factor")?.filter(|&e| e != 1.0) {
+                return Err(format!("YaRN with an extrapolation factor of {ext} (not 1) is not supported"));
+            }
+            let attention = number("rope.scaling.yarn_attn_factor")?.or(number("rope.scaling.attn_factor")?);
+            Ok(Some(RopeScaling::Yarn {
+                factor,
+                original_context: count(gguf, &key("rope.scaling.original_context_length"))?,
+                beta_fast: number("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+                beta_slow: number("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+                attention_factor: attention.unwrap_or_else(|| yarn_magnitude(factor, 1.0)),
+            }))
+        }
+        Some(other) => Err(format!("RoPE scaling {other:?} is not supported (linear and yarn are)")),
+    }
 }
 
 /// The model's tensors, each checked against the shape the metadata implies before it is used; a tensor of the file
@@ -161,15 +214,23 @@ fn tensors(gguf: &Gguf, config: &ModelConfig) -> Result<Weights, String> {
         let mut k = matrix(&format!("{l}.attn_k.weight"), [gd, d])?;
         if arch == Arch::Llama {
             (q, k) = (q.reorder_rows(&rotate_half_order(h, dh)), k.reorder_rows(&rotate_half_order(g, dh)));
-        } else {
-            for (file, ember, width) in [
-                ("post_attention_norm", "ln_1_out", d),
-                ("post_ffw_norm", "ln_2_out", d),
-                ("attn_q_norm", "attn.q_norm", dh),
-                ("attn_k_norm", "attn.k_norm", dh),
-            ] {
-                out.dense.insert(format!("{b}.{ember}.gamma"), get(&format!("{l}.{file}.weight"), &[width])?);
+        }
+        let sandwich = [("post_attention_norm", "ln_1_out", d), ("post_ffw_norm", "ln_2_out", d)];
+        let head_norms = [("attn_q_norm", "attn.q_norm", dh), ("attn_k_norm", "attn.k_norm", dh)];
+        let norms = match arch {
+            Arch::Gemma3 => [&sandwich[..], &head_norms].concat(),
+            Arch::Qwen3 => head_norms.to_vec(),
+            Arch::Llama | Arch::Qwen2 => Vec::new(),
+        };
+        for (file, ember, width) in norms {
+            out.dense.insert(format!("{b}.{ember}.gamma"), get(&format!("{l}.{file}.weight"), &[width])?);
+        }
+        if config.qkv_bias() {
+            let mut values = Vec::with_capacity(hd + 2 * gd);
+            for (part, rows) in [("attn_q", hd), ("attn_k", gd), ("attn_v", gd)] {
+                values.extend(get(&format!("{l}.{part}.bias"), &[rows])?.iter::<f32>());
             }
+            out.dense.insert(format!("{b}.attn.c_attn.bias"), TensorData::new(values, [hd + 2 * gd]));
         }
         let v = matrix(&format!("{l}.attn_v.weight"), [gd, d])?;
         let qkv = Packed::stack(vec![q, k, v]).map_err(|e| e.to_string())?;
@@ -235,7 +296,7 @@ fn tokenizer(gguf: &Gguf) -> Result<Tokenizer, String> {
         // Gemma's merges follow the file's order of its tokens, not their scores.
         let order: Vec<f64> = match arch(gguf)? {
             Arch::Gemma3 => (0..tokens.len()).map(|i| -(i as f64)).collect(),
-            Arch::Llama => meta(gguf, "tokenizer.ggml.scores")?
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => meta(gguf, "tokenizer.ggml.scores")?
                 .as_array()
                 .and_then(Array::floats)
                 .ok_or("tokenizer.ggml.scores is not an array of numbers")?,
