@@ -6,7 +6,8 @@
   (config.json + model.safetensors), plus expected.safetensors: fixed input ids (as f32) and their logits.
 - qwen2-tiny/, qwen3-tiny/, mistral-tiny/: the same for Qwen2ForCausalLM (q, k, v biases, tied output),
   Qwen3ForCausalLM (RMSNorm of each head's q and k, head_dim 16 with hidden 32) and MistralForCausalLM (a sliding
-  window of 5 keys, shorter than the 12-token input).
+  window of 5 keys, shorter than the 12-token input); phi3-tiny/: Phi3ForCausalLM (q, k, v in one qkv_proj, gate and
+  up in one gate_up_proj, a sliding window of 5).
 - llama3-rope-tiny/, linear-rope-tiny/, yarn-rope-tiny/: LlamaForCausalLM with Llama 3.1's RoPE scaling (factor 4,
   original context 16, so that the head's four frequencies fall in each of its three bands), with linear scaling
   (factor 4), and with YaRN (factor 4, original context 16: one pair kept, three interpolated; cos and sin scaled).
@@ -14,6 +15,7 @@
   transformers) of three prompts with SmolLM2-135M-Instruct, and the prompt token ids.
 
     python3 scripts/reference/hf_fixtures.py crates/core-model/tests/fixtures/hf data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    python3 scripts/reference/hf_fixtures.py --families crates/core-model/tests/fixtures/hf [NAME ...]  (only these)
 
 Needs torch, transformers, safetensors and gguf (pip install torch transformers safetensors gguf).
 """
@@ -25,7 +27,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig,
                           LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM)
+                          Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 PROMPTS = ["The capital of France is", "Once upon a time,", "def fibonacci(n):"]
 
@@ -80,10 +82,13 @@ def families(out_dir):
     shape = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, initializer_range=0.2,
                  rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
+    only = sys.argv[3:]
     for name, cls, config in [
         ("qwen2-tiny", Qwen2ForCausalLM, Qwen2Config(**shape, tie_word_embeddings=True)),
         ("qwen3-tiny", Qwen3ForCausalLM, Qwen3Config(**shape, head_dim=16, tie_word_embeddings=False)),
         ("mistral-tiny", MistralForCausalLM, MistralConfig(**shape, sliding_window=5, tie_word_embeddings=False)),
+        ("phi3-tiny", Phi3ForCausalLM, Phi3Config(**shape, sliding_window=5, pad_token_id=0, bos_token_id=1,
+                                                  eos_token_id=2, tie_word_embeddings=False)),
         ("llama3-rope-tiny", LlamaForCausalLM, LlamaConfig(**{**shape, "rope_parameters": {
             "rope_type": "llama3", "rope_theta": 1000.0, "factor": 4.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}, tie_word_embeddings=False)),
@@ -93,6 +98,8 @@ def families(out_dir):
             "rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0, "original_max_position_embeddings": 16}},
             tie_word_embeddings=False)),
     ]:
+        if only and name not in only:
+            continue
         torch.manual_seed(0)
         model = cls(config).eval()
         # Random biases and norm gains, so that a missing or misplaced one shows in the logits.
@@ -100,7 +107,7 @@ def families(out_dir):
             for key, tensor in model.named_parameters():
                 if key.endswith(("bias", "norm.weight")):
                     tensor.normal_(1.0 if key.endswith("norm.weight") else 0.0, 0.3)
-        if name == "mistral-tiny":
+        if name in ("mistral-tiny", "phi3-tiny"):
             model.config._attn_implementation = "eager"
         save_tiny(model, os.path.join(out_dir, name), 96)
 

@@ -61,17 +61,40 @@ fn qwen2_qwen3_and_mistral_logits_match_hugging_face() {
     }
 }
 
+/// Phi-3 (q, k, v in one qkv_proj, gate and up in one gate_up_proj, a sliding window of 5 keys) against transformers'
+/// logits; a Phi config that rotates part of each head is refused by name.
+#[test]
+fn phi3_logits_match_hugging_face_and_partial_rotary_is_refused() {
+    let (config, _) = import::hf::load(&fixtures().join("phi3-tiny")).unwrap();
+    assert_eq!((config.window, config.kv_heads(), config.tie_embeddings), (Some(5), 2, false));
+    logits_match("phi3-tiny");
+    let text = std::fs::read_to_string(fixtures().join("phi3-tiny/config.json")).unwrap();
+    let partial = text.replace("\"partial_rotary_factor\": 1.0", "\"partial_rotary_factor\": 0.75");
+    assert_ne!(partial, text);
+    let err = ember_formats::hf::config(&partial).unwrap_err();
+    assert_eq!(err, "partial rotary embeddings (partial_rotary_factor = 0.75) are not supported");
+}
+
 /// The same models converted to GGUF by llama.cpp's convert_hf_to_gguf.py (scripts/reference/gguf_fixtures.py) give
 /// transformers' logits through the GGUF importer: Qwen2's q, k, v biases and Qwen3's per-head q/k norms and head
-/// width from the metadata (both stored in rotate-half order), and linear and YaRN RoPE scaling from
-/// `llama.rope.scaling.*`.
+/// width from the metadata (both stored in rotate-half order), Phi-3's fused attn_qkv and gate-and-up ffn_up and its
+/// sliding window, and linear and YaRN RoPE scaling from `llama.rope.scaling.*`.
 #[test]
-fn qwen2_qwen3_and_rope_scaled_gguf_files_from_llama_cpp_match_hugging_face() {
-    for name in ["qwen2-tiny", "qwen3-tiny", "linear-rope-tiny", "yarn-rope-tiny"] {
+fn qwen2_qwen3_phi3_and_rope_scaled_gguf_files_from_llama_cpp_match_hugging_face() {
+    for name in ["qwen2-tiny", "qwen3-tiny", "phi3-tiny", "linear-rope-tiny", "yarn-rope-tiny"] {
         let (config, weights, _, _) = import::gguf_model::load(&fixtures().join(format!("{name}.gguf"))).unwrap();
         let hf = import::hf::load(&fixtures().join(name)).unwrap().0;
         let key = |c: &ember_core_model::ModelConfig| {
-            (c.qkv_bias(), c.qk_norm, c.head_dim(), c.kv_heads(), c.rope_theta, c.rope_scaling, c.tie_embeddings)
+            (
+                c.qkv_bias(),
+                c.qk_norm,
+                c.head_dim(),
+                c.kv_heads(),
+                c.rope_theta,
+                c.rope_scaling,
+                c.tie_embeddings,
+                c.window,
+            )
         };
         assert_eq!(key(&config), key(&hf), "{name}");
         let model = CausalLm::load_packed(&config, &weights.dense, &weights.packed, &Device::flex()).unwrap();

@@ -9,11 +9,13 @@ use crate::config::FfnKind;
 use crate::config::ModelConfig;
 use crate::rope::{RopeScaling, yarn_magnitude};
 
-/// The tensor layouts Ember imports: GPT-2's, and Llama's (which Qwen2, Qwen3 and Mistral share).
+/// The tensor layouts Ember imports: GPT-2's, Llama's (which Qwen2, Qwen3 and Mistral share), and Phi-3's (Llama's
+/// with q, k, v in one `qkv_proj` and gate and up in one `gate_up_proj`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Family {
     Gpt2,
     Llama,
+    Phi3,
 }
 
 fn usize_of(json: &Value, key: &str) -> Result<usize, String> {
@@ -39,6 +41,17 @@ fn full_attention(config: ModelConfig, json: &Value) -> Result<ModelConfig, Stri
     Ok(config)
 }
 
+/// Phi's `config`, refused where RoPE turns only part of each head (`partial_rotary_factor` < 1, Phi-4-mini's 0.75).
+fn full_rotary(json: &Value) -> Result<ModelConfig, String> {
+    let factor = json["partial_rotary_factor"].as_f64().or(json["rope_parameters"]["partial_rotary_factor"].as_f64());
+    match factor {
+        Some(f) if f != 1.0 => {
+            Err(format!("partial rotary embeddings (partial_rotary_factor = {f}) are not supported"))
+        }
+        _ => llama(json),
+    }
+}
+
 fn f64_of(json: &Value, key: &str, default: f64) -> f64 {
     json[key].as_f64().unwrap_or(default)
 }
@@ -52,8 +65,11 @@ pub fn config(text: &str) -> Result<(Family, ModelConfig), String> {
         "qwen2" => (Family::Llama, ModelConfig { qkv_bias: Some(true), ..full_attention(llama(&json)?, &json)? }),
         "qwen3" => (Family::Llama, ModelConfig { qk_norm: true, ..full_attention(llama(&json)?, &json)? }),
         "mistral" => (Family::Llama, ModelConfig { window: optional(&json, "sliding_window")?, ..llama(&json)? }),
+        "phi3" => (Family::Phi3, ModelConfig { window: optional(&json, "sliding_window")?, ..full_rotary(&json)? }),
         other => {
-            return Err(format!("model_type {other:?} is not supported (gpt2, llama, qwen2, qwen3 and mistral are)"));
+            return Err(format!(
+                "model_type {other:?} is not supported (gpt2, llama, qwen2, qwen3, mistral and phi3 are)"
+            ));
         }
     };
     config.validate().map_err(|e| e.to_string())?;

@@ -89,12 +89,13 @@ impl Packed {
         Ok(out)
     }
 
-    /// The matrix with row i taken from row `order[i]` (a permutation of the rows of a one-format matrix).
+    /// The matrix with row i taken from row `order[i]` of a one-format matrix (a permutation of its rows, or a
+    /// selection).
     pub fn reorder_rows(&self, order: &[usize]) -> Self {
         let rows: Vec<&[u8]> = self.row_blocks().map(|(_, b)| b).collect();
         let bytes = order.iter().flat_map(|&i| rows[i].iter().copied()).collect();
         assert_eq!(self.parts.len(), 1, "rows are reordered within one format");
-        Self { parts: self.parts.clone(), cols: self.cols, bytes }
+        Self { parts: vec![Part { format: self.parts[0].format, rows: order.len() }], cols: self.cols, bytes }
     }
 
     /// A short description: "Q4_K 1024 + Q6_K 128 rows × 640".

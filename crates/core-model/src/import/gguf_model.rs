@@ -1,10 +1,11 @@
-//! A GGUF file of the llama, qwen2, qwen3 or gemma3 architecture as an Ember model: hyper-parameters and tokenizer
+//! A GGUF file of the llama, qwen2, qwen3, phi3 or gemma3 architecture as an Ember model: hyper-parameters and tokenizer
 //! from the metadata, matrices kept in their blocks and renamed (q, k and v stacked into one projection), and, for
 //! llama, llama.cpp's interleaved q/k row order turned back into the rotate-half order (the other architectures are
 //! stored rotate-half, llama.cpp's NEOX RoPE).
 //!
 //! Qwen2 is the Llama layout with biases on q, k and v; Qwen3 has no biases but an RMSNorm of each query and key head
-//! before RoPE, and its head width from `attention.key_length`.
+//! before RoPE, and its head width from `attention.key_length`; Phi-3 stores q, k and v as one `attn_qkv` and the
+//! gate and up projections as one `ffn_up`, and slides a window of `attention.sliding_window` keys.
 //!
 //! Gemma 3 is Ember's decoder configured as: embeddings scaled by √d, RMSNorm before and after each sub-layer
 //! (`sandwich`; the file stores Gemma's 1 + γ as the gain), RMSNorm of each query and key head before RoPE, GeGLU,
@@ -68,11 +69,12 @@ enum Arch {
     Llama,
     Qwen2,
     Qwen3,
+    Phi3,
     Gemma3,
 }
 
 impl Arch {
-    const ALL: [Arch; 4] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3];
+    const ALL: [Arch; 5] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Phi3, Arch::Gemma3];
 
     /// llama.cpp's name, which also prefixes the architecture's metadata keys.
     fn name(self) -> &'static str {
@@ -80,6 +82,7 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Phi3 => "phi3",
             Arch::Gemma3 => "gemma3",
         }
     }
@@ -122,6 +125,9 @@ fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
     config.rope_scaling = rope_scaling(gguf, &key)?;
     config.qkv_bias = (arch == Arch::Qwen2).then_some(true);
     config.qk_norm = arch == Arch::Qwen3;
+    if arch == Arch::Phi3 {
+        config.window = optional_count(gguf, &key("attention.sliding_window"))?.filter(|&w| w > 0);
+    }
     if arch == Arch::Gemma3 {
         config.ffn = FfnKind::Geglu;
         config.norm_placement = NormPlacement::Sandwich;
@@ -210,17 +216,25 @@ fn tensors(gguf: &Gguf, config: &ModelConfig) -> Result<Weights, String> {
         let (l, b) = (format!("blk.{i}"), format!("blocks.{i}"));
         out.dense.insert(format!("{b}.ln_1.gamma"), get(&format!("{l}.attn_norm.weight"), &[d])?);
         out.dense.insert(format!("{b}.ln_2.gamma"), get(&format!("{l}.ffn_norm.weight"), &[d])?);
-        let mut q = matrix(&format!("{l}.attn_q.weight"), [hd, d])?;
-        let mut k = matrix(&format!("{l}.attn_k.weight"), [gd, d])?;
-        if arch == Arch::Llama {
-            (q, k) = (q.reorder_rows(&rotate_half_order(h, dh)), k.reorder_rows(&rotate_half_order(g, dh)));
-        }
+        let qkv = match arch {
+            Arch::Phi3 => matrix(&format!("{l}.attn_qkv.weight"), [hd + 2 * gd, d])?,
+            _ => {
+                let mut q = matrix(&format!("{l}.attn_q.weight"), [hd, d])?;
+                let mut k = matrix(&format!("{l}.attn_k.weight"), [gd, d])?;
+                if arch == Arch::Llama {
+                    (q, k) = (q.reorder_rows(&rotate_half_order(h, dh)), k.reorder_rows(&rotate_half_order(g, dh)));
+                }
+                let v = matrix(&format!("{l}.attn_v.weight"), [gd, d])?;
+                Packed::stack(vec![q, k, v]).map_err(|e| e.to_string())?
+            }
+        };
+        out.packed.insert(format!("{b}.attn.c_attn.weight"), qkv);
         let sandwich = [("post_attention_norm", "ln_1_out", d), ("post_ffw_norm", "ln_2_out", d)];
         let head_norms = [("attn_q_norm", "attn.q_norm", dh), ("attn_k_norm", "attn.k_norm", dh)];
         let norms = match arch {
             Arch::Gemma3 => [&sandwich[..], &head_norms].concat(),
             Arch::Qwen3 => head_norms.to_vec(),
-            Arch::Llama | Arch::Qwen2 => Vec::new(),
+            Arch::Llama | Arch::Qwen2 | Arch::Phi3 => Vec::new(),
         };
         for (file, ember, width) in norms {
             out.dense.insert(format!("{b}.{ember}.gamma"), get(&format!("{l}.{file}.weight"), &[width])?);
@@ -232,15 +246,23 @@ fn tensors(gguf: &Gguf, config: &ModelConfig) -> Result<Weights, String> {
             }
             out.dense.insert(format!("{b}.attn.c_attn.bias"), TensorData::new(values, [hd + 2 * gd]));
         }
-        let v = matrix(&format!("{l}.attn_v.weight"), [gd, d])?;
-        let qkv = Packed::stack(vec![q, k, v]).map_err(|e| e.to_string())?;
-        out.packed.insert(format!("{b}.attn.c_attn.weight"), qkv);
-        for (part, ember, shape) in [
-            ("attn_output", "attn.c_proj", [d, hd]),
-            ("ffn_gate", "mlp.c_gate", [f, d]),
-            ("ffn_up", "mlp.c_fc", [f, d]),
-            ("ffn_down", "mlp.c_proj", [d, f]),
-        ] {
+        if arch == Arch::Phi3 {
+            // Phi-3's ffn_up holds the gate's rows, then the up projection's.
+            let gate_up = matrix(&format!("{l}.ffn_up.weight"), [2 * f, d])?;
+            let rows = |from: usize| (from..from + f).collect::<Vec<_>>();
+            out.packed.insert(format!("{b}.mlp.c_gate.weight"), gate_up.reorder_rows(&rows(0)));
+            out.packed.insert(format!("{b}.mlp.c_fc.weight"), gate_up.reorder_rows(&rows(f)));
+        }
+        let projections = match arch {
+            Arch::Phi3 => &[("attn_output", "attn.c_proj", [d, hd]), ("ffn_down", "mlp.c_proj", [d, f])][..],
+            _ => &[
+                ("attn_output", "attn.c_proj", [d, hd]),
+                ("ffn_gate", "mlp.c_gate", [f, d]),
+                ("ffn_up", "mlp.c_fc", [f, d]),
+                ("ffn_down", "mlp.c_proj", [d, f]),
+            ],
+        };
+        for &(part, ember, shape) in projections {
             out.packed.insert(format!("{b}.{ember}.weight"), matrix(&format!("{l}.{part}.weight"), shape)?);
         }
     }
@@ -296,7 +318,7 @@ fn tokenizer(gguf: &Gguf) -> Result<Tokenizer, String> {
         // Gemma's merges follow the file's order of its tokens, not their scores.
         let order: Vec<f64> = match arch(gguf)? {
             Arch::Gemma3 => (0..tokens.len()).map(|i| -(i as f64)).collect(),
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => meta(gguf, "tokenizer.ggml.scores")?
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => meta(gguf, "tokenizer.ggml.scores")?
                 .as_array()
                 .and_then(Array::floats)
                 .ok_or("tokenizer.ggml.scores is not an array of numbers")?,

@@ -21,6 +21,7 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, Tensors), ImportError> {
     let tensors = match family {
         Family::Gpt2 => gpt2(&config, tensors).map_err(bad)?,
         Family::Llama => llama(&config, tensors).map_err(bad)?,
+        Family::Phi3 => llama(&config, unfuse_phi3(&config, tensors).map_err(bad)?).map_err(bad)?,
     };
     Ok((config, tensors))
 }
@@ -132,6 +133,29 @@ fn llama(config: &ModelConfig, mut hf: Tensors) -> Result<Tensors, String> {
     let tied = config.tie_embeddings;
     refuse_unused(hf, |k| k.ends_with("rotary_emb.inv_freq") || (tied && k == "lm_head.weight"))?;
     Ok(out)
+}
+
+/// Phi-3's fused projections under Llama's names: `qkv_proj` [(h + 2g)·d_h, d] as q_proj, k_proj and v_proj, and
+/// `gate_up_proj` [2f, d] as gate_proj and up_proj (gate first, as transformers' `chunk(2)` reads it).
+fn unfuse_phi3(config: &ModelConfig, mut hf: Tensors) -> Result<Tensors, String> {
+    let (d, f, dh) = (config.d_model, config.ffn_dim(), config.head_dim());
+    let (hd, gd) = (config.n_heads * dh, config.kv_heads() * dh);
+    for i in 0..config.n_layers {
+        let l = format!("model.layers.{i}");
+        for (fused, parts) in [
+            ("self_attn.qkv_proj", vec![("self_attn.q_proj", hd), ("self_attn.k_proj", gd), ("self_attn.v_proj", gd)]),
+            ("mlp.gate_up_proj", vec![("mlp.gate_proj", f), ("mlp.up_proj", f)]),
+        ] {
+            let rows: usize = parts.iter().map(|p| p.1).sum();
+            let values = take_shaped(&mut hf, &format!("{l}.{fused}.weight"), &[rows, d])?.try_to_vec::<f32>();
+            let mut values = values.map_err(|e| format!("{l}.{fused}.weight: {e:?}"))?.into_iter();
+            for (name, n) in parts {
+                let part: Vec<f32> = values.by_ref().take(n * d).collect();
+                hf.insert(format!("{l}.{name}.weight"), TensorData::new(part, [n, d]));
+            }
+        }
+    }
+    Ok(hf)
 }
 
 /// GPT-2's causal-mask buffers (booleans or integers in some checkpoints), which are no parameters.
