@@ -10,7 +10,8 @@
   up in one gate_up_proj, a sliding window of 5).
 - llama3-rope-tiny/, linear-rope-tiny/, yarn-rope-tiny/: LlamaForCausalLM with Llama 3.1's RoPE scaling (factor 4,
   original context 16, so that the head's four frequencies fall in each of its three bands), with linear scaling
-  (factor 4), and with YaRN (factor 4, original context 16: one pair kept, three interpolated; cos and sin scaled).
+  (factor 4), and with YaRN (factor 4, original context 16: one pair kept, three interpolated; cos and sin scaled);
+  their inputs are 32 tokens long, twice the original context.
 - smollm2_greedy.json: Hugging Face's greedy continuation (16 tokens, f32 weights dequantized from the same GGUF by
   transformers) of three prompts with SmolLM2-135M-Instruct, and the prompt token ids.
 
@@ -32,9 +33,9 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2L
 PROMPTS = ["The capital of France is", "Once upon a time,", "def fibonacci(n):"]
 
 
-def save_tiny(model, out, vocab):
+def save_tiny(model, out, vocab, length=12):
     torch.manual_seed(1)
-    ids = torch.randint(0, vocab, (2, 12))
+    ids = torch.randint(0, vocab, (2, length))
     with torch.no_grad():
         logits = model(ids).logits
     os.makedirs(out, exist_ok=True)
@@ -109,7 +110,8 @@ def families(out_dir):
                     tensor.normal_(1.0 if key.endswith("norm.weight") else 0.0, 0.3)
         if name in ("mistral-tiny", "phi3-tiny"):
             model.config._attn_implementation = "eager"
-        save_tiny(model, os.path.join(out_dir, name), 96)
+        # RoPE-scaled models are checked over 32 positions: twice their original context of 16.
+        save_tiny(model, os.path.join(out_dir, name), 96, 32 if name.endswith("rope-tiny") else 12)
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ fn qwen2_qwen3_phi3_and_rope_scaled_gguf_files_from_llama_cpp_match_hugging_face
 }
 
 /// Llama 3.1's RoPE scaling (the head's frequencies in all three of its bands), linear scaling and YaRN, from
-/// transformers 5's `rope_parameters`, against its logits.
+/// transformers 5's `rope_parameters`, against its logits over 32 positions: twice the original context of 16.
 #[test]
 fn llama3_linear_and_yarn_rope_scaling_match_hugging_face() {
     let (config, _) = import::hf::load(&fixtures().join("llama3-rope-tiny")).unwrap();
