@@ -11,7 +11,8 @@
 - llama3-rope-tiny/, linear-rope-tiny/, yarn-rope-tiny/: LlamaForCausalLM with Llama 3.1's RoPE scaling (factor 4,
   original context 16, so that the head's four frequencies fall in each of its three bands), with linear scaling
   (factor 4), and with YaRN (factor 4, original context 16: one pair kept, three interpolated; cos and sin scaled);
-  their inputs are 32 tokens long, twice the original context.
+  their inputs are 32 tokens long, twice the original context. Each model of this list also stores greedy_ids: 8
+  prompt tokens and the 32 its greedy continuation adds.
 - smollm2_greedy.json: Hugging Face's greedy continuation (16 tokens, f32 weights dequantized from the same GGUF by
   transformers) of three prompts with SmolLM2-135M-Instruct, and the prompt token ids.
 
@@ -33,18 +34,24 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2L
 PROMPTS = ["The capital of France is", "Once upon a time,", "def fibonacci(n):"]
 
 
-def save_tiny(model, out, vocab, length=12):
+def save_tiny(model, out, vocab, length=12, greedy=0):
     torch.manual_seed(1)
     ids = torch.randint(0, vocab, (2, length))
     with torch.no_grad():
         logits = model(ids).logits
+        # Greedy continuation of the first row's first 8 tokens, each step the argmax of a full forward pass.
+        seq = ids[:1, :8]
+        for _ in range(greedy):
+            seq = torch.cat([seq, model(seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     os.makedirs(out, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     for extra in ("generation_config.json",):
         if os.path.exists(os.path.join(out, extra)):
             os.remove(os.path.join(out, extra))
-    save_file({"input_ids": ids.to(torch.float32), "logits": logits.contiguous()},
-              os.path.join(out, "expected.safetensors"))
+    expected = {"input_ids": ids.to(torch.float32), "logits": logits.contiguous()}
+    if greedy:
+        expected["greedy_ids"] = seq[0].to(torch.float32).contiguous()
+    save_file(expected, os.path.join(out, "expected.safetensors"))
     print(out, "logits", tuple(logits.shape), "max |logit|", float(logits.abs().max()))
 
 
@@ -88,8 +95,10 @@ def families(out_dir):
         ("qwen2-tiny", Qwen2ForCausalLM, Qwen2Config(**shape, tie_word_embeddings=True)),
         ("qwen3-tiny", Qwen3ForCausalLM, Qwen3Config(**shape, head_dim=16, tie_word_embeddings=False)),
         ("mistral-tiny", MistralForCausalLM, MistralConfig(**shape, sliding_window=5, tie_word_embeddings=False)),
-        ("phi3-tiny", Phi3ForCausalLM, Phi3Config(**shape, sliding_window=5, pad_token_id=0, bos_token_id=1,
-                                                  eos_token_id=2, tie_word_embeddings=False)),
+        # Its own copy of rope_parameters: Phi3Config adds partial_rotary_factor to the dict it is given.
+        ("phi3-tiny", Phi3ForCausalLM, Phi3Config(**{**shape, "rope_parameters": dict(shape["rope_parameters"])},
+                                                  sliding_window=5, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                                  tie_word_embeddings=False)),
         ("llama3-rope-tiny", LlamaForCausalLM, LlamaConfig(**{**shape, "rope_parameters": {
             "rope_type": "llama3", "rope_theta": 1000.0, "factor": 4.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}, tie_word_embeddings=False)),
@@ -111,7 +120,7 @@ def families(out_dir):
         if name in ("mistral-tiny", "phi3-tiny"):
             model.config._attn_implementation = "eager"
         # RoPE-scaled models are checked over 32 positions: twice their original context of 16.
-        save_tiny(model, os.path.join(out_dir, name), 96, 32 if name.endswith("rope-tiny") else 12)
+        save_tiny(model, os.path.join(out_dir, name), 96, 32 if name.endswith("rope-tiny") else 12, greedy=32)
 
 
 if __name__ == "__main__":

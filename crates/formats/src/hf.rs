@@ -41,17 +41,6 @@ fn full_attention(config: ModelConfig, json: &Value) -> Result<ModelConfig, Stri
     Ok(config)
 }
 
-/// Phi's `config`, refused where RoPE turns only part of each head (`partial_rotary_factor` < 1, Phi-4-mini's 0.75).
-fn full_rotary(json: &Value) -> Result<ModelConfig, String> {
-    let factor = json["partial_rotary_factor"].as_f64().or(json["rope_parameters"]["partial_rotary_factor"].as_f64());
-    match factor {
-        Some(f) if f != 1.0 => {
-            Err(format!("partial rotary embeddings (partial_rotary_factor = {f}) are not supported"))
-        }
-        _ => llama(json),
-    }
-}
-
 fn f64_of(json: &Value, key: &str, default: f64) -> f64 {
     json[key].as_f64().unwrap_or(default)
 }
@@ -65,7 +54,7 @@ pub fn config(text: &str) -> Result<(Family, ModelConfig), String> {
         "qwen2" => (Family::Llama, ModelConfig { qkv_bias: Some(true), ..full_attention(llama(&json)?, &json)? }),
         "qwen3" => (Family::Llama, ModelConfig { qk_norm: true, ..full_attention(llama(&json)?, &json)? }),
         "mistral" => (Family::Llama, ModelConfig { window: optional(&json, "sliding_window")?, ..llama(&json)? }),
-        "phi3" => (Family::Phi3, ModelConfig { window: optional(&json, "sliding_window")?, ..full_rotary(&json)? }),
+        "phi3" => (Family::Phi3, ModelConfig { window: optional(&json, "sliding_window")?, ..llama(&json)? }),
         other => {
             return Err(format!(
                 "model_type {other:?} is not supported (gpt2, llama, qwen2, qwen3, mistral and phi3 are)"
@@ -97,6 +86,11 @@ fn gpt2(json: &Value) -> Result<ModelConfig, String> {
 
 fn llama(json: &Value) -> Result<ModelConfig, String> {
     let (d, h) = (usize_of(json, "hidden_size")?, usize_of(json, "num_attention_heads")?);
+    // RoPE on part of each head (`partial_rotary_factor` < 1, Phi-4-mini's 0.75) is refused.
+    let partial = json["partial_rotary_factor"].as_f64().or(json["rope_parameters"]["partial_rotary_factor"].as_f64());
+    if let Some(f) = partial.filter(|&f| f != 1.0) {
+        return Err(format!("partial rotary embeddings (partial_rotary_factor = {f}) are not supported"));
+    }
     let theta = json["rope_theta"].as_f64().or_else(|| json["rope_parameters"]["rope_theta"].as_f64());
     let g = optional(json, "num_key_value_heads")?.unwrap_or(h);
     let mut config = ModelConfig::gpt(

@@ -320,3 +320,39 @@ fn batched_decoding_of_ragged_sequences_equals_one_at_a_time() {
         }
     }
 }
+
+/// Each imported family (Qwen2's biases, Qwen3's head norms, Mistral's and Phi-3's sliding window of 5, Llama 3.1,
+/// linear and YaRN RoPE scaling past the original context of 16) continues its fixture's 8 prompt tokens with the 32
+/// tokens transformers' greedy decoding chose (scripts/reference/hf_fixtures.py), through a contiguous and a paged
+/// store.
+#[test]
+fn imported_families_decode_greedily_as_transformers_through_the_stores() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../core-model/tests/fixtures/hf");
+    let device = Device::flex();
+    let families = [
+        "qwen2-tiny",
+        "qwen3-tiny",
+        "mistral-tiny",
+        "phi3-tiny",
+        "llama3-rope-tiny",
+        "linear-rope-tiny",
+        "yarn-rope-tiny",
+    ];
+    for name in families {
+        let (config, tensors) = ember_core_model::import::hf::load(&fixtures.join(name)).unwrap();
+        let model = CausalLm::load(&config, &tensors, &device).unwrap();
+        let (expected, _) =
+            ember_core_model::bundle::load_tensors(&fixtures.join(name).join("expected.safetensors")).unwrap();
+        let want: Vec<u32> = expected["greedy_ids"].as_slice::<f32>().unwrap().iter().map(|&x| x as u32).collect();
+        for kv in [KvSpec::from(KvKind::Contiguous), KvSpec { page_size: 5, ..KvKind::Paged.into() }] {
+            let mut decoder = Decoder::new(&model, kv, &device);
+            let (mut ids, mut seen) = (want[..8].to_vec(), 0);
+            while ids.len() < want.len() {
+                let next = argmax(&decoder.next_logits(&ids, seen));
+                seen = ids.len();
+                ids.push(next);
+            }
+            assert_eq!(ids, want, "{name}, {:?}", kv.kind);
+        }
+    }
+}
