@@ -78,25 +78,30 @@ fn phi3_logits_match_hugging_face_and_partial_rotary_is_refused() {
 /// The same models converted to GGUF by llama.cpp's convert_hf_to_gguf.py (scripts/reference/gguf_fixtures.py) give
 /// transformers' logits through the GGUF importer: Qwen2's q, k, v biases and Qwen3's per-head q/k norms and head
 /// width from the metadata (both stored in rotate-half order), Phi-3's fused attn_qkv and gate-and-up ffn_up and its
-/// sliding window, and linear and YaRN RoPE scaling from `llama.rope.scaling.*`.
+/// sliding window, linear and YaRN RoPE scaling from `llama.rope.scaling.*`, and Llama 3's from a `rope_freqs` tensor.
 #[test]
 fn qwen2_qwen3_phi3_and_rope_scaled_gguf_files_from_llama_cpp_match_hugging_face() {
-    for name in ["qwen2-tiny", "qwen3-tiny", "phi3-tiny", "linear-rope-tiny", "yarn-rope-tiny"] {
+    let families = ["qwen2-tiny", "qwen3-tiny", "phi3-tiny", "linear-rope-tiny", "yarn-rope-tiny", "llama3-rope-tiny"];
+    for name in families {
         let (config, weights, _, _) = import::gguf_model::load(&fixtures().join(format!("{name}.gguf"))).unwrap();
         let hf = import::hf::load(&fixtures().join(name)).unwrap().0;
         let key = |c: &ember_core_model::ModelConfig| {
-            (
-                c.qkv_bias(),
-                c.qk_norm,
-                c.head_dim(),
-                c.kv_heads(),
-                c.rope_theta,
-                c.rope_scaling,
-                c.tie_embeddings,
-                c.window,
-            )
+            (c.qkv_bias(), c.qk_norm, c.head_dim(), c.kv_heads(), c.rope_theta, c.tie_embeddings, c.window)
         };
         assert_eq!(key(&config), key(&hf), "{name}");
+        // Llama 3's scaling arrives as the per-pair factors of a rope_freqs tensor: the same frequencies.
+        let (dh, theta) = (hf.head_dim(), hf.rope_theta);
+        let frequencies = |s: &Option<RopeScaling>| -> Vec<f64> {
+            (0..dh / 2).map(|i| s.as_ref().unwrap().frequency(i, dh, theta)).collect()
+        };
+        match &config.rope_scaling {
+            Some(RopeScaling::Factors { .. }) => {
+                for (a, b) in frequencies(&config.rope_scaling).into_iter().zip(frequencies(&hf.rope_scaling)) {
+                    assert!((a / b - 1.0).abs() < 1e-6, "{name}: θ {a} vs {b}");
+                }
+            }
+            scaling => assert_eq!(scaling, &hf.rope_scaling, "{name}"),
+        }
         let model = CausalLm::load_packed(&config, &weights.dense, &weights.packed, &Device::flex()).unwrap();
         model_matches(name, &model);
     }

@@ -366,7 +366,10 @@ impl ModelConfig {
             "a finite number greater than 1",
         )?;
         if let Some(scaling) = &self.rope_scaling {
-            check_rope_scaling(scaling)?;
+            // The rotated width: MLA's decoupled key, else the whole head.
+            let rotated =
+                if self.attention == AttentionKind::Mla { self.mla_rope_dim.unwrap_or(0) } else { self.head_dim() };
+            check_rope_scaling(scaling, rotated / 2)?;
         }
         if self.positions == PositionKind::Rope && self.attention == AttentionKind::Mha {
             let d = self.head_dim();
@@ -535,9 +538,26 @@ pub fn model_from_run_toml(text: &str) -> Result<ModelConfig, RunConfigError> {
     Ok(config)
 }
 
-/// `model.rope_scaling`: a factor ≥ 1; Llama 3's band factors 0 < α < β and an original context.
-fn check_rope_scaling(scaling: &RopeScaling) -> Result<(), Invalid> {
+/// `model.rope_scaling`: a factor ≥ 1; Llama 3's band factors 0 < α < β and an original context; per-pair factors,
+/// one for each of the `pairs` rotation pairs of a head, finite and > 0.
+fn check_rope_scaling(scaling: &RopeScaling, pairs: usize) -> Result<(), Invalid> {
     let factor = match *scaling {
+        RopeScaling::Factors { ref factors } => {
+            let count = format!("{} factors", factors.len());
+            require(
+                factors.len() == pairs,
+                "model.rope_scaling.factors",
+                count,
+                format!("one per rotation pair: {pairs}"),
+            )?;
+            let bad = factors.iter().find(|f| !(f.is_finite() && **f > 0.0));
+            return require(
+                bad.is_none(),
+                "model.rope_scaling.factors",
+                bad.copied().unwrap_or(0.0),
+                "finite numbers > 0",
+            );
+        }
         RopeScaling::Linear { factor } => factor,
         RopeScaling::Llama3 { factor, low_freq_factor: low, high_freq_factor: high, original_context } => {
             let key = "model.rope_scaling.low_freq_factor";

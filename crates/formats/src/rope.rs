@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// A frequency scaling, applied to every θ_i when the RoPE tables are built.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum RopeScaling {
     /// Position interpolation (Chen et al. 2023): θ_i / s.
@@ -17,6 +17,9 @@ pub enum RopeScaling {
     /// `beta_slow` times, θ_i where more than `beta_fast`, a linear ramp in i between (its ends at the dimensions
     /// d ln(L / 2πβ) / 2 ln base, floored and ceiled); cos and sin scaled by `attention_factor` (0.1 ln s + 1).
     Yarn { factor: f64, original_context: usize, beta_fast: f64, beta_slow: f64, attention_factor: f64 },
+    /// θ_i / f_i for each rotation pair's own factor: llama.cpp's `rope_freqs` tensor, as which its converter writes
+    /// Llama 3's scaling into GGUF files.
+    Factors { factors: Vec<f64> },
 }
 
 impl RopeScaling {
@@ -24,6 +27,7 @@ impl RopeScaling {
     pub fn frequency(&self, i: usize, d: usize, base: f64) -> f64 {
         let theta = base.powf(-2.0 * i as f64 / d as f64);
         match *self {
+            RopeScaling::Factors { ref factors } => theta / factors[i],
             RopeScaling::Linear { factor } => theta / factor,
             RopeScaling::Llama3 { factor, low_freq_factor: low, high_freq_factor: high, original_context } => {
                 let context = original_context as f64;
@@ -85,5 +89,22 @@ mod tests {
         let t = (8192.0 / 4096.0 - 1.0) / 3.0;
         assert!((at(theta) - ((1.0 - t) * theta / 8.0 + t * theta)).abs() < 1e-12);
         assert_eq!(RopeScaling::Linear { factor: 4.0 }.frequency(0, 8, 10_000.0), 0.25);
+    }
+
+    /// Per-pair factors divide each θ_i by its own factor; a model config checks there is one per rotation pair.
+    #[test]
+    fn factors_divide_each_pair_and_their_count_is_checked() {
+        let s = RopeScaling::Factors { factors: vec![1.0, 2.0, 8.0] };
+        for (i, f) in [1.0, 2.0, 8.0].into_iter().enumerate() {
+            assert_eq!(s.frequency(i, 6, 100.0), 100f64.powf(-2.0 * i as f64 / 6.0) / f);
+        }
+        let mut config = crate::config::ModelConfig::gpt(50, 2, 2, 12, 16).llama_style(2);
+        config.rope_scaling = Some(s);
+        assert!(config.validate().is_ok(), "heads of 6: 3 pairs");
+        config.rope_scaling = Some(RopeScaling::Factors { factors: vec![1.0, 2.0] });
+        let err = config.validate().unwrap_err().to_string();
+        assert_eq!(err, "model.rope_scaling.factors = 2 factors: one per rotation pair: 3");
+        config.rope_scaling = Some(RopeScaling::Factors { factors: vec![1.0, 0.0, 1.0] });
+        assert!(config.validate().unwrap_err().to_string().contains("finite numbers > 0"));
     }
 }

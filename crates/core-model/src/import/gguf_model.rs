@@ -31,7 +31,11 @@ use ember_formats::tokenizer;
 pub fn load(path: &Path) -> Result<(ModelConfig, Weights, Tokenizer, ChatFormat), ImportError> {
     let bad = |reason: String| ImportError::new(path, reason);
     let gguf = open(path)?;
-    let config = config(&gguf).map_err(bad)?;
+    let mut config = config(&gguf).map_err(bad)?;
+    if let Some(factors) = rope_factors(&gguf, &config).map_err(bad)? {
+        config.rope_scaling = Some(RopeScaling::Factors { factors });
+        config.validate().map_err(|e| bad(e.to_string()))?;
+    }
     let tensors = tensors(&gguf, &config).map_err(bad)?;
     let tokenizer = tokenizer(&gguf).map_err(bad)?;
     Ok((config, tensors, tokenizer, ChatFormat::from_gguf(&gguf)))
@@ -153,8 +157,7 @@ fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
 
 /// RoPE scaling from `{arch}.rope.scaling.*`, as llama.cpp's converter writes it: `linear` (factor) and `yarn`
 /// (factor, original context, and β_fast, β_slow and the attention factor where given, else transformers' defaults:
-/// 32, 1 and 0.1 ln s + 1). Llama 3's scaling is a `rope_freqs` tensor, which is refused as a tensor the model does
-/// not use.
+/// 32, 1 and 0.1 ln s + 1). Llama 3's scaling is a `rope_freqs` tensor instead ([`rope_factors`]).
 fn rope_scaling(gguf: &Gguf, key: &dyn Fn(&str) -> String) -> Result<Option<RopeScaling>, String> {
     let number = |name: &str| -> Result<Option<f64>, String> {
         let Some(value) = gguf.get(&key(name)) else { return Ok(None) };
@@ -183,6 +186,21 @@ fn rope_scaling(gguf: &Gguf, key: &dyn Fn(&str) -> String) -> Result<Option<Rope
         Some(other) => Err(format!("RoPE scaling {other:?} is not supported (linear and yarn are)")),
     }
 }
+
+/// The per-pair frequency factors of a `rope_freqs` tensor (how llama.cpp's converter stores Llama 3's RoPE
+/// scaling), None without one; with RoPE scaling in the metadata too it is an error.
+fn rope_factors(gguf: &Gguf, config: &ModelConfig) -> Result<Option<Vec<f64>>, String> {
+    if gguf.info(ROPE_FREQS).is_none() {
+        return Ok(None);
+    }
+    if config.rope_scaling.is_some() {
+        return Err(format!("both {ROPE_FREQS} and rope.scaling metadata scale RoPE"));
+    }
+    let (_, values) = gguf.tensor(ROPE_FREQS).map_err(|e| e.to_string())?;
+    Ok(Some(values.into_iter().map(f64::from).collect()))
+}
+
+const ROPE_FREQS: &str = "rope_freqs.weight";
 
 /// The model's tensors, each checked against the shape the metadata implies before it is used; a tensor of the file
 /// that the model does not use is an error (the metadata and the weights disagree), not a silent smaller model.
@@ -267,6 +285,9 @@ fn tensors(gguf: &Gguf, config: &ModelConfig) -> Result<Weights, String> {
         }
     }
     out.dense.insert("ln_f.gamma".into(), get("output_norm.weight", &[d])?);
+    if let Some(RopeScaling::Factors { factors }) = &config.rope_scaling {
+        check(ROPE_FREQS, &[factors.len()])?;
+    }
     if !config.tie_embeddings {
         out.packed.insert("lm_head.weight".into(), matrix("output.weight", [v, d])?);
     }

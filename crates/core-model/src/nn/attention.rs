@@ -82,7 +82,7 @@ impl HeadsConfig {
 
 /// Causal self-attention over its heads, with per-head q/k RMSNorm (its ε) when set, sliding window, RoPE, dropout,
 /// similarity κ and the init scale of its output projection.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SelfAttentionConfig {
     pub heads: HeadsConfig,
     pub qk_norm_eps: Option<f64>,
@@ -117,7 +117,7 @@ impl SelfAttentionConfig {
             rope: (model.positions == PositionKind::Rope).then_some(Rotary {
                 theta: rope_theta,
                 dim: heads.head_dim,
-                scaling: model.rope_scaling,
+                scaling: model.rope_scaling.clone(),
             }),
             dropout: model.dropout,
             attention_dropout: model.attention_dropout,
@@ -156,7 +156,7 @@ impl SelfAttentionConfig {
             n_kv_heads: g,
             window: self.window,
             attention_dropout: self.attention_dropout,
-            rope: self.rope,
+            rope: self.rope.clone(),
             algorithm: AttentionAlgorithm::Ember,
             tuning: GpuTuning::default(),
             similarity: self.similarity(init.scope_seed()),
@@ -199,7 +199,7 @@ impl CausalSelfAttention {
             (Some(q_norm), Some(k_norm)) => (q_norm.forward(q), k_norm.forward(k)),
             _ => (q, k),
         };
-        match self.rope {
+        match &self.rope {
             Some(rotary) => {
                 let rope = positions.rope(rotary, FloatDType::from(q.dtype()));
                 (rope.apply(q), rope.apply(k), v)

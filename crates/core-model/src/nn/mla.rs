@@ -60,7 +60,7 @@ pub struct MlaProjections {
 
 /// Multi-head latent attention of width d: h heads of content width d_h, a latent of width d_c, a decoupled RoPE key
 /// of width d_R, its biases, window, dropout and the init scale of its output projection.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct MlaConfig {
     pub d_model: usize,
     pub n_heads: usize,
@@ -86,7 +86,7 @@ impl MlaConfig {
             n_heads: model.n_heads,
             head_dim: model.head_dim(),
             latent_dim,
-            rope: Rotary { theta: model.rope_theta, dim: rope_dim, scaling: model.rope_scaling },
+            rope: Rotary { theta: model.rope_theta, dim: rope_dim, scaling: model.rope_scaling.clone() },
             qkv_bias: model.qkv_bias(),
             bias: model.bias,
             window: model.window,
@@ -112,7 +112,7 @@ impl MlaConfig {
             n_heads: h,
             window: self.window,
             attention_dropout: self.attention_dropout,
-            rope: self.rope,
+            rope: self.rope.clone(),
             algorithm: AttentionAlgorithm::Ember,
             tuning: GpuTuning::default(),
         }
@@ -128,7 +128,7 @@ impl MlaAttention {
     /// q_C = x W_Q, q_R = RoPE(x W_QR), c = x W_DKV, k_R = RoPE(x W_KR) at `positions`, split into heads.
     pub fn project(&self, x: Tensor<3>, positions: &Positions) -> MlaProjections {
         let [b, t, _] = x.dims();
-        let rope = positions.rope(self.rope, FloatDType::from(x.dtype()));
+        let rope = positions.rope(&self.rope, FloatDType::from(x.dtype()));
         let heads = |z: Tensor<3>, n: usize| {
             let w = z.dims()[2] / n;
             z.reshape([b, t, n, w]).swap_dims(1, 2)

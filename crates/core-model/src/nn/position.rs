@@ -20,7 +20,7 @@ pub fn sinusoidal(positions: &[usize], d: usize, device: &Device, dtype: FloatDT
 }
 
 /// RoPE's base θ, the width d of the vectors it rotates, and how its frequencies are scaled.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Rotary {
     pub theta: f64,
     pub dim: usize,
@@ -92,14 +92,14 @@ impl Positions {
     }
 
     /// The rotation tables of `rotary` at these positions, in `dtype` (that of the vectors they rotate).
-    pub fn rope(&self, rotary: Rotary, dtype: FloatDType) -> Rope {
+    pub fn rope(&self, rotary: &Rotary, dtype: FloatDType) -> Rope {
         match self.rope.get() {
-            Some((built, in_dtype, rope)) if (*built, *in_dtype) == (rotary, dtype) => rope.clone(),
+            Some((built, in_dtype, rope)) if built == rotary && *in_dtype == dtype => rope.clone(),
             _ => {
                 let (positions, [rows, tokens]) = self.listed();
                 let shape = [rows, 1, tokens, rotary.dim];
                 let rope = Rope::table(rotary, &positions, shape, (&self.device, DType::from(dtype)));
-                let _ = self.rope.set((rotary, dtype, rope.clone()));
+                let _ = self.rope.set((rotary.clone(), dtype, rope.clone()));
                 rope
             }
         }
@@ -116,14 +116,14 @@ pub struct Rope {
 }
 
 impl Rope {
-    fn table(rotary: Rotary, positions: &[usize], shape: [usize; 4], options: (&Device, DType)) -> Self {
-        let Rotary { theta, dim: d, scaling } = rotary;
+    fn table(rotary: &Rotary, positions: &[usize], shape: [usize; 4], options: (&Device, DType)) -> Self {
+        let Rotary { theta, dim: d, ref scaling } = *rotary;
         let half = d / 2;
         let frequency = |i: usize| match scaling {
             Some(s) => s.frequency(i, d, theta),
             None => theta.powf(-2.0 * i as f64 / d as f64),
         };
-        let magnitude = scaling.map_or(1.0, |s| s.magnitude());
+        let magnitude = scaling.as_ref().map_or(1.0, |s| s.magnitude());
         let (mut cos, mut sin) = (Vec::with_capacity(positions.len() * d), Vec::with_capacity(positions.len() * d));
         for &p in positions {
             for c in 0..d {
@@ -156,8 +156,8 @@ mod tests {
     fn score(q: &Tensor<4>, k: &Tensor<4>, i: usize, j: usize) -> f32 {
         let dev = Device::flex();
         let rotary = Rotary { theta: 10_000.0, dim: 8, scaling: None };
-        let q = Positions::span(i, 1, &dev).rope(rotary, FloatDType::F32).apply(q.clone());
-        let k = Positions::span(j, 1, &dev).rope(rotary, FloatDType::F32).apply(k.clone());
+        let q = Positions::span(i, 1, &dev).rope(&rotary, FloatDType::F32).apply(q.clone());
+        let k = Positions::span(j, 1, &dev).rope(&rotary, FloatDType::F32).apply(k.clone());
         (q * k).sum().into_scalar()
     }
 
@@ -183,7 +183,7 @@ mod tests {
         let rotary = Rotary { theta: 100.0, dim: 6, scaling: None };
         let input = Tensor::<4>::from_data(TensorData::new(x.to_vec(), [1, 1, 1, 6]), &dev);
         let y = Positions::span(5, 1, &dev)
-            .rope(rotary, FloatDType::F32)
+            .rope(&rotary, FloatDType::F32)
             .apply(input)
             .into_data()
             .try_to_vec::<f32>()
