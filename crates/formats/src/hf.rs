@@ -142,20 +142,18 @@ fn rope_scaling(json: &Value) -> Result<Option<RopeScaling>, String> {
                 return Err("YaRN with truncate = false is not supported".into());
             }
             let factor = factor()?;
-            // transformers' default: 0.1 ln s + 1, or the ratio of two such with DeepSeek's mscale and mscale_all_dim.
-            let magnitude = match (params["mscale"].as_f64(), params["mscale_all_dim"].as_f64()) {
-                (Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
-                    yarn_magnitude(factor, m) / yarn_magnitude(factor, all)
-                }
-                _ => yarn_magnitude(factor, 1.0),
-            };
-            Ok(Some(RopeScaling::Yarn {
-                factor,
-                original_context: usize_of(params, "original_max_position_embeddings")?,
-                beta_fast: f64_of(params, "beta_fast", 32.0),
-                beta_slow: f64_of(params, "beta_slow", 1.0),
-                attention_factor: params["attention_factor"].as_f64().unwrap_or(magnitude),
-            }))
+            // Without attention_factor, DeepSeek's mscale and mscale_all_dim give the ratio of two default factors.
+            let attention = params["attention_factor"].as_f64().or(
+                match (params["mscale"].as_f64(), params["mscale_all_dim"].as_f64()) {
+                    (Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                        Some(yarn_magnitude(factor, m) / yarn_magnitude(factor, all))
+                    }
+                    _ => None,
+                },
+            );
+            let original_context = usize_of(params, "original_max_position_embeddings")?;
+            let (fast, slow) = (params["beta_fast"].as_f64(), params["beta_slow"].as_f64());
+            Ok(Some(RopeScaling::yarn(factor, original_context, fast, slow, attention)))
         }
         other => Err(format!(
             "RoPE scaling {} is not supported (linear, llama3 and yarn are)",

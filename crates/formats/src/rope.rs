@@ -23,6 +23,24 @@ pub enum RopeScaling {
 }
 
 impl RopeScaling {
+    /// YaRN with transformers' defaults for what a checkpoint leaves out: β_fast 32, β_slow 1 and the attention
+    /// factor 0.1 ln s + 1.
+    pub fn yarn(
+        factor: f64,
+        original_context: usize,
+        beta_fast: Option<f64>,
+        beta_slow: Option<f64>,
+        attention_factor: Option<f64>,
+    ) -> Self {
+        RopeScaling::Yarn {
+            factor,
+            original_context,
+            beta_fast: beta_fast.unwrap_or(32.0),
+            beta_slow: beta_slow.unwrap_or(1.0),
+            attention_factor: attention_factor.unwrap_or_else(|| yarn_magnitude(factor, 1.0)),
+        }
+    }
+
     /// θ_i = base^(−2i/d) of rotation pair i of a d-wide head, as scaled.
     pub fn frequency(&self, i: usize, d: usize, base: f64) -> f64 {
         let theta = base.powf(-2.0 * i as f64 / d as f64);

@@ -24,7 +24,7 @@ use crate::weights::Weights;
 use ember_formats::config::ModelConfig;
 use ember_formats::config::{FfnKind, NormPlacement};
 use ember_formats::packed::Packed;
-use ember_formats::rope::{RopeScaling, yarn_magnitude};
+use ember_formats::rope::RopeScaling;
 use ember_formats::tokenizer;
 
 /// Config, Ember-named weights, tokenizer and chat format of a llama GGUF file.
@@ -156,8 +156,8 @@ fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
 }
 
 /// RoPE scaling from `{arch}.rope.scaling.*`, as llama.cpp's converter writes it: `linear` (factor) and `yarn`
-/// (factor, original context, and β_fast, β_slow and the attention factor where given, else transformers' defaults:
-/// 32, 1 and 0.1 ln s + 1). Llama 3's scaling is a `rope_freqs` tensor instead ([`rope_factors`]).
+/// (factor, original context, and β_fast, β_slow and the attention factor where given, else [`RopeScaling::yarn`]'s
+/// defaults). Llama 3's scaling is a `rope_freqs` tensor instead ([`rope_factors`]).
 fn rope_scaling(gguf: &Gguf, key: &dyn Fn(&str) -> String) -> Result<Option<RopeScaling>, String> {
     let number = |name: &str| -> Result<Option<f64>, String> {
         let Some(value) = gguf.get(&key(name)) else { return Ok(None) };
@@ -175,13 +175,9 @@ fn rope_scaling(gguf: &Gguf, key: &dyn Fn(&str) -> String) -> Result<Option<Rope
                 return Err(format!("YaRN with an extrapolation factor of {ext} (not 1) is not supported"));
             }
             let attention = number("rope.scaling.yarn_attn_factor")?.or(number("rope.scaling.attn_factor")?);
-            Ok(Some(RopeScaling::Yarn {
-                factor,
-                original_context: count(gguf, &key("rope.scaling.original_context_length"))?,
-                beta_fast: number("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
-                beta_slow: number("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
-                attention_factor: attention.unwrap_or_else(|| yarn_magnitude(factor, 1.0)),
-            }))
+            let original_context = count(gguf, &key("rope.scaling.original_context_length"))?;
+            let (fast, slow) = (number("rope.scaling.yarn_beta_fast")?, number("rope.scaling.yarn_beta_slow")?);
+            Ok(Some(RopeScaling::yarn(factor, original_context, fast, slow, attention)))
         }
         Some(other) => Err(format!("RoPE scaling {other:?} is not supported (linear and yarn are)")),
     }
