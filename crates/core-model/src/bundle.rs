@@ -1,6 +1,5 @@
 //! The run directory, the only thing `train` hands to `serve`: config, weights, tokenizer, checkpoint, metrics.
 
-use crate::init::Build;
 use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
@@ -11,6 +10,7 @@ use safetensors::tensor::{Dtype, TensorView};
 use tokenizers::Tokenizer;
 
 use crate::causal_lm::CausalLm;
+use crate::init::Build;
 use crate::params::{self, Mismatch};
 use crate::weights::{Tensors, WeightFormat, Weights};
 use ember_formats::chat::ChatFormat;

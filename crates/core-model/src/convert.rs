@@ -8,13 +8,13 @@
 //! divided by √(d_h + d_R). Without RoPE and at full rank (d_L = rank of [W_K | W_V; b_K | b_V]) the converted model
 //! computes the original's logits.
 
-use crate::init::Build;
 use std::collections::HashMap;
 
 use crate::linalg::{low_rank, symmetric_eigen};
 use burn::tensor::TensorData;
 
 use crate::causal_lm::CausalLm;
+use crate::init::Build;
 use crate::params::{Mismatch, state_dict};
 use ember_formats::config::ModelConfig;
 use ember_formats::config::{AttentionKind, PositionKind};

@@ -1,6 +1,5 @@
 //! Imported checkpoints against Hugging Face: the fixtures come from scripts/reference/hf_fixtures.py.
 
-use ember_core_model::Build;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -8,7 +7,7 @@ use ember_core_model::bundle::load_tensors;
 use ember_core_model::import;
 use ember_core_model::nn::projection::Projection;
 use ember_core_model::weights::WeightFormat;
-use ember_core_model::{CausalLm, tokenizer};
+use ember_core_model::{Build, CausalLm, tokenizer};
 use ember_formats::rope::RopeScaling;
 
 fn fixtures() -> PathBuf {

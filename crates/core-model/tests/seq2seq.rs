@@ -2,13 +2,12 @@
 //! √d, sinusoidal positions; fixture from `scripts/reference/seq2seq_fixture.py`): logits of a padded batch equal
 //! within 1e-4 with the same weights.
 
-use ember_core_model::Build;
 use std::path::Path;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_core_model::bundle::load_tensors;
 use ember_core_model::seq2seq::{Seq2Seq, Seq2SeqConfig};
-use ember_core_model::{ModelConfig, Rng};
+use ember_core_model::{Build, ModelConfig, Rng};
 use serde_json::Value;
 
 fn fixture() -> (Value, std::path::PathBuf) {

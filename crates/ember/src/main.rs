@@ -17,7 +17,6 @@ mod serve;
 mod train;
 mod translate;
 
-use ember_core_model::Build;
 use ember_core_model::weights::WeightFormat;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,7 +24,7 @@ use std::rc::Rc;
 
 use anyhow::{Result, bail};
 use clap::{Args, Parser, Subcommand};
-use ember_core_model::{bundle, import};
+use ember_core_model::{Build, bundle, import};
 use ember_train::collective::Collective;
 
 use crate::devices::DeviceChoice;

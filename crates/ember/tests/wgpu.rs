@@ -8,10 +8,9 @@ mod common;
 use std::path::PathBuf;
 
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
-use ember_core_model::Build;
 use ember_core_model::config::{AttentionKernel, NormPlacement};
 use ember_core_model::seq2seq::{Seq2Seq, Seq2SeqConfig};
-use ember_core_model::{CausalLm, ModelConfig, Rng};
+use ember_core_model::{Build, CausalLm, ModelConfig, Rng};
 use ember_serve::{KvKind, KvSpec};
 use ember_test_support::{max_abs_diff, metric, values, wgpu_test_device};
 

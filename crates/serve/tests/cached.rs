@@ -3,14 +3,13 @@
 //! the paged store, and linear-attention models with their recurrent state; quantized stores stay close; forked sequences share pages, and later prompts the cached pages of
 //! their shared prefix.
 
-use ember_core_model::Build;
 use std::collections::HashMap;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_core_model::cache::KvCache;
 use ember_core_model::config::{AttentionKernel, AttentionKind};
 use ember_core_model::params::{load_state_dict, state_dict};
-use ember_core_model::{CausalLm, ModelConfig, Rng};
+use ember_core_model::{Build, CausalLm, ModelConfig, Rng};
 use ember_serve::kv::{Bits, ContiguousCache, PagePool, PagedCache, QuantizedCache, StateCache};
 use ember_serve::sampling::argmax;
 use ember_serve::{Decoder, KvKind, KvSpec};

@@ -4,11 +4,10 @@
 //! (a prompt too long for the context fails alone) and batch composition (greedy texts decoded in one batch equal
 //! those decoded one sequence at a time, on every KV store the scheduler batches).
 
-use ember_core_model::Build;
 use std::sync::mpsc;
 
 use burn::tensor::Device;
-use ember_core_model::{CausalLm, ModelConfig, Rng};
+use ember_core_model::{Build, CausalLm, ModelConfig, Rng};
 use ember_formats::tokenizer;
 use ember_serve::generate::{Finish, KvKind, KvSpec};
 use ember_serve::metrics::Metrics;

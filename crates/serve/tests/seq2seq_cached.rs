@@ -3,10 +3,9 @@
 //! Pre-LN / RMSNorm / SwiGLU / RoPE / GQA variant, on a padded batch.
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use ember_core_model::Build;
 use ember_core_model::config::{FfnKind, NormKind, NormPlacement, PositionKind};
 use ember_core_model::seq2seq::{Seq2Seq, Seq2SeqConfig};
-use ember_core_model::{ModelConfig, Rng};
+use ember_core_model::{Build, ModelConfig, Rng};
 use ember_serve::kv::ContiguousCache;
 
 fn configs() -> Vec<Seq2SeqConfig> {

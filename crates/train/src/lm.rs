@@ -1,13 +1,12 @@
 //! Language-model training as a [`Task`] of the shared loop: random windows of the token corpus, the causal-LM
 //! loss, the configured schedule, and evaluation by mean train / val loss over fixed windows.
 
-use ember_core_model::Build;
 use std::path::Path;
 
 use burn::module::Module;
 use burn::tensor::Device;
 use ember_core_model::params::ParamInfo;
-use ember_core_model::{CausalLm, ModelConfig, Rng};
+use ember_core_model::{Build, CausalLm, ModelConfig, Rng};
 use serde::{Deserialize, Serialize};
 
 use crate::collective::{Collective, Shard};

@@ -1,14 +1,13 @@
 //! Conformance with PyTorch (fixture from scripts/fixtures/gpt_forward.py): the GPT's logits, the causal-LM loss,
 //! the global gradient norm, and the loss after one clipped AdamW step. Tolerance: 1e-4 absolute (f32).
 
-use ember_core_model::Build;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use ember_core_model::{CausalLm, ModelConfig, bundle, params};
+use ember_core_model::{Build, CausalLm, ModelConfig, bundle, params};
 use ember_train::loss::lm_loss;
 use ember_train::optim::{AdamW, AdamWConfig, clip_scale, global_grad_norm};
 

@@ -5,7 +5,6 @@ pub mod gguf_model;
 pub use ember_formats::gguf;
 pub mod hf;
 
-use crate::init::Build;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{Device, TensorData};
@@ -14,6 +13,7 @@ use ember_formats::chat::ChatFormat;
 
 use crate::bundle::{self, Bundle, BundleError};
 use crate::causal_lm::CausalLm;
+use crate::init::Build;
 use crate::weights::{WeightFormat, Weights};
 use ember_formats::config::ModelConfig;
 use ember_formats::tokenizer;

@@ -3,7 +3,6 @@
 //! decoding): seconds per training step and per decoded token against T, both models built from one config with
 //! random weights (speed does not depend on their values) and timed in turns.
 
-use ember_core_model::Build;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -11,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use burn::tensor::{Int, Tensor, TensorData};
 use clap::Args;
 use ember_core_model::config::{AttentionKernel, PositionKind};
-use ember_core_model::{CausalLm, ModelConfig, Rng};
+use ember_core_model::{Build, CausalLm, ModelConfig, Rng};
 use ember_serve::KvKind;
 use ember_train::loss::lm_loss;
 use ember_train::plot::{Axes, Series, line_svg};

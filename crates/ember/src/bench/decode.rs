@@ -1,7 +1,6 @@
 //! `ember bench decode`: generation tokens/s with the KV cache against recomputing the context every step, at
 //! several lengths, side by side in one run.
 
-use ember_core_model::Build;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -9,7 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ember_core_model::config::PositionKind;
-use ember_core_model::{CausalLm, Rng, params};
+use ember_core_model::{Build, CausalLm, Rng, params};
 use ember_serve::sampling::argmax;
 use ember_serve::{Decoder, KvKind};
 

@@ -12,13 +12,13 @@ mod workers;
 pub(crate) use workers::{Chunks, RowChunks};
 pub use workers::{KeepWorkersAwake, keep_workers_awake, on_every_core, stay_awake};
 
-/// The tensor with a contiguous layout (copied only when it has none).
 /// A CPU kernel's inputs as it reads them: the pool's workers woken ([`stay_awake`]) and each tensor contiguous.
 pub fn operands<const N: usize>(tensors: [FlexTensor; N]) -> [FlexTensor; N] {
     stay_awake();
     tensors.map(contiguous)
 }
 
+/// The tensor with a contiguous layout (copied only when it has none).
 pub fn contiguous(t: FlexTensor) -> FlexTensor {
     if t.is_contiguous() { t } else { t.to_contiguous() }
 }

@@ -9,17 +9,16 @@
 mod config;
 mod stored;
 
-use ember_core_model::Build;
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use burn::module::Module;
 use burn::tensor::{Device, TensorData};
-use ember_core_model::Rng;
 use ember_core_model::bundle::{self, BundleError};
 use ember_core_model::params::ParamInfo;
 use ember_core_model::seq2seq::Seq2Seq;
+use ember_core_model::{Build, Rng};
 use serde::{Deserialize, Serialize};
 
 use crate::collective::{Collective, Shard};

@@ -1,7 +1,6 @@
 //! What a translation run directory keeps: the vocabularies, the last checkpoints' weights for averaging, and the
 //! trained translator loaded back.
 
-use ember_core_model::Build;
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -9,7 +8,7 @@ use std::path::{Path, PathBuf};
 use burn::tensor::{DType, Device, TensorData};
 use ember_core_model::bundle::{self, BundleError};
 use ember_core_model::seq2seq::Seq2Seq;
-use ember_core_model::tokenizer;
+use ember_core_model::{Build, tokenizer};
 use tokenizers::Tokenizer;
 
 use super::{SOURCE_TOKENIZER, TranslationConfig, TranslationError, io};
