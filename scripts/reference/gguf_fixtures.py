@@ -1,5 +1,5 @@
-"""GGUF files of the tiny Qwen2, Qwen3, Phi-3 and RoPE-scaled (linear, YaRN, Llama 3) Llama fixtures, written by
-llama.cpp's own convert_hf_to_gguf.py.
+"""GGUF files of the tiny Qwen2, Qwen3, Phi-3 (plain and LongRoPE) and RoPE-scaled (linear, YaRN, Llama 3) Llama
+fixtures, written by llama.cpp's own convert_hf_to_gguf.py (which writes no GGUF form of dynamic NTK scaling).
 
 Each model directory of scripts/reference/hf_fixtures.py (random weights, transformers' logits in
 expected.safetensors) is copied with a small SentencePiece tokenizer trained here (the converter needs one; the
@@ -19,7 +19,8 @@ import tempfile
 
 import sentencepiece as spm
 
-FAMILIES = ["qwen2-tiny", "qwen3-tiny", "phi3-tiny", "linear-rope-tiny", "yarn-rope-tiny", "llama3-rope-tiny"]
+FAMILIES = ["qwen2-tiny", "qwen3-tiny", "phi3-tiny", "linear-rope-tiny", "yarn-rope-tiny", "llama3-rope-tiny",
+            "longrope-tiny"]
 TEXT = [
     "The capital of France is Paris, and the capital of Spain is Madrid.",
     "Once upon a time, a small model learned to read its own weights.",

@@ -8,11 +8,14 @@
   Qwen3ForCausalLM (RMSNorm of each head's q and k, head_dim 16 with hidden 32) and MistralForCausalLM (a sliding
   window of 5 keys, shorter than the 12-token input); phi3-tiny/: Phi3ForCausalLM (q, k, v in one qkv_proj, gate and
   up in one gate_up_proj, a sliding window of 5).
-- llama3-rope-tiny/, linear-rope-tiny/, yarn-rope-tiny/: LlamaForCausalLM with Llama 3.1's RoPE scaling (factor 4,
-  original context 16, so that the head's four frequencies fall in each of its three bands), with linear scaling
-  (factor 4), and with YaRN (factor 4, original context 16: one pair kept, three interpolated; cos and sin scaled);
-  their inputs are 32 tokens long, twice the original context. Each model of this list also stores greedy_ids: 8
-  prompt tokens and the 32 its greedy continuation adds.
+- llama3-rope-tiny/, linear-rope-tiny/, yarn-rope-tiny/, dynamic-rope-tiny/: LlamaForCausalLM with Llama 3.1's
+  RoPE scaling (factor 4, original context 32, so that the head's four frequencies fall in each of its three bands),
+  with linear scaling (factor 4), with YaRN (factor 4, original context 32: one pair kept, three interpolated; cos
+  and sin scaled) and with dynamic NTK scaling (factor 4 past max_position_embeddings = 32); longrope-tiny/:
+  Phi3ForCausalLM with LongRoPE (short and long factors per pair, original context 32 of 128).
+- Every family's input is 64 tokens long (twice the RoPE-scaled models' original context), and each stores
+  greedy_ids: 8 prompt tokens and the 32 that transformers adds greedily (with its KV cache, so that
+  dynamic and LongRoPE scalings change their frequencies as the sequence grows, as in cached decoding).
 - smollm2_greedy.json: Hugging Face's greedy continuation (16 tokens, f32 weights dequantized from the same GGUF by
   transformers) of three prompts with SmolLM2-135M-Instruct, and the prompt token ids.
 
@@ -39,10 +42,13 @@ def save_tiny(model, out, vocab, length=12, greedy=0):
     ids = torch.randint(0, vocab, (2, length))
     with torch.no_grad():
         logits = model(ids).logits
-        # Greedy continuation of the first row's first 8 tokens, each step the argmax of a full forward pass.
+        # Greedy continuation of the first row's first 8 tokens, decoded with the KV cache (no stop token).
         seq = ids[:1, :8]
+        step = model(seq, use_cache=True)
         for _ in range(greedy):
-            seq = torch.cat([seq, model(seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+            token = step.logits[:, -1].argmax(-1, keepdim=True)
+            seq = torch.cat([seq, token], dim=1)
+            step = model(token, past_key_values=step.past_key_values, use_cache=True)
     os.makedirs(out, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     for extra in ("generation_config.json",):
@@ -101,11 +107,19 @@ def families(out_dir):
                                                   tie_word_embeddings=False)),
         ("llama3-rope-tiny", LlamaForCausalLM, LlamaConfig(**{**shape, "rope_parameters": {
             "rope_type": "llama3", "rope_theta": 1000.0, "factor": 4.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}, tie_word_embeddings=False)),
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}, tie_word_embeddings=False)),
         ("linear-rope-tiny", LlamaForCausalLM, LlamaConfig(**{**shape, "rope_parameters": {
             "rope_type": "linear", "rope_theta": 1000.0, "factor": 4.0}}, tie_word_embeddings=False)),
         ("yarn-rope-tiny", LlamaForCausalLM, LlamaConfig(**{**shape, "rope_parameters": {
-            "rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0, "original_max_position_embeddings": 16}},
+            "rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0, "original_max_position_embeddings": 32}},
+            tie_word_embeddings=False)),
+        ("dynamic-rope-tiny", LlamaForCausalLM, LlamaConfig(**{**shape, "max_position_embeddings": 32,
+            "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1000.0, "factor": 4.0}},
+            tie_word_embeddings=False)),
+        ("longrope-tiny", Phi3ForCausalLM, Phi3Config(**{**shape, "max_position_embeddings": 128,
+            "rope_parameters": {"rope_type": "longrope", "rope_theta": 1000.0, "short_factor": [1.0, 1.25, 1.5, 2.0],
+                                "long_factor": [1.0, 3.0, 6.0, 12.0], "original_max_position_embeddings": 32}},
+            original_max_position_embeddings=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
             tie_word_embeddings=False)),
     ]:
         if only and name not in only:
@@ -119,8 +133,7 @@ def families(out_dir):
                     tensor.normal_(1.0 if key.endswith("norm.weight") else 0.0, 0.3)
         if name in ("mistral-tiny", "phi3-tiny"):
             model.config._attn_implementation = "eager"
-        # RoPE-scaled models are checked over 32 positions: twice their original context of 16.
-        save_tiny(model, os.path.join(out_dir, name), 96, 32 if name.endswith("rope-tiny") else 12, greedy=32)
+        save_tiny(model, os.path.join(out_dir, name), 96, 64, greedy=32)
 
 
 if __name__ == "__main__":

@@ -77,53 +77,65 @@ fn phi3_logits_match_hugging_face_and_partial_rotary_is_refused() {
 /// The same models converted to GGUF by llama.cpp's convert_hf_to_gguf.py (scripts/reference/gguf_fixtures.py) give
 /// transformers' logits through the GGUF importer: Qwen2's q, k, v biases and Qwen3's per-head q/k norms and head
 /// width from the metadata (both stored in rotate-half order), Phi-3's fused attn_qkv and gate-and-up ffn_up and its
-/// sliding window, linear and YaRN RoPE scaling from `llama.rope.scaling.*`, and Llama 3's from a `rope_freqs` tensor.
+/// sliding window, linear and YaRN RoPE scaling from `llama.rope.scaling.*`, Llama 3's from a `rope_freqs` tensor and
+/// LongRoPE's from `rope_factors_short` and `rope_factors_long`.
 #[test]
 fn qwen2_qwen3_phi3_and_rope_scaled_gguf_files_from_llama_cpp_match_hugging_face() {
-    let families = ["qwen2-tiny", "qwen3-tiny", "phi3-tiny", "linear-rope-tiny", "yarn-rope-tiny", "llama3-rope-tiny"];
-    for name in families {
+    for name in GGUF_FAMILIES {
         let (config, weights, _, _) = import::gguf_model::load(&fixtures().join(format!("{name}.gguf"))).unwrap();
         let hf = import::hf::load(&fixtures().join(name)).unwrap().0;
         let key = |c: &ember_core_model::ModelConfig| {
             (c.qkv_bias(), c.qk_norm, c.head_dim(), c.kv_heads(), c.rope_theta, c.tie_embeddings, c.window)
         };
         assert_eq!(key(&config), key(&hf), "{name}");
-        // Llama 3's scaling arrives as the per-pair factors of a rope_freqs tensor: the same frequencies.
+        // The same frequencies inside and past the original context, and the same magnitude, however stored (Llama
+        // 3's as a rope_freqs tensor; LongRoPE's attention factor as an f32).
         let (dh, theta) = (hf.head_dim(), hf.rope_theta);
-        let frequencies = |s: &Option<RopeScaling>| -> Vec<f64> {
-            (0..dh / 2).map(|i| s.as_ref().unwrap().frequency(i, dh, theta)).collect()
+        let rotation = |s: &Option<RopeScaling>| -> Vec<f64> {
+            let Some(s) = s else { return vec![] };
+            let at = |length| (0..dh / 2).map(move |i| s.frequency(i, dh, theta, length));
+            at(1).chain(at(64)).chain([s.magnitude()]).collect()
         };
-        match &config.rope_scaling {
-            Some(RopeScaling::Factors { .. }) => {
-                for (a, b) in frequencies(&config.rope_scaling).into_iter().zip(frequencies(&hf.rope_scaling)) {
-                    assert!((a / b - 1.0).abs() < 1e-6, "{name}: θ {a} vs {b}");
-                }
-            }
-            scaling => assert_eq!(scaling, &hf.rope_scaling, "{name}"),
+        let (got, want) = (rotation(&config.rope_scaling), rotation(&hf.rope_scaling));
+        assert_eq!(got.len(), want.len(), "{name}: {:?} vs {:?}", config.rope_scaling, hf.rope_scaling);
+        for (a, b) in got.into_iter().zip(want) {
+            assert!((a / b - 1.0).abs() < 1e-6, "{name}: {a} vs {b}");
         }
         let model = CausalLm::load_packed(&config, &weights.dense, &weights.packed, &Device::flex()).unwrap();
         model_matches(name, &model);
     }
 }
 
-/// Llama 3.1's RoPE scaling (the head's frequencies in all three of its bands), linear scaling and YaRN, from
-/// transformers 5's `rope_parameters`, against its logits over 32 positions: twice the original context of 16.
+/// The fixtures scripts/reference/gguf_fixtures.py converts with llama.cpp.
+const GGUF_FAMILIES: [&str; 7] =
+    ["qwen2-tiny", "qwen3-tiny", "phi3-tiny", "linear-rope-tiny", "yarn-rope-tiny", "llama3-rope-tiny", "longrope-tiny"];
+
+/// Llama 3.1's RoPE scaling (the head's frequencies in all three of its bands), linear scaling, YaRN, dynamic NTK
+/// and Phi-3's LongRoPE, from transformers 5's `rope_parameters`, against its logits over 64 positions: twice the
+/// original context of 32 (dynamic NTK and LongRoPE change their frequencies past it).
 #[test]
-fn llama3_linear_and_yarn_rope_scaling_match_hugging_face() {
-    let (config, _) = import::hf::load(&fixtures().join("llama3-rope-tiny")).unwrap();
-    let llama3 = RopeScaling::Llama3 { factor: 4.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_context: 16 };
-    assert_eq!(config.rope_scaling, Some(llama3));
-    let (config, _) = import::hf::load(&fixtures().join("linear-rope-tiny")).unwrap();
-    assert_eq!(config.rope_scaling, Some(RopeScaling::Linear { factor: 4.0 }));
-    let (config, _) = import::hf::load(&fixtures().join("yarn-rope-tiny")).unwrap();
-    let Some(RopeScaling::Yarn { factor, original_context, beta_fast, beta_slow, attention_factor }) =
-        config.rope_scaling
+fn every_rope_scaling_matches_hugging_face_past_the_original_context() {
+    let scaling = |name: &str| import::hf::load(&fixtures().join(name)).unwrap().0.rope_scaling.unwrap();
+    let llama3 = RopeScaling::Llama3 { factor: 4.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_context: 32 };
+    assert_eq!(scaling("llama3-rope-tiny"), llama3);
+    assert_eq!(scaling("linear-rope-tiny"), RopeScaling::Linear { factor: 4.0 });
+    assert_eq!(scaling("dynamic-rope-tiny"), RopeScaling::Dynamic { factor: 4.0, original_context: 32 });
+    let RopeScaling::Yarn { factor, original_context, beta_fast, beta_slow, attention_factor } =
+        scaling("yarn-rope-tiny")
     else {
-        panic!("{:?}", config.rope_scaling)
+        panic!("{:?}", scaling("yarn-rope-tiny"))
     };
-    assert_eq!((factor, original_context, beta_fast, beta_slow), (4.0, 16, 32.0, 1.0));
+    assert_eq!((factor, original_context, beta_fast, beta_slow), (4.0, 32, 32.0, 1.0));
     assert!((attention_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-12);
-    for name in ["llama3-rope-tiny", "linear-rope-tiny", "yarn-rope-tiny"] {
+    // Phi-3 grows its context from 32 to 128: s = 4, attention factor √(1 + ln 4 / ln 32).
+    let long = RopeScaling::LongRope {
+        short: vec![1.0, 1.25, 1.5, 2.0],
+        long: vec![1.0, 3.0, 6.0, 12.0],
+        original_context: 32,
+        attention_factor: (1.0 + 4f64.ln() / 32f64.ln()).sqrt(),
+    };
+    assert_eq!(scaling("longrope-tiny"), long);
+    for name in ["llama3-rope-tiny", "linear-rope-tiny", "yarn-rope-tiny", "dynamic-rope-tiny", "longrope-tiny"] {
         logits_match(name);
     }
 }

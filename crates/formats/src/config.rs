@@ -538,25 +538,29 @@ pub fn model_from_run_toml(text: &str) -> Result<ModelConfig, RunConfigError> {
     Ok(config)
 }
 
-/// `model.rope_scaling`: a factor ≥ 1; Llama 3's band factors 0 < α < β and an original context; per-pair factors,
-/// one for each of the `pairs` rotation pairs of a head, finite and > 0.
+/// `model.rope_scaling`: a factor ≥ 1; Llama 3's band factors 0 < α < β and an original context; per-pair factors
+/// (LongRoPE's short and long ones too), one for each of the `pairs` rotation pairs of a head, finite and > 0.
 fn check_rope_scaling(scaling: &RopeScaling, pairs: usize) -> Result<(), Invalid> {
+    let factors = |key: &str, factors: &[f64]| {
+        let count = format!("{} factors", factors.len());
+        require(factors.len() == pairs, key, count, format!("one per rotation pair: {pairs}"))?;
+        let bad = factors.iter().find(|f| !(f.is_finite() && **f > 0.0));
+        require(bad.is_none(), key, bad.copied().unwrap_or(0.0), "finite numbers > 0")
+    };
+    let context = |original_context: usize| {
+        require(original_context >= 1, "model.rope_scaling.original_context", original_context, "at least 1")
+    };
     let factor = match *scaling {
-        RopeScaling::Factors { ref factors } => {
-            let count = format!("{} factors", factors.len());
-            require(
-                factors.len() == pairs,
-                "model.rope_scaling.factors",
-                count,
-                format!("one per rotation pair: {pairs}"),
-            )?;
-            let bad = factors.iter().find(|f| !(f.is_finite() && **f > 0.0));
-            return require(
-                bad.is_none(),
-                "model.rope_scaling.factors",
-                bad.copied().unwrap_or(0.0),
-                "finite numbers > 0",
-            );
+        RopeScaling::Factors { factors: ref f } => return factors("model.rope_scaling.factors", f),
+        RopeScaling::LongRope { ref short, ref long, original_context, attention_factor: m } => {
+            factors("model.rope_scaling.short", short)?;
+            factors("model.rope_scaling.long", long)?;
+            require(m.is_finite() && m > 0.0, "model.rope_scaling.attention_factor", m, "a finite number > 0")?;
+            return context(original_context);
+        }
+        RopeScaling::Dynamic { factor, original_context } => {
+            context(original_context)?;
+            factor
         }
         RopeScaling::Linear { factor } => factor,
         RopeScaling::Llama3 { factor, low_freq_factor: low, high_freq_factor: high, original_context } => {
@@ -564,7 +568,7 @@ fn check_rope_scaling(scaling: &RopeScaling, pairs: usize) -> Result<(), Invalid
             require(low.is_finite() && low > 0.0, key, low, "a finite number > 0")?;
             let key = "model.rope_scaling.high_freq_factor";
             require(high.is_finite() && high > low, key, high, "a finite number greater than low_freq_factor")?;
-            require(original_context >= 1, "model.rope_scaling.original_context", original_context, "at least 1")?;
+            context(original_context)?;
             factor
         }
         RopeScaling::Yarn { factor, original_context, beta_fast, beta_slow, attention_factor } => {
@@ -574,7 +578,7 @@ fn check_rope_scaling(scaling: &RopeScaling, pairs: usize) -> Result<(), Invalid
             require(beta_fast.is_finite() && beta_fast > beta_slow, key, beta_fast, "a finite number above beta_slow")?;
             let (key, m) = ("model.rope_scaling.attention_factor", attention_factor);
             require(m.is_finite() && m > 0.0, key, m, "a finite number > 0")?;
-            require(original_context >= 1, "model.rope_scaling.original_context", original_context, "at least 1")?;
+            context(original_context)?;
             factor
         }
     };

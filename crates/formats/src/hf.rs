@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::config::FfnKind;
 use crate::config::ModelConfig;
-use crate::rope::{RopeScaling, yarn_magnitude};
+use crate::rope::{RopeScaling, longrope_magnitude, yarn_magnitude};
 
 /// The tensor layouts Ember imports: GPT-2's, Llama's (which Qwen2, Qwen3 and Mistral share), and Phi-3's (Llama's
 /// with q, k, v in one `qkv_proj` and gate and up in one `gate_up_proj`).
@@ -122,8 +122,8 @@ fn llama(json: &Value) -> Result<ModelConfig, String> {
     Ok(config)
 }
 
-/// RoPE scaling from `rope_scaling` (transformers 4) or `rope_parameters` (transformers 5): `linear`, `llama3` and
-/// `yarn`.
+/// RoPE scaling from `rope_scaling` (transformers 4) or `rope_parameters` (transformers 5): `linear`, `dynamic` (over
+/// `max_position_embeddings`, as transformers reads it), `llama3`, `yarn` and `longrope` (Phi-3's, also called `su`).
 fn rope_scaling(json: &Value) -> Result<Option<RopeScaling>, String> {
     let params = if json["rope_scaling"].is_null() { &json["rope_parameters"] } else { &json["rope_scaling"] };
     let factor = || params["factor"].as_f64().ok_or("rope scaling without a numeric factor");
@@ -155,8 +155,32 @@ fn rope_scaling(json: &Value) -> Result<Option<RopeScaling>, String> {
             let (fast, slow) = (params["beta_fast"].as_f64(), params["beta_slow"].as_f64());
             Ok(Some(RopeScaling::yarn(factor, original_context, fast, slow, attention)))
         }
+        Some("dynamic") => Ok(Some(RopeScaling::Dynamic {
+            factor: factor()?,
+            original_context: usize_of(json, "max_position_embeddings")?,
+        })),
+        Some("longrope" | "su") => {
+            let original_context = usize_of(params, "original_max_position_embeddings")
+                .or_else(|_| usize_of(json, "original_max_position_embeddings"))?;
+            let factor = match params["factor"].as_f64() {
+                Some(factor) => factor,
+                None => usize_of(json, "max_position_embeddings")? as f64 / original_context as f64,
+            };
+            let list = |key: &str| -> Result<Vec<f64>, String> {
+                let values = params[key].as_array().ok_or_else(|| format!("longrope scaling without a {key} list"))?;
+                values.iter().map(|v| v.as_f64().ok_or_else(|| format!("{key} holds {v}, not a number"))).collect()
+            };
+            Ok(Some(RopeScaling::LongRope {
+                short: list("short_factor")?,
+                long: list("long_factor")?,
+                original_context,
+                attention_factor: params["attention_factor"]
+                    .as_f64()
+                    .unwrap_or_else(|| longrope_magnitude(factor, original_context)),
+            }))
+        }
         other => Err(format!(
-            "RoPE scaling {} is not supported (linear, llama3 and yarn are)",
+            "RoPE scaling {} is not supported (linear, dynamic, llama3, yarn and longrope are)",
             other.map_or_else(|| params.to_string(), |k| format!("{k:?}"))
         )),
     }

@@ -20,6 +20,12 @@ pub enum RopeScaling {
     /// θ_i / f_i for each rotation pair's own factor: llama.cpp's `rope_freqs` tensor, as which its converter writes
     /// Llama 3's scaling into GGUF files.
     Factors { factors: Vec<f64> },
+    /// Dynamic NTK scaling (bloc97, emozilla): for a sequence of n > L tokens (L the original context) the base
+    /// becomes base · (s n / L − (s − 1))^(d / (d − 2)); up to L it is unchanged.
+    Dynamic { factor: f64, original_context: usize },
+    /// LongRoPE (Phi-3): θ_i / f_i with each pair's `short` factor for sequences up to the original context L, its
+    /// `long` one past it; cos and sin scaled by `attention_factor` (√(1 + ln s / ln L), s the context's growth).
+    LongRope { short: Vec<f64>, long: Vec<f64>, original_context: usize, attention_factor: f64 },
 }
 
 impl RopeScaling {
@@ -41,11 +47,23 @@ impl RopeScaling {
         }
     }
 
-    /// θ_i = base^(−2i/d) of rotation pair i of a d-wide head, as scaled.
-    pub fn frequency(&self, i: usize, d: usize, base: f64) -> f64 {
+    /// θ_i = base^(−2i/d) of rotation pair i of a d-wide head, as scaled, in a sequence of `length` tokens (only the
+    /// dynamic and LongRoPE scalings depend on it: a forward pass rotates its tokens with the frequencies of the
+    /// sequence up to its last one, as transformers computes them).
+    pub fn frequency(&self, i: usize, d: usize, base: f64, length: usize) -> f64 {
         let theta = base.powf(-2.0 * i as f64 / d as f64);
         match *self {
             RopeScaling::Factors { ref factors } => theta / factors[i],
+            RopeScaling::Dynamic { factor, original_context } => {
+                if length <= original_context {
+                    return theta;
+                }
+                let n = factor * length as f64 / original_context as f64 - (factor - 1.0);
+                (base * n.powf(d as f64 / (d as f64 - 2.0))).powf(-2.0 * i as f64 / d as f64)
+            }
+            RopeScaling::LongRope { ref short, ref long, original_context, .. } => {
+                theta / if length > original_context { long[i] } else { short[i] }
+            }
             RopeScaling::Linear { factor } => theta / factor,
             RopeScaling::Llama3 { factor, low_freq_factor: low, high_freq_factor: high, original_context } => {
                 let context = original_context as f64;
@@ -76,10 +94,16 @@ impl RopeScaling {
     /// What cos and sin are multiplied by: YaRN's attention factor, else 1.
     pub fn magnitude(&self) -> f64 {
         match *self {
-            RopeScaling::Yarn { attention_factor, .. } => attention_factor,
+            RopeScaling::Yarn { attention_factor, .. } | RopeScaling::LongRope { attention_factor, .. } => attention_factor,
             _ => 1.0,
         }
     }
+}
+
+/// LongRoPE's default attention factor for a context grown s times from L = `original_context`: √(1 + ln s / ln L)
+/// (1 for s ≤ 1), as transformers and llama.cpp's converter compute it.
+pub fn longrope_magnitude(factor: f64, original_context: usize) -> f64 {
+    if factor <= 1.0 { 1.0 } else { (1.0 + factor.ln() / (original_context as f64).ln()).sqrt() }
 }
 
 /// YaRN's default attention factor for a scale s: 0.1 · m · ln s + 1 (1 for s ≤ 1).
@@ -99,14 +123,29 @@ mod tests {
         // Pair 1 of a 2-wide head turns at θ = 1/base.
         let at = |theta: f64| {
             let base = 1.0 / theta;
-            s.frequency(1, 2, base)
+            s.frequency(1, 2, base, 1)
         };
         assert!((at(1.0) - 1.0).abs() < 1e-15);
         assert!((at(1e-4) - 1e-4 / 8.0).abs() < 1e-18);
         let theta = 2.0 * std::f64::consts::PI / 4096.0;
         let t = (8192.0 / 4096.0 - 1.0) / 3.0;
         assert!((at(theta) - ((1.0 - t) * theta / 8.0 + t * theta)).abs() < 1e-12);
-        assert_eq!(RopeScaling::Linear { factor: 4.0 }.frequency(0, 8, 10_000.0), 0.25);
+        assert_eq!(RopeScaling::Linear { factor: 4.0 }.frequency(0, 8, 10_000.0, 1), 0.25);
+    }
+
+    /// Dynamic NTK leaves θ alone up to the original context and raises the base past it; LongRoPE switches from the
+    /// short factors to the long ones there.
+    #[test]
+    fn dynamic_and_longrope_scalings_change_at_the_original_context() {
+        let dynamic = RopeScaling::Dynamic { factor: 2.0, original_context: 16 };
+        assert_eq!(dynamic.frequency(1, 4, 100.0, 16), 0.1);
+        // n = 32: base · (2·32/16 − 1)^(4/2) = 100 · 9, θ_1 = 900^(−1/2).
+        assert!((dynamic.frequency(1, 4, 100.0, 32) - 1.0 / 30.0).abs() < 1e-15);
+        let long = RopeScaling::LongRope { short: vec![1.0, 2.0], long: vec![3.0, 5.0], original_context: 16, attention_factor: 1.2 };
+        assert_eq!((long.frequency(1, 4, 100.0, 16), long.frequency(1, 4, 100.0, 17)), (0.1 / 2.0, 0.1 / 5.0));
+        assert_eq!(long.magnitude(), 1.2);
+        let want = (1.0 + 4f64.ln() / 16f64.ln()).sqrt();
+        assert_eq!((longrope_magnitude(4.0, 16), longrope_magnitude(1.0, 16)), (want, 1.0));
     }
 
     /// Per-pair factors divide each θ_i by its own factor; a model config checks there is one per rotation pair.
@@ -114,7 +153,7 @@ mod tests {
     fn factors_divide_each_pair_and_their_count_is_checked() {
         let s = RopeScaling::Factors { factors: vec![1.0, 2.0, 8.0] };
         for (i, f) in [1.0, 2.0, 8.0].into_iter().enumerate() {
-            assert_eq!(s.frequency(i, 6, 100.0), 100f64.powf(-2.0 * i as f64 / 6.0) / f);
+            assert_eq!(s.frequency(i, 6, 100.0, 1), 100f64.powf(-2.0 * i as f64 / 6.0) / f);
         }
         let mut config = crate::config::ModelConfig::gpt(50, 2, 2, 12, 16).llama_style(2);
         config.rope_scaling = Some(s);

@@ -321,8 +321,9 @@ fn batched_decoding_of_ragged_sequences_equals_one_at_a_time() {
 }
 
 /// Each imported family (Qwen2's biases, Qwen3's head norms, Mistral's and Phi-3's sliding window of 5, Llama 3.1,
-/// linear and YaRN RoPE scaling past the original context of 16) continues its fixture's 8 prompt tokens with the 32
-/// tokens transformers' greedy decoding chose (scripts/reference/hf_fixtures.py), through a contiguous and a paged
+/// linear, YaRN, dynamic NTK and LongRoPE scaling past the original context of 32), from its Hugging Face directory
+/// and from llama.cpp's GGUF of it where there is one, continues its fixture's 8 prompt tokens with the 32 tokens
+/// transformers' cached greedy decoding chose (scripts/reference/hf_fixtures.py), through a contiguous and a paged
 /// store.
 #[test]
 fn imported_families_decode_greedily_as_transformers_through_the_stores() {
@@ -336,15 +337,23 @@ fn imported_families_decode_greedily_as_transformers_through_the_stores() {
         "llama3-rope-tiny",
         "linear-rope-tiny",
         "yarn-rope-tiny",
+        "dynamic-rope-tiny",
+        "longrope-tiny",
     ];
     for name in families {
         let (config, tensors) = ember_core_model::import::hf::load(&fixtures.join(name)).unwrap();
-        let model = CausalLm::load(&config, &tensors, &device).unwrap();
+        let mut models = vec![CausalLm::load(&config, &tensors, &device).unwrap()];
+        let gguf = fixtures.join(format!("{name}.gguf"));
+        if gguf.exists() {
+            let (config, weights, _, _) = ember_core_model::import::gguf_model::load(&gguf).unwrap();
+            models.push(CausalLm::load_packed(&config, &weights.dense, &weights.packed, &device).unwrap());
+        }
         let (expected, _) =
             ember_core_model::bundle::load_tensors(&fixtures.join(name).join("expected.safetensors")).unwrap();
         let want: Vec<u32> = expected["greedy_ids"].as_slice::<f32>().unwrap().iter().map(|&x| x as u32).collect();
-        for kv in [KvSpec::from(KvKind::Contiguous), KvSpec { page_size: 5, ..KvKind::Paged.into() }] {
-            let mut decoder = Decoder::new(&model, kv, &device);
+        let stores = [KvSpec::from(KvKind::Contiguous), KvSpec { page_size: 5, ..KvKind::Paged.into() }];
+        for (model, kv) in models.iter().flat_map(|m| stores.map(|kv| (m, kv))) {
+            let mut decoder = Decoder::new(model, kv, &device);
             let (mut ids, mut seen) = (want[..8].to_vec(), 0);
             while ids.len() < want.len() {
                 let next = argmax(&decoder.next_logits(&ids, seen));

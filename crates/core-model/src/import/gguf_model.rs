@@ -32,8 +32,8 @@ pub fn load(path: &Path) -> Result<(ModelConfig, Weights, Tokenizer, ChatFormat)
     let bad = |reason: String| ImportError::new(path, reason);
     let gguf = open(path)?;
     let mut config = config(&gguf).map_err(bad)?;
-    if let Some(factors) = rope_factors(&gguf, &config).map_err(bad)? {
-        config.rope_scaling = Some(RopeScaling::Factors { factors });
+    if let Some(scaling) = rope_factors(&gguf, &config).map_err(bad)? {
+        config.rope_scaling = Some(scaling);
         config.validate().map_err(|e| bad(e.to_string()))?;
     }
     let tensors = tensors(&gguf, &config).map_err(bad)?;
@@ -167,7 +167,8 @@ fn rope_scaling(gguf: &Gguf, key: &dyn Fn(&str) -> String) -> Result<Option<Rope
     let factor =
         || number("rope.scaling.factor")?.ok_or_else(|| format!("metadata {} is missing", key("rope.scaling.factor")));
     match kind {
-        None | Some("none") => Ok(None),
+        // LongRoPE's factors are tensors, read by rope_factors.
+        None | Some("none" | "longrope") => Ok(None),
         Some("linear") => Ok(Some(RopeScaling::Linear { factor: factor()? })),
         Some("yarn") => {
             let factor = factor()?;
@@ -179,24 +180,48 @@ fn rope_scaling(gguf: &Gguf, key: &dyn Fn(&str) -> String) -> Result<Option<Rope
             let (fast, slow) = (number("rope.scaling.yarn_beta_fast")?, number("rope.scaling.yarn_beta_slow")?);
             Ok(Some(RopeScaling::yarn(factor, original_context, fast, slow, attention)))
         }
-        Some(other) => Err(format!("RoPE scaling {other:?} is not supported (linear and yarn are)")),
+        Some(other) => Err(format!("RoPE scaling {other:?} is not supported (linear, yarn and longrope are)")),
     }
 }
 
-/// The per-pair frequency factors of a `rope_freqs` tensor (how llama.cpp's converter stores Llama 3's RoPE
-/// scaling), None without one; with RoPE scaling in the metadata too it is an error.
-fn rope_factors(gguf: &Gguf, config: &ModelConfig) -> Result<Option<Vec<f64>>, String> {
-    if gguf.info(ROPE_FREQS).is_none() {
-        return Ok(None);
+/// RoPE scaling stored as tensors of per-pair frequency factors, None without them: Llama 3's one `rope_freqs`, or
+/// Phi-3's LongRoPE `rope_factors_short` and `rope_factors_long` (with the original context and the attention factor
+/// in the metadata, as llama.cpp's converter writes them). With RoPE scaling in the metadata too it is an error.
+fn rope_factors(gguf: &Gguf, config: &ModelConfig) -> Result<Option<RopeScaling>, String> {
+    let factors = |name: &str| -> Result<Option<Vec<f64>>, String> {
+        if gguf.info(name).is_none() {
+            return Ok(None);
+        }
+        if config.rope_scaling.is_some() {
+            return Err(format!("both {name} and rope.scaling metadata scale RoPE"));
+        }
+        let (_, values) = gguf.tensor(name).map_err(|e| e.to_string())?;
+        Ok(Some(values.into_iter().map(f64::from).collect()))
+    };
+    let arch = arch(gguf)?;
+    let key = |name: &str| format!("{}.{name}", arch.name());
+    match (factors(ROPE_FREQS)?, factors(ROPE_SHORT)?, factors(ROPE_LONG)?) {
+        (Some(factors), None, None) => Ok(Some(RopeScaling::Factors { factors })),
+        (None, Some(short), Some(long)) => {
+            let original_context = count(gguf, &key("rope.scaling.original_context_length"))?;
+            let attention = key("rope.scaling.attn_factor");
+            let attention_factor = match gguf.get(&attention) {
+                Some(value) => value.as_f64().ok_or_else(|| format!("metadata {attention} is not a number"))?,
+                None => 1.0,
+            };
+            Ok(Some(RopeScaling::LongRope { short, long, original_context, attention_factor }))
+        }
+        (None, None, None) if gguf.get(&key("rope.scaling.type")).and_then(Value::as_str) == Some("longrope") => {
+            Err(format!("LongRoPE scaling without its {ROPE_SHORT} and {ROPE_LONG} tensors"))
+        }
+        (None, None, None) => Ok(None),
+        _ => Err(format!("RoPE factors: either {ROPE_FREQS} alone or both {ROPE_SHORT} and {ROPE_LONG}")),
     }
-    if config.rope_scaling.is_some() {
-        return Err(format!("both {ROPE_FREQS} and rope.scaling metadata scale RoPE"));
-    }
-    let (_, values) = gguf.tensor(ROPE_FREQS).map_err(|e| e.to_string())?;
-    Ok(Some(values.into_iter().map(f64::from).collect()))
 }
 
 const ROPE_FREQS: &str = "rope_freqs.weight";
+const ROPE_SHORT: &str = "rope_factors_short.weight";
+const ROPE_LONG: &str = "rope_factors_long.weight";
 
 /// The model's tensors, each checked against the shape the metadata implies before it is used; a tensor of the file
 /// that the model does not use is an error (the metadata and the weights disagree), not a silent smaller model.
@@ -281,8 +306,13 @@ fn tensors(gguf: &Gguf, config: &ModelConfig) -> Result<Weights, String> {
         }
     }
     out.dense.insert("ln_f.gamma".into(), get("output_norm.weight", &[d])?);
-    if let Some(RopeScaling::Factors { factors }) = &config.rope_scaling {
-        check(ROPE_FREQS, &[factors.len()])?;
+    match &config.rope_scaling {
+        Some(RopeScaling::Factors { factors }) => check(ROPE_FREQS, &[factors.len()])?,
+        Some(RopeScaling::LongRope { short, long, .. }) => {
+            check(ROPE_SHORT, &[short.len()])?;
+            check(ROPE_LONG, &[long.len()])?;
+        }
+        _ => {}
     }
     if !config.tie_embeddings {
         out.packed.insert("lm_head.weight".into(), matrix("output.weight", [v, d])?);

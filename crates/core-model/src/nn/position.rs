@@ -98,7 +98,11 @@ impl Positions {
             _ => {
                 let (positions, [rows, tokens]) = self.listed();
                 let shape = [rows, 1, tokens, rotary.dim];
-                let rope = Rope::table(rotary, &positions, shape, (&self.device, DType::from(dtype)));
+                let span_end = match self.rows {
+                    Rows::Span { start, len } => Some(start + len),
+                    Rows::PerRow(_) => None,
+                };
+                let rope = Rope::table(rotary, &positions, span_end, shape, (&self.device, DType::from(dtype)));
                 let _ = self.rope.set((rotary.clone(), dtype, rope.clone()));
                 rope
             }
@@ -116,18 +120,30 @@ pub struct Rope {
 }
 
 impl Rope {
-    fn table(rotary: &Rotary, positions: &[usize], shape: [usize; 4], options: (&Device, DType)) -> Self {
+    /// The tables at `positions`, [`Positions::listed`] in `shape`: the tokens of a span ending at `span_end` all take
+    /// the frequencies of the sequence up to its last one, a row's one token those of the sequence it ends.
+    fn table(
+        rotary: &Rotary,
+        positions: &[usize],
+        span_end: Option<usize>,
+        shape: [usize; 4],
+        options: (&Device, DType),
+    ) -> Self {
         let Rotary { theta, dim: d, ref scaling } = *rotary;
         let half = d / 2;
-        let frequency = |i: usize| match scaling {
-            Some(s) => s.frequency(i, d, theta),
-            None => theta.powf(-2.0 * i as f64 / d as f64),
-        };
+        let span_length = span_end.unwrap_or(0);
         let magnitude = scaling.as_ref().map_or(1.0, |s| s.magnitude());
         let (mut cos, mut sin) = (Vec::with_capacity(positions.len() * d), Vec::with_capacity(positions.len() * d));
         for &p in positions {
+            let length = span_length.max(p + 1);
+            let frequency: Vec<f64> = (0..half)
+                .map(|i| match scaling {
+                    Some(s) => s.frequency(i, d, theta, length),
+                    None => theta.powf(-2.0 * i as f64 / d as f64),
+                })
+                .collect();
             for c in 0..d {
-                let angle = p as f64 * frequency(c % half);
+                let angle = p as f64 * frequency[c % half];
                 cos.push((angle.cos() * magnitude) as f32);
                 sin.push((angle.sin() * magnitude) as f32);
             }
