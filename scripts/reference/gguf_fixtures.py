@@ -1,4 +1,4 @@
-"""GGUF files of the tiny Qwen2, Qwen3, Phi-3 (plain and LongRoPE) and RoPE-scaled (linear, YaRN, Llama 3) Llama
+"""GGUF files of the tiny Qwen2, Qwen3, Phi-3 (plain and LongRoPE), Gemma 2, DeepSeek-V2 (plain and YaRN) and RoPE-scaled (linear, YaRN, Llama 3) Llama
 fixtures, written by llama.cpp's own convert_hf_to_gguf.py (which writes no GGUF form of dynamic NTK scaling).
 
 Each model directory of scripts/reference/hf_fixtures.py (random weights, transformers' logits in
@@ -19,8 +19,18 @@ import tempfile
 
 import sentencepiece as spm
 
-FAMILIES = ["qwen2-tiny", "qwen3-tiny", "phi3-tiny", "linear-rope-tiny", "yarn-rope-tiny", "llama3-rope-tiny",
-            "longrope-tiny"]
+FAMILIES = ["qwen2-tiny", "qwen3-tiny", "phi3-tiny", "gemma2-tiny", "deepseek2-tiny", "deepseek2-yarn-tiny",
+            "linear-rope-tiny", "yarn-rope-tiny", "llama3-rope-tiny", "longrope-tiny"]
+# DeepSeek's converter reads only byte-level BPE tokenizers whose pre-tokenizer hash it knows; these fixtures carry the
+# same small SentencePiece tokenizer as the others, so its set_vocab is pointed at the SentencePiece reader. Every
+# tensor and metadata key is still written by the converter's own DeepseekV2Model.
+SENTENCEPIECE_VOCAB = '''
+import runpy, sys
+import conversion.deepseek
+conversion.deepseek.DeepseekV2Model.set_vocab = lambda self: self._set_vocab_sentencepiece()
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
 TEXT = [
     "The capital of France is Paris, and the capital of Spain is Madrid.",
     "Once upon a time, a small model learned to read its own weights.",
@@ -40,7 +50,10 @@ def main(llama_cpp, fixtures):
                                            vocab_size=64, model_type="bpe", character_coverage=1.0, unk_id=0,
                                            bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
             out = os.path.join(fixtures, name + ".gguf")
-            subprocess.run([sys.executable, convert, tmp, "--outtype", "f32", "--outfile", out], check=True, env=env)
+            command = [convert, tmp, "--outtype", "f32", "--outfile", out]
+            if name.startswith("deepseek2"):
+                command = ["-c", SENTENCEPIECE_VOCAB] + command
+            subprocess.run([sys.executable] + command, check=True, env={**env, "PYTHONPATH": env["PYTHONPATH"] + os.pathsep + llama_cpp})
             print(out, os.path.getsize(out), "bytes")
 
 

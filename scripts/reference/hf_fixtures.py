@@ -13,6 +13,12 @@
   with linear scaling (factor 4), with YaRN (factor 4, original context 32: one pair kept, three interpolated; cos
   and sin scaled) and with dynamic NTK scaling (factor 4 past max_position_embeddings = 32); longrope-tiny/:
   Phi3ForCausalLM with LongRoPE (short and long factors per pair, original context 32 of 128).
+- gemma2-tiny/: Gemma2ForCausalLM (sandwich norms, GeGLU, √d embeddings, a window of 5 on layer 0 and none on
+  layer 1, scores soft-capped at 2 and logits at 3, head_dim 16 with hidden 32); gemma2-scalar-tiny/: the same with
+  query_pre_attn_scalar 24 instead of the head width (Hugging Face only: llama.cpp's GGUF does not store it).
+- deepseek2-tiny/: DeepseekV2ForCausalLM with dense layers (multi-head latent attention: a latent of 16, RMSNorm'd;
+  content heads of 8 and a shared RoPE key of 8 in DeepSeek's interleaved pairs; queries through a rank-24
+  bottleneck); deepseek2-yarn-tiny/: the same with YaRN (factor 4 over 32 positions, mscale = mscale_all_dim 0.707).
 - Every family's input is 64 tokens long (twice the RoPE-scaled models' original context), and each stores
   greedy_ids: 8 prompt tokens and the 32 that transformers adds greedily (with its KV cache, so that
   dynamic and LongRoPE scalings change their frequencies as the sequence grows, as in cached decoding).
@@ -30,7 +36,8 @@ import sys
 
 import torch
 from safetensors.torch import save_file
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+from transformers import (AutoModelForCausalLM, AutoTokenizer, DeepseekV2Config, DeepseekV2ForCausalLM,
+                          Gemma2Config, Gemma2ForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
                           LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                           Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
@@ -96,6 +103,10 @@ def families(out_dir):
     shape = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, initializer_range=0.2,
                  rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
+    gemma2_shape = {**shape, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+    deepseek_shape = {**shape, "num_key_value_heads": 4, "q_lora_rank": 24, "kv_lora_rank": 16,
+                      "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8, "first_k_dense_replace": 2,
+                      "n_routed_experts": 4, "moe_intermediate_size": 16, "tie_word_embeddings": False}
     only = sys.argv[3:]
     for name, cls, config in [
         ("qwen2-tiny", Qwen2ForCausalLM, Qwen2Config(**shape, tie_word_embeddings=True)),
@@ -121,6 +132,20 @@ def families(out_dir):
                                 "long_factor": [1.0, 3.0, 6.0, 12.0], "original_max_position_embeddings": 32}},
             original_max_position_embeddings=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
             tie_word_embeddings=False)),
+        # Caps low enough that tanh bends these random models' scores and logits; RoPE base 10,000, which llama.cpp's
+        # converter assumes for Gemma 2 (it writes no rope.freq_base).
+        ("gemma2-tiny", Gemma2ForCausalLM, Gemma2Config(**gemma2_shape, head_dim=16, query_pre_attn_scalar=16,
+                                                        sliding_window=5, attn_logit_softcapping=2.0,
+                                                        final_logit_softcapping=3.0)),
+        ("gemma2-scalar-tiny", Gemma2ForCausalLM, Gemma2Config(**gemma2_shape, head_dim=16, query_pre_attn_scalar=24,
+                                                               sliding_window=5, attn_logit_softcapping=2.0,
+                                                               final_logit_softcapping=3.0)),
+        # Dense layers only (first_k_dense_replace = every layer), queries through a rank-24 bottleneck; the second
+        # with DeepSeek-V2's YaRN (mscale = mscale_all_dim, so cos and sin stay unscaled and the scores take mscale²).
+        ("deepseek2-tiny", DeepseekV2ForCausalLM, DeepseekV2Config(**deepseek_shape)),
+        ("deepseek2-yarn-tiny", DeepseekV2ForCausalLM, DeepseekV2Config(**{**deepseek_shape, "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0, "original_max_position_embeddings": 32,
+            "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32.0, "beta_slow": 1.0}})),
     ]:
         if only and name not in only:
             continue

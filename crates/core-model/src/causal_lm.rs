@@ -233,15 +233,19 @@ impl CausalLm {
         self.drop.forward(x)
     }
 
-    /// Logits = norm_f(h) Wᵀ_out, W_out = E when tied.
+    /// Logits z = norm_f(h) Wᵀ_out, W_out = E when tied; soft-capped to c·tanh(z / c) when the config caps them.
     pub fn logits(&self, x: Tensor<3>) -> Tensor<3> {
         let x = match &self.ln_f {
             Some(ln) => ln.forward(x),
             None => x,
         };
-        match &self.lm_head {
+        let z = match &self.lm_head {
             Some(head) => head.forward(x),
             None => self.wte.logits(x),
+        };
+        match self.config.logit_softcap {
+            Some(c) => (z / c).tanh() * c,
+            None => z,
         }
     }
 

@@ -22,10 +22,18 @@ pub fn param_counts(c: &ModelConfig) -> Vec<(&'static str, u128)> {
         }
         AttentionKind::Mla => {
             let (dc, dr, qb) = (n(c.mla_latent_dim.unwrap_or(0)), n(c.mla_rope_dim.unwrap_or(0)), c.qkv_bias());
+            // Queries from x, or through W_DQ and its RMSNorm (the bias then W_DQ's).
+            let (dq, bottleneck) = match c.mla_q_rank.map(n) {
+                Some(r) => (r, linear(d, r, qb).saturating_add(r)),
+                None => (d, 0),
+            };
+            let q_bias = qb && c.mla_q_rank.is_none();
             [
-                linear(d, mul(h, dh), qb),
-                linear(d, mul(h, dr), qb),
+                bottleneck,
+                linear(dq, mul(h, dh), q_bias),
+                linear(dq, mul(h, dr), q_bias),
                 linear(d, dc, qb),
+                b(dc, c.mla_latent_norm),
                 linear(d, dr, qb),
                 mul(2, linear(dc, mul(h, dh), false)),
                 linear(mul(h, dh), d, c.bias),

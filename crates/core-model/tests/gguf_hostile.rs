@@ -226,7 +226,7 @@ fn metadata_of_the_wrong_type_duplicates_and_experts_are_errors() {
         (
             with("llama.expert_count", u32_meta(8)),
             llama_tensors(),
-            "mixture-of-experts models (8 experts) are not supported",
+            "mixture-of-experts layers (1 of 1 layers, 8 experts) are not supported",
         ),
     ];
     for (meta, tensors, expected) in cases {

@@ -8,6 +8,7 @@ use ember_core_model::import;
 use ember_core_model::nn::projection::Projection;
 use ember_core_model::weights::WeightFormat;
 use ember_core_model::{Build, CausalLm, tokenizer};
+use ember_formats::config::AttentionKind;
 use ember_formats::rope::RopeScaling;
 
 fn fixtures() -> PathBuf {
@@ -74,20 +75,68 @@ fn phi3_logits_match_hugging_face_and_partial_rotary_is_refused() {
     assert_eq!(err, "partial rotary embeddings (partial_rotary_factor = 0.75) are not supported");
 }
 
+/// Gemma 2 (sandwich norms with Gemma's 1 + w gains, GeGLU, √d embeddings, a window of 5 on layer 0 only, scores
+/// capped at 2 and logits at 3, and a query_pre_attn_scalar of 24 for heads of 16) against transformers' logits.
+#[test]
+fn gemma2_logits_match_hugging_face() {
+    let (config, _) = import::hf::load(&fixtures().join("gemma2-tiny")).unwrap();
+    assert_eq!((config.window, config.global_every, config.layer_window(1)), (Some(5), Some(2), None));
+    assert_eq!((config.attention_softcap, config.logit_softcap, config.attention_scale), (Some(2.0), Some(3.0), None));
+    assert!(config.tie_embeddings && config.embedding_scale);
+    logits_match("gemma2-tiny");
+    let (scaled, _) = import::hf::load(&fixtures().join("gemma2-scalar-tiny")).unwrap();
+    assert_eq!(scaled.attention_scale, Some(1.0 / 24f64.sqrt()));
+    logits_match("gemma2-scalar-tiny");
+}
+
+/// DeepSeek-V2 with dense layers (multi-head latent attention: the latent RMSNorm'd, queries through a rank-24
+/// bottleneck, the RoPE rows' interleaved pairs reordered), plain and with its YaRN (scores scaled by mscale²), against
+/// transformers' logits; a config with mixture-of-experts layers is refused by name.
+#[test]
+fn deepseek_v2_logits_match_hugging_face_and_moe_layers_are_refused() {
+    let (config, _) = import::hf::load(&fixtures().join("deepseek2-tiny")).unwrap();
+    let mla = (config.mla_latent_dim, config.mla_rope_dim, config.mla_q_rank, config.mla_latent_norm);
+    assert_eq!(
+        (config.attention, config.head_dim(), mla),
+        (AttentionKind::Mla, 8, (Some(16), Some(8), Some(24), true))
+    );
+    logits_match("deepseek2-tiny");
+    let (yarn, _) = import::hf::load(&fixtures().join("deepseek2-yarn-tiny")).unwrap();
+    let mscale = 0.1 * 0.707 * 4f64.ln() + 1.0;
+    assert!((yarn.attention_scale.unwrap() - mscale * mscale / 4.0).abs() < 1e-12, "{:?}", yarn.attention_scale);
+    logits_match("deepseek2-yarn-tiny");
+    let text = std::fs::read_to_string(fixtures().join("deepseek2-tiny/config.json")).unwrap();
+    let moe = text.replace("\"first_k_dense_replace\": 2", "\"first_k_dense_replace\": 1");
+    assert_ne!(moe, text);
+    let err = ember_formats::hf::config(&moe).unwrap_err();
+    assert_eq!(err, "mixture-of-experts layers (1 of 2 layers, 4 routed experts) are not supported");
+}
+
 /// The same models converted to GGUF by llama.cpp's convert_hf_to_gguf.py (scripts/reference/gguf_fixtures.py) give
 /// transformers' logits through the GGUF importer: Qwen2's q, k, v biases and Qwen3's per-head q/k norms and head
 /// width from the metadata (both stored in rotate-half order), Phi-3's fused attn_qkv and gate-and-up ffn_up and its
-/// sliding window, linear and YaRN RoPE scaling from `llama.rope.scaling.*`, Llama 3's from a `rope_freqs` tensor and
+/// sliding window, Gemma 2's norms, window pattern and soft-capping, DeepSeek-V2's latent attention with its k_b and
+/// v_b put back together (and its YaRN as llama.cpp reads it), linear and YaRN RoPE scaling from `llama.rope.scaling.*`, Llama 3's from a `rope_freqs` tensor and
 /// LongRoPE's from `rope_factors_short` and `rope_factors_long`.
 #[test]
-fn qwen2_qwen3_phi3_and_rope_scaled_gguf_files_from_llama_cpp_match_hugging_face() {
+fn qwen2_qwen3_phi3_gemma2_deepseek2_and_rope_scaled_gguf_files_from_llama_cpp_match_hugging_face() {
     for name in GGUF_FAMILIES {
         let (config, weights, _, _) = import::gguf_model::load(&fixtures().join(format!("{name}.gguf"))).unwrap();
         let hf = import::hf::load(&fixtures().join(name)).unwrap().0;
         let key = |c: &ember_core_model::ModelConfig| {
-            (c.qkv_bias(), c.qk_norm, c.head_dim(), c.kv_heads(), c.rope_theta, c.tie_embeddings, c.window)
+            let gemma = (c.global_every, c.attention_softcap, c.logit_softcap, c.norm_placement);
+            let mla = (c.attention, c.mla_latent_dim, c.mla_rope_dim, c.mla_q_rank, c.mla_latent_norm);
+            (c.qkv_bias(), c.qk_norm, c.head_dim(), c.kv_heads(), c.rope_theta, c.tie_embeddings, c.window, gemma, mla)
         };
         assert_eq!(key(&config), key(&hf), "{name}");
+        // DeepSeek's mscale reaches the GGUF as an f32.
+        let scale = |c: &ember_core_model::ModelConfig| c.attention_scale.unwrap_or(1.0);
+        assert!(
+            (scale(&config) / scale(&hf) - 1.0).abs() < 1e-6,
+            "{name}: {:?} vs {:?}",
+            config.attention_scale,
+            hf.attention_scale
+        );
         // The same frequencies inside and past the original context, and the same magnitude, however stored (Llama
         // 3's as a rope_freqs tensor; LongRoPE's attention factor as an f32).
         let (dh, theta) = (hf.head_dim(), hf.rope_theta);
@@ -107,8 +156,18 @@ fn qwen2_qwen3_phi3_and_rope_scaled_gguf_files_from_llama_cpp_match_hugging_face
 }
 
 /// The fixtures scripts/reference/gguf_fixtures.py converts with llama.cpp.
-const GGUF_FAMILIES: [&str; 7] =
-    ["qwen2-tiny", "qwen3-tiny", "phi3-tiny", "linear-rope-tiny", "yarn-rope-tiny", "llama3-rope-tiny", "longrope-tiny"];
+const GGUF_FAMILIES: [&str; 10] = [
+    "qwen2-tiny",
+    "qwen3-tiny",
+    "phi3-tiny",
+    "gemma2-tiny",
+    "deepseek2-tiny",
+    "deepseek2-yarn-tiny",
+    "linear-rope-tiny",
+    "yarn-rope-tiny",
+    "llama3-rope-tiny",
+    "longrope-tiny",
+];
 
 /// Llama 3.1's RoPE scaling (the head's frequencies in all three of its bands), linear scaling, YaRN, dynamic NTK
 /// and Phi-3's LongRoPE, from transformers 5's `rope_parameters`, against its logits over 64 positions: twice the
@@ -120,6 +179,8 @@ fn every_rope_scaling_matches_hugging_face_past_the_original_context() {
     assert_eq!(scaling("llama3-rope-tiny"), llama3);
     assert_eq!(scaling("linear-rope-tiny"), RopeScaling::Linear { factor: 4.0 });
     assert_eq!(scaling("dynamic-rope-tiny"), RopeScaling::Dynamic { factor: 4.0, original_context: 32 });
+    // Dynamic NTK's max_position_embeddings is the original context; the model serves 4 times as much.
+    assert_eq!(import::hf::load(&fixtures().join("dynamic-rope-tiny")).unwrap().0.block_size, 128);
     let RopeScaling::Yarn { factor, original_context, beta_fast, beta_slow, attention_factor } =
         scaling("yarn-rope-tiny")
     else {

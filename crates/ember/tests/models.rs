@@ -151,15 +151,17 @@ fn inspect_reproduces_the_llama2_7b_kv_cache_table() {
     assert!(report.contains("d_c + d_R = 576 elements"), "{report}");
 }
 
-/// The published parameter counts of Qwen2.5 7B, Qwen3 8B, Mistral 7B and Llama 3.1 8B, from their shapes.
+/// The published parameter counts of Qwen2.5 7B, Qwen3 8B, Mistral 7B, Llama 3.1 8B, Phi-3 mini and Gemma 2 2B,
+/// from their shapes.
 #[test]
-fn inspect_counts_the_published_parameters_of_qwen_mistral_phi3_and_llama_3_1() {
+fn inspect_counts_the_published_parameters_of_qwen_mistral_phi3_llama_3_1_and_gemma_2() {
     for (preset, total) in [
         ("qwen2.5-7b", "7,615,616,512"),
         ("qwen3-8b", "8,190,735,360"),
         ("mistral-7b", "7,241,732,096"),
         ("llama3.1-8b", "8,030,261,248"),
         ("phi3-mini", "3,821,079,552"),
+        ("gemma2-2b", "2,614,341,888"),
     ] {
         let path = format!("{}/../../configs/{preset}.toml", env!("CARGO_MANIFEST_DIR"));
         let out = ember(&["inspect", "--config", &path]);

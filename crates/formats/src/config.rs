@@ -1,24 +1,11 @@
-//! `[model]` of a run's TOML config, and the validation error every config section shares.
+//! `[model]` of a run's TOML config.
 
 use std::fmt::Display;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::invalid::{Invalid, require};
 use crate::rope::RopeScaling;
-
-/// A config value outside what is allowed: names the key, the value and the rule.
-#[derive(Debug, thiserror::Error, PartialEq)]
-#[error("{key} = {value}: {allowed}")]
-pub struct Invalid {
-    pub key: String,
-    pub value: String,
-    pub allowed: String,
-}
-
-/// `Ok` when `ok`, else an [`Invalid`] for `key = value` that says what is `allowed`.
-pub fn require(ok: bool, key: &str, value: impl Display, allowed: impl Into<String>) -> Result<(), Invalid> {
-    if ok { Ok(()) } else { Err(Invalid { key: key.into(), value: value.to_string(), allowed: allowed.into() }) }
-}
 
 /// LayerNorm γ ⊙ (x − μ)/σ + β, or RMSNorm γ ⊙ x / sqrt(mean(x²) + ε).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -218,10 +205,22 @@ pub struct ModelConfig {
     /// Token embeddings scaled by √d before the first block (Gemma).
     #[serde(default, skip_serializing_if = "is_default")]
     pub embedding_scale: bool,
+    /// Multiplies q kᵀ; 1/√d_h (MLA: 1/√(d_h + d_R)) when absent (Gemma 2 27B's query_pre_attn_scalar^(−1/2) =
+    /// 1/√(d/h); DeepSeek-V2's YaRN mscale² / √(d_h + d_R)).
+    pub attention_scale: Option<f64>,
+    /// Soft-capping c of the attention scores, s ↦ c·tanh(s / c) (Gemma 2: 50).
+    pub attention_softcap: Option<f64>,
+    /// Soft-capping c of the output logits, z ↦ c·tanh(z / c) (Gemma 2: 30).
+    pub logit_softcap: Option<f64>,
     /// MLA latent width d_c (cached per token per layer).
     pub mla_latent_dim: Option<usize>,
     /// MLA decoupled RoPE key width d_R, shared across heads.
     pub mla_rope_dim: Option<usize>,
+    /// MLA queries through a rank-r_q bottleneck, RMSNorm'd (DeepSeek-V2's q_lora_rank); from x directly when absent.
+    pub mla_q_rank: Option<usize>,
+    /// MLA: RMSNorm of the latent c before it is cached and up-projected (DeepSeek-V2's kv_a_layernorm).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub mla_latent_norm: bool,
     /// Output projection tied to the token embedding.
     #[serde(default = "yes")]
     pub tie_embeddings: bool,
@@ -289,8 +288,13 @@ impl ModelConfig {
             rope_local_theta: None,
             qk_norm: false,
             embedding_scale: false,
+            attention_scale: None,
+            attention_softcap: None,
+            logit_softcap: None,
             mla_latent_dim: None,
             mla_rope_dim: None,
+            mla_q_rank: None,
+            mla_latent_norm: false,
             tie_embeddings: true,
             attention_kernel: AttentionKernel::Softmax,
             feature_map: FeatureMap::Elu,
@@ -369,7 +373,7 @@ impl ModelConfig {
             // The rotated width: MLA's decoupled key, else the whole head.
             let rotated =
                 if self.attention == AttentionKind::Mla { self.mla_rope_dim.unwrap_or(0) } else { self.head_dim() };
-            check_rope_scaling(scaling, rotated / 2)?;
+            scaling.check(rotated / 2)?;
         }
         if self.positions == PositionKind::Rope && self.attention == AttentionKind::Mha {
             let d = self.head_dim();
@@ -390,6 +394,17 @@ impl ModelConfig {
             require(theta > 1.0, "model.rope_local_theta", theta, "greater than 1")?;
             require(self.global_every.is_some(), "model.rope_local_theta", theta, "needs model.global_every")?;
         }
+        for (key, value) in [
+            ("model.attention_scale", self.attention_scale),
+            ("model.attention_softcap", self.attention_softcap),
+            ("model.logit_softcap", self.logit_softcap),
+        ] {
+            if let Some(x) = value {
+                require(x.is_finite() && x > 0.0, key, x, "a finite number > 0")?;
+                let mha = self.attention == AttentionKind::Mha;
+                require(mha || key != "model.attention_softcap", key, x, "needs attention = \"mha\"")?;
+            }
+        }
         if self.attention_kernel != AttentionKernel::Softmax {
             let kernel = format!("{:?}", self.attention_kernel).to_lowercase();
             let needs = |ok: bool, what: &str| {
@@ -398,6 +413,7 @@ impl ModelConfig {
             needs(self.window.is_none(), "has no sliding window")?;
             needs(self.attention == AttentionKind::Mha, "needs attention = \"mha\"")?;
             needs(self.attention_dropout == 0.0, "has no attention dropout")?;
+            needs(self.attention_softcap.is_none(), "has no score soft-capping")?;
         }
         if let Some(r) = self.favor_features {
             require(r >= 1, "model.favor_features", r, "at least 1")?;
@@ -415,12 +431,15 @@ impl ModelConfig {
         }
         match self.attention {
             AttentionKind::Mha => {
-                let stray = self.mla_latent_dim.is_some() || self.mla_rope_dim.is_some();
+                let stray = self.mla_latent_dim.is_some()
+                    || self.mla_rope_dim.is_some()
+                    || self.mla_q_rank.is_some()
+                    || self.mla_latent_norm;
                 require(
                     !stray,
                     "model.attention",
                     "\"mha\"",
-                    "mla_latent_dim and mla_rope_dim need attention = \"mla\"",
+                    "mla_latent_dim, mla_rope_dim, mla_q_rank and mla_latent_norm need attention = \"mla\"",
                 )
             }
             AttentionKind::Mla => {
@@ -433,6 +452,9 @@ impl ModelConfig {
                     dr,
                     "an even number ≥ 2 (required for MLA)",
                 )?;
+                if let Some(r) = self.mla_q_rank {
+                    require(r >= 1, "model.mla_q_rank", r, "at least 1")?;
+                }
                 require(self.n_kv_heads.is_none(), "model.n_kv_heads", self.kv_heads(), "not used by MLA")
             }
         }
@@ -455,6 +477,7 @@ impl ModelConfig {
             ("model.d_ff", self.d_ff, WIDTH),
             ("model.mla_latent_dim", self.mla_latent_dim, WIDTH),
             ("model.mla_rope_dim", self.mla_rope_dim, WIDTH),
+            ("model.mla_q_rank", self.mla_q_rank, WIDTH),
             ("model.favor_features", self.favor_features, WIDTH),
             ("model.window", self.window, TOKENS),
         ];
@@ -536,51 +559,4 @@ pub fn model_from_run_toml(text: &str) -> Result<ModelConfig, RunConfigError> {
         return Err(syntax("model.vocab_size is missing"));
     }
     Ok(config)
-}
-
-/// `model.rope_scaling`: a factor ≥ 1; Llama 3's band factors 0 < α < β and an original context; per-pair factors
-/// (LongRoPE's short and long ones too), one for each of the `pairs` rotation pairs of a head, finite and > 0.
-fn check_rope_scaling(scaling: &RopeScaling, pairs: usize) -> Result<(), Invalid> {
-    let factors = |key: &str, factors: &[f64]| {
-        let count = format!("{} factors", factors.len());
-        require(factors.len() == pairs, key, count, format!("one per rotation pair: {pairs}"))?;
-        let bad = factors.iter().find(|f| !(f.is_finite() && **f > 0.0));
-        require(bad.is_none(), key, bad.copied().unwrap_or(0.0), "finite numbers > 0")
-    };
-    let context = |original_context: usize| {
-        require(original_context >= 1, "model.rope_scaling.original_context", original_context, "at least 1")
-    };
-    let factor = match *scaling {
-        RopeScaling::Factors { factors: ref f } => return factors("model.rope_scaling.factors", f),
-        RopeScaling::LongRope { ref short, ref long, original_context, attention_factor: m } => {
-            factors("model.rope_scaling.short", short)?;
-            factors("model.rope_scaling.long", long)?;
-            require(m.is_finite() && m > 0.0, "model.rope_scaling.attention_factor", m, "a finite number > 0")?;
-            return context(original_context);
-        }
-        RopeScaling::Dynamic { factor, original_context } => {
-            context(original_context)?;
-            factor
-        }
-        RopeScaling::Linear { factor } => factor,
-        RopeScaling::Llama3 { factor, low_freq_factor: low, high_freq_factor: high, original_context } => {
-            let key = "model.rope_scaling.low_freq_factor";
-            require(low.is_finite() && low > 0.0, key, low, "a finite number > 0")?;
-            let key = "model.rope_scaling.high_freq_factor";
-            require(high.is_finite() && high > low, key, high, "a finite number greater than low_freq_factor")?;
-            context(original_context)?;
-            factor
-        }
-        RopeScaling::Yarn { factor, original_context, beta_fast, beta_slow, attention_factor } => {
-            let key = "model.rope_scaling.beta_slow";
-            require(beta_slow.is_finite() && beta_slow > 0.0, key, beta_slow, "a finite number > 0")?;
-            let key = "model.rope_scaling.beta_fast";
-            require(beta_fast.is_finite() && beta_fast > beta_slow, key, beta_fast, "a finite number above beta_slow")?;
-            let (key, m) = ("model.rope_scaling.attention_factor", attention_factor);
-            require(m.is_finite() && m > 0.0, key, m, "a finite number > 0")?;
-            context(original_context)?;
-            factor
-        }
-    };
-    require(factor.is_finite() && factor >= 1.0, "model.rope_scaling.factor", factor, "a finite number ≥ 1")
 }

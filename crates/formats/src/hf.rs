@@ -5,17 +5,20 @@ use std::path::{Component, Path};
 
 use serde_json::Value;
 
-use crate::config::FfnKind;
-use crate::config::ModelConfig;
+use crate::config::{FfnKind, ModelConfig, NormPlacement};
 use crate::rope::{RopeScaling, longrope_magnitude, yarn_magnitude};
 
-/// The tensor layouts Ember imports: GPT-2's, Llama's (which Qwen2, Qwen3 and Mistral share), and Phi-3's (Llama's
-/// with q, k, v in one `qkv_proj` and gate and up in one `gate_up_proj`).
+/// The tensor layouts Ember imports: GPT-2's, Llama's (which Qwen2, Qwen3 and Mistral share), Phi-3's (Llama's
+/// with q, k, v in one `qkv_proj` and gate and up in one `gate_up_proj`) and Gemma 2's (Llama's with a norm after
+/// each sub-layer too, every norm's gain stored as γ − 1) and DeepSeek-V2's (Llama's norms and MLP around multi-head
+/// latent attention).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Family {
     Gpt2,
     Llama,
     Phi3,
+    Gemma2,
+    DeepseekV2,
 }
 
 fn usize_of(json: &Value, key: &str) -> Result<usize, String> {
@@ -55,9 +58,12 @@ pub fn config(text: &str) -> Result<(Family, ModelConfig), String> {
         "qwen3" => (Family::Llama, ModelConfig { qk_norm: true, ..full_attention(llama(&json)?, &json)? }),
         "mistral" => (Family::Llama, ModelConfig { window: optional(&json, "sliding_window")?, ..llama(&json)? }),
         "phi3" => (Family::Phi3, ModelConfig { window: optional(&json, "sliding_window")?, ..llama(&json)? }),
+        "gemma2" => (Family::Gemma2, gemma2(&json)?),
+        "deepseek_v2" => (Family::DeepseekV2, deepseek_v2(&json)?),
         other => {
             return Err(format!(
-                "model_type {other:?} is not supported (gpt2, llama, qwen2, qwen3, mistral and phi3 are)"
+                "model_type {other:?} is not supported (gpt2, llama, qwen2, qwen3, mistral, phi3, gemma2 and deepseek_v2 \
+                 are)"
             ));
         }
     };
@@ -109,9 +115,13 @@ fn llama(json: &Value) -> Result<ModelConfig, String> {
     config.d_ff = Some(usize_of(json, "intermediate_size")?);
     config.rope_theta = theta.unwrap_or(10_000.0);
     config.rope_scaling = rope_scaling(json)?;
+    // Dynamic NTK stretches max_position_embeddings, the original context, by its factor: the context it serves.
+    if let Some(RopeScaling::Dynamic { factor, original_context }) = config.rope_scaling {
+        config.block_size = (original_context as f64 * factor.max(1.0)).min(1e9) as usize;
+    }
     config.tie_embeddings = json["tie_word_embeddings"].as_bool().unwrap_or(false);
     // The gate's activation: SiLU (SwiGLU, Llama's), or GELU's tanh form (GeGLU); exact GELU has no gated form here.
-    config.ffn = match json["hidden_act"].as_str().unwrap_or("silu") {
+    config.ffn = match json["hidden_act"].as_str().or(json["hidden_activation"].as_str()).unwrap_or("silu") {
         "silu" | "swish" => FfnKind::Swiglu,
         "gelu_pytorch_tanh" | "gelu_new" => FfnKind::Geglu,
         other => return Err(format!("hidden_act {other:?} is not supported (silu and gelu_pytorch_tanh are)")),
@@ -120,6 +130,86 @@ fn llama(json: &Value) -> Result<ModelConfig, String> {
         return Err("mlp_bias = true is not supported".into());
     }
     Ok(config)
+}
+
+/// Gemma 2: Llama's config with GeGLU, embeddings scaled by √d, sandwich norms, sliding-window and global layers as
+/// `layer_types` alternates them, q kᵀ scaled by `query_pre_attn_scalar`^(−1/2), and soft-capped scores and logits.
+fn gemma2(json: &Value) -> Result<ModelConfig, String> {
+    let mut config = llama(json)?;
+    config.norm_placement = NormPlacement::Sandwich;
+    config.embedding_scale = true;
+    config.tie_embeddings = json["tie_word_embeddings"].as_bool().unwrap_or(true);
+    (config.window, config.global_every) = layer_pattern(json, config.n_layers)?;
+    let scalar = json["query_pre_attn_scalar"].as_f64().filter(|&s| s != config.head_dim() as f64);
+    config.attention_scale = scalar.map(|s| 1.0 / s.sqrt());
+    config.attention_softcap = json["attn_logit_softcapping"].as_f64();
+    config.logit_softcap = json["final_logit_softcapping"].as_f64();
+    Ok(config)
+}
+
+/// DeepSeek-V2 with dense layers: multi-head latent attention (a latent of `kv_lora_rank`, RMSNorm'd; a decoupled
+/// RoPE key of `qk_rope_head_dim`; queries through `q_lora_rank` where set), content heads of `qk_nope_head_dim`, the
+/// scores scaled by YaRN's mscale(s, `mscale_all_dim`)² / √(d_h + d_R). Mixture-of-experts layers are refused.
+fn deepseek_v2(json: &Value) -> Result<ModelConfig, String> {
+    let n_layers = usize_of(json, "num_hidden_layers")?;
+    let dense = optional(json, "first_k_dense_replace")?.unwrap_or(0);
+    if let Some(experts) = json["n_routed_experts"].as_u64().filter(|&e| e > 0)
+        && dense < n_layers
+    {
+        return Err(format!(
+            "mixture-of-experts layers ({} of {n_layers} layers, {experts} routed experts) are not supported",
+            n_layers - dense
+        ));
+    }
+    let (nope, rope, dv) =
+        (usize_of(json, "qk_nope_head_dim")?, usize_of(json, "qk_rope_head_dim")?, usize_of(json, "v_head_dim")?);
+    if dv != nope {
+        return Err(format!("value heads of {dv} dims unlike the keys' {nope} content dims are not supported"));
+    }
+    if json["attention_bias"].as_bool() == Some(true) {
+        return Err("attention_bias = true is not supported for DeepSeek-V2".into());
+    }
+    let mut config = llama(json)?.mla_style(usize_of(json, "kv_lora_rank")?, rope);
+    config.head_dim = Some(nope).filter(|&dh| dh.checked_mul(config.n_heads) != Some(config.d_model));
+    config.mla_q_rank = optional(json, "q_lora_rank")?;
+    config.mla_latent_norm = true;
+    let params = if json["rope_scaling"].is_null() { &json["rope_parameters"] } else { &json["rope_scaling"] };
+    if let (Some(RopeScaling::Yarn { factor, .. }), Some(all)) =
+        (&config.rope_scaling, params["mscale_all_dim"].as_f64())
+        && all != 0.0
+    {
+        config.attention_scale = Some(yarn_magnitude(*factor, all).powi(2) / ((nope + rope) as f64).sqrt());
+    }
+    Ok(config)
+}
+
+/// The window and the global layers of `layer_types` ("sliding_attention" or "full_attention" per layer): every
+/// layer global (no window), every layer in `sliding_window`, or every n-th layer global (`global_every`).
+fn layer_pattern(json: &Value, n_layers: usize) -> Result<(Option<usize>, Option<usize>), String> {
+    let window = optional(json, "sliding_window")?;
+    let Some(types) = json["layer_types"].as_array() else {
+        return Ok((window, None));
+    };
+    let global: Vec<bool> = types.iter().map(|t| t == "full_attention").collect();
+    let unknown = types.iter().find(|t| !matches!(t.as_str(), Some("full_attention" | "sliding_attention")));
+    if let Some(t) = unknown {
+        return Err(format!("layer type {t} is not supported (full_attention and sliding_attention are)"));
+    }
+    if global.len() != n_layers {
+        return Err(format!("layer_types lists {} layers, not num_hidden_layers = {n_layers}", global.len()));
+    }
+    let Some(n) = global.iter().position(|&g| g).map(|i| i + 1) else {
+        return Ok((Some(window.ok_or("sliding_attention layers without a sliding_window")?), None));
+    };
+    if n == 1 && global.iter().all(|&g| g) {
+        return Ok((None, None));
+    }
+    if let Some(i) = (0..n_layers).find(|&i| global[i] != (i + 1).is_multiple_of(n)) {
+        return Err(format!(
+            "layer_types: layer {i} breaks the pattern of every {n}th layer global (none other is supported)"
+        ));
+    }
+    Ok((Some(window.ok_or("sliding_attention layers without a sliding_window")?), Some(n)))
 }
 
 /// RoPE scaling from `rope_scaling` (transformers 4) or `rope_parameters` (transformers 5): `linear`, `dynamic` (over

@@ -11,6 +11,7 @@ pub mod fuzz;
 pub mod ggml;
 pub mod gguf;
 pub mod hf;
+pub mod invalid;
 pub mod openai;
 pub mod packed;
 pub mod request;

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::invalid::{Invalid, require};
+
 /// A frequency scaling, applied to every θ_i when the RoPE tables are built.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
@@ -94,9 +96,63 @@ impl RopeScaling {
     /// What cos and sin are multiplied by: YaRN's attention factor, else 1.
     pub fn magnitude(&self) -> f64 {
         match *self {
-            RopeScaling::Yarn { attention_factor, .. } | RopeScaling::LongRope { attention_factor, .. } => attention_factor,
+            RopeScaling::Yarn { attention_factor, .. } | RopeScaling::LongRope { attention_factor, .. } => {
+                attention_factor
+            }
             _ => 1.0,
         }
+    }
+
+    /// `model.rope_scaling`: a factor ≥ 1; Llama 3's band factors 0 < α < β and an original context; per-pair factors
+    /// (LongRoPE's short and long ones too), one for each of the `pairs` rotation pairs of a head, finite and > 0.
+    pub fn check(&self, pairs: usize) -> Result<(), Invalid> {
+        let factors = |key: &str, factors: &[f64]| {
+            let count = format!("{} factors", factors.len());
+            require(factors.len() == pairs, key, count, format!("one per rotation pair: {pairs}"))?;
+            let bad = factors.iter().find(|f| !(f.is_finite() && **f > 0.0));
+            require(bad.is_none(), key, bad.copied().unwrap_or(0.0), "finite numbers > 0")
+        };
+        let context = |original_context: usize| {
+            require(original_context >= 1, "model.rope_scaling.original_context", original_context, "at least 1")
+        };
+        let factor = match *self {
+            RopeScaling::Factors { factors: ref f } => return factors("model.rope_scaling.factors", f),
+            RopeScaling::LongRope { ref short, ref long, original_context, attention_factor: m } => {
+                factors("model.rope_scaling.short", short)?;
+                factors("model.rope_scaling.long", long)?;
+                require(m.is_finite() && m > 0.0, "model.rope_scaling.attention_factor", m, "a finite number > 0")?;
+                return context(original_context);
+            }
+            RopeScaling::Dynamic { factor, original_context } => {
+                context(original_context)?;
+                factor
+            }
+            RopeScaling::Linear { factor } => factor,
+            RopeScaling::Llama3 { factor, low_freq_factor: low, high_freq_factor: high, original_context } => {
+                let key = "model.rope_scaling.low_freq_factor";
+                require(low.is_finite() && low > 0.0, key, low, "a finite number > 0")?;
+                let key = "model.rope_scaling.high_freq_factor";
+                require(high.is_finite() && high > low, key, high, "a finite number greater than low_freq_factor")?;
+                context(original_context)?;
+                factor
+            }
+            RopeScaling::Yarn { factor, original_context, beta_fast, beta_slow, attention_factor } => {
+                let key = "model.rope_scaling.beta_slow";
+                require(beta_slow.is_finite() && beta_slow > 0.0, key, beta_slow, "a finite number > 0")?;
+                let key = "model.rope_scaling.beta_fast";
+                require(
+                    beta_fast.is_finite() && beta_fast > beta_slow,
+                    key,
+                    beta_fast,
+                    "a finite number above beta_slow",
+                )?;
+                let (key, m) = ("model.rope_scaling.attention_factor", attention_factor);
+                require(m.is_finite() && m > 0.0, key, m, "a finite number > 0")?;
+                context(original_context)?;
+                factor
+            }
+        };
+        require(factor.is_finite() && factor >= 1.0, "model.rope_scaling.factor", factor, "a finite number ≥ 1")
     }
 }
 
@@ -141,7 +197,12 @@ mod tests {
         assert_eq!(dynamic.frequency(1, 4, 100.0, 16), 0.1);
         // n = 32: base · (2·32/16 − 1)^(4/2) = 100 · 9, θ_1 = 900^(−1/2).
         assert!((dynamic.frequency(1, 4, 100.0, 32) - 1.0 / 30.0).abs() < 1e-15);
-        let long = RopeScaling::LongRope { short: vec![1.0, 2.0], long: vec![3.0, 5.0], original_context: 16, attention_factor: 1.2 };
+        let long = RopeScaling::LongRope {
+            short: vec![1.0, 2.0],
+            long: vec![3.0, 5.0],
+            original_context: 16,
+            attention_factor: 1.2,
+        };
         assert_eq!((long.frequency(1, 4, 100.0, 16), long.frequency(1, 4, 100.0, 17)), (0.1 / 2.0, 0.1 / 5.0));
         assert_eq!(long.magnitude(), 1.2);
         let want = (1.0 + 4f64.ln() / 16f64.ln()).sqrt();

@@ -25,7 +25,7 @@ pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec)
     let dropping = spec.dropout > 0.0 && q.device().is_autodiff();
     let device = q.device();
     let kernels = (supports_head_dim(width) && on_wgpu(&device)) || on_cpu(&device);
-    if spec.algorithm == AttentionAlgorithm::Ember && !dropping && kernels {
+    if spec.algorithm == AttentionAlgorithm::Ember && !dropping && spec.softcap.is_none() && kernels {
         // Values narrower than queries (MLA's q, k = [q_C; q_R]) are padded with zero columns, and the output cut
         // back; queries and keys narrower than values get zero columns too, which leave q kᵀ unchanged.
         let dv = v.dims()[3];
@@ -35,7 +35,11 @@ pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec)
     let (k, v) = (repeat_kv(k, hq), repeat_kv(v, hq));
     match spec.algorithm {
         AttentionAlgorithm::Burn
-            if !dropping && spec.query_offset == 0 && spec.window.is_none() && spec.key_lengths.is_none() =>
+            if !dropping
+                && spec.softcap.is_none()
+                && spec.query_offset == 0
+                && spec.window.is_none()
+                && spec.key_lengths.is_none() =>
         {
             // Burn runs its fused kernel only for its default scale 1/√d, which it takes as None.
             let scale = (spec.scale != 1.0 / (d as f64).sqrt()).then_some(spec.scale);
@@ -57,7 +61,7 @@ pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec)
 /// elsewhere, with dropout, or with another algorithm chosen, the heads are split, attended and merged.
 pub fn packed_attention(qkv: Tensor<3>, heads: PackedHeads, spec: &AttentionSpec) -> Tensor<3> {
     let dropping = spec.dropout > 0.0 && qkv.device().is_autodiff();
-    let softmax = spec.similarity == Similarity::Softmax;
+    let softmax = spec.similarity == Similarity::Softmax && spec.softcap.is_none();
     if spec.algorithm == AttentionAlgorithm::Ember && !dropping && softmax && on_cpu(&qkv.device()) {
         return packed_flash_attention(qkv, heads, spec);
     }
@@ -81,7 +85,8 @@ pub fn merge_heads(y: Tensor<4>) -> Tensor<3> {
     y.swap_dims(1, 2).reshape([b, t, h * d])
 }
 
-/// The specification every attention kernel is tested against: s = q kᵀ · scale, masked ([`mask`]: causal,
+/// The specification every attention kernel is tested against: s = q kᵀ · scale (soft-capped to c·tanh(s / c) when
+/// the spec has a cap), masked ([`mask`]: causal,
 /// window, padding), p = softmax(s), o = dropout(p) v, for k and v with as many heads as q; a row with every key
 /// masked gives zeros.
 pub fn reference_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> {
@@ -95,12 +100,16 @@ pub fn reference_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spec: &Atte
     p.matmul(v)
 }
 
-/// p = softmax(q kᵀ · scale + mask) [B, H, Tq, Tk].
+/// p = softmax(cap(q kᵀ · scale) + mask) [B, H, Tq, Tk].
 fn probabilities(q: Tensor<4>, k: Tensor<4>, spec: &AttentionSpec) -> Tensor<4> {
     let [b, h, tq, _] = q.dims();
     let tk = k.dims()[2];
     let device = q.device();
     let s = q.matmul(k.swap_dims(2, 3)) * spec.scale;
+    let s = match spec.softcap {
+        Some(c) => (s / c).tanh() * c,
+        None => s,
+    };
     let Some(mask) = mask(b, tq, tk, spec, &device) else {
         return softmax(s, 3);
     };

@@ -9,6 +9,8 @@ use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 pub struct AttentionSpec {
     /// Multiplies q kᵀ; 1/√d_k in the Transformer.
     pub scale: f64,
+    /// Soft-capping c of the scores, s = c·tanh(scale·q kᵀ / c) (Gemma 2); it runs the reference path.
+    pub softcap: Option<f64>,
     /// Query i (at absolute position `query_offset + i`) sees keys j ≤ query_offset + i only.
     pub causal: bool,
     /// Absolute position of the first query row: keys before it come from a cache.
@@ -33,6 +35,7 @@ impl AttentionSpec {
     pub fn causal(head_dim: usize) -> Self {
         Self {
             scale: 1.0 / (head_dim as f64).sqrt(),
+            softcap: None,
             causal: true,
             query_offset: 0,
             window: None,

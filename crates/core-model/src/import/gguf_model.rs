@@ -1,4 +1,4 @@
-//! A GGUF file of the llama, qwen2, qwen3, phi3 or gemma3 architecture as an Ember model: hyper-parameters and tokenizer
+//! A GGUF file of the llama, qwen2, qwen3, phi3, gemma2, gemma3 or deepseek2 architecture as an Ember model: hyper-parameters and tokenizer
 //! from the metadata, matrices kept in their blocks and renamed (q, k and v stacked into one projection), and, for
 //! llama, llama.cpp's interleaved q/k row order turned back into the rotate-half order (the other architectures are
 //! stored rotate-half, llama.cpp's NEOX RoPE).
@@ -6,6 +6,14 @@
 //! Qwen2 is the Llama layout with biases on q, k and v; Qwen3 has no biases but an RMSNorm of each query and key head
 //! before RoPE, and its head width from `attention.key_length`; Phi-3 stores q, k and v as one `attn_qkv` and the
 //! gate and up projections as one `ffn_up`, and slides a window of `attention.sliding_window` keys.
+//!
+//! Gemma 2 is Ember's decoder configured as: embeddings scaled by √d, sandwich norms (the file stores 1 + γ), GeGLU,
+//! a sliding window on every other layer (`attention.sliding_window_pattern`, 2 by default), scores and logits
+//! soft-capped by `attn_logit_softcapping` and `final_logit_softcapping`, and q kᵀ scaled as llama.cpp does: by
+//! 1/√d_h, or 1/√(d/h) for the 46-layer 27B model, whose query_pre_attn_scalar the file does not store.
+//!
+//! DeepSeek-V2 (deepseek2, dense layers only) is Ember's MLA with its latent RMSNorm'd and queries through a
+//! bottleneck where the file has one; its attention tensors are read as f32 ([`latent_weights`]).
 //!
 //! Gemma 3 is Ember's decoder configured as: embeddings scaled by √d, RMSNorm before and after each sub-layer
 //! (`sandwich`; the file stores Gemma's 1 + γ as the gain), RMSNorm of each query and key head before RoPE, GeGLU,
@@ -20,11 +28,12 @@ use tokenizers::Tokenizer;
 
 use super::ImportError;
 use super::gguf::{Array, Gguf, Value};
+use super::mla::{self, MlaWeights, rotate_half_order};
 use crate::weights::Weights;
 use ember_formats::config::ModelConfig;
 use ember_formats::config::{FfnKind, NormPlacement};
 use ember_formats::packed::Packed;
-use ember_formats::rope::RopeScaling;
+use ember_formats::rope::{RopeScaling, yarn_magnitude};
 use ember_formats::tokenizer;
 
 /// Config, Ember-named weights, tokenizer and chat format of a llama GGUF file.
@@ -67,6 +76,12 @@ fn optional_count(gguf: &Gguf, key: &str) -> Result<Option<usize>, String> {
     count.map(Some).ok_or_else(|| format!("metadata {key} is not an unsigned integer"))
 }
 
+/// The number `key`, None where the file leaves it out; stored as another type it is an error.
+fn optional_number(gguf: &Gguf, key: &str) -> Result<Option<f64>, String> {
+    let Some(value) = gguf.get(key) else { return Ok(None) };
+    value.as_f64().map(Some).ok_or_else(|| format!("metadata {key} is not a number"))
+}
+
 /// The architectures Ember reads.
 #[derive(Clone, Copy, PartialEq)]
 enum Arch {
@@ -74,11 +89,14 @@ enum Arch {
     Qwen2,
     Qwen3,
     Phi3,
+    Gemma2,
     Gemma3,
+    Deepseek2,
 }
 
 impl Arch {
-    const ALL: [Arch; 5] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Phi3, Arch::Gemma3];
+    const ALL: [Arch; 7] =
+        [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Phi3, Arch::Gemma2, Arch::Gemma3, Arch::Deepseek2];
 
     /// llama.cpp's name, which also prefixes the architecture's metadata keys.
     fn name(self) -> &'static str {
@@ -87,7 +105,9 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Phi3 => "phi3",
+            Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
+            Arch::Deepseek2 => "deepseek2",
         }
     }
 }
@@ -100,6 +120,11 @@ fn arch(gguf: &Gguf) -> Result<Arch, String> {
     })
 }
 
+/// Gemma 2's layers in a sliding window (every other one) where the file names no pattern, and the layer count of
+/// its 27B model, whose queries are scaled by 1/√(d/h) instead of 1/√d_h.
+const GEMMA2_GLOBAL_EVERY: usize = 2;
+const GEMMA2_27B_LAYERS: usize = 46;
+
 /// Gemma 3's sliding-window pattern (every sixth layer global) and local RoPE base, which its files do not store.
 const GEMMA3_GLOBAL_EVERY: usize = 6;
 const GEMMA3_LOCAL_THETA: f64 = 10_000.0;
@@ -111,20 +136,23 @@ fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
     let h = count(gguf, &key("attention.head_count"))?;
     let d = count(gguf, &key("embedding_length"))?;
     let g = optional_count(gguf, &key("attention.head_count_kv"))?.unwrap_or(h);
-    if let Some(experts) = optional_count(gguf, &key("expert_count"))?.filter(|&n| n > 0) {
-        return Err(format!("mixture-of-experts models ({experts} experts) are not supported"));
+    let layers = count(gguf, &key("block_count"))?;
+    // DeepSeek-V2 files count experts even where every layer is dense (leading_dense_block_count).
+    let dense = optional_count(gguf, &key("leading_dense_block_count"))?.unwrap_or(0);
+    if let Some(experts) = optional_count(gguf, &key("expert_count"))?.filter(|&n| n > 0)
+        && dense < layers
+    {
+        return Err(format!(
+            "mixture-of-experts layers ({} of {layers} layers, {experts} experts) are not supported",
+            layers - dense
+        ));
     }
-    let mut config =
-        ModelConfig::gpt(tokens.len(), count(gguf, &key("block_count"))?, h, d, count(gguf, &key("context_length"))?)
-            .llama_style(g);
+    let mut config = ModelConfig::gpt(tokens.len(), layers, h, d, count(gguf, &key("context_length"))?).llama_style(g);
     config.head_dim = optional_count(gguf, &key("attention.key_length"))?.filter(|&dh| dh.checked_mul(h) != Some(d));
     config.norm_eps =
         meta(gguf, &key("attention.layer_norm_rms_epsilon"))?.as_f64().ok_or("rms epsilon is not a number")?;
     config.d_ff = Some(count(gguf, &key("feed_forward_length"))?);
-    config.rope_theta = match gguf.get(&key("rope.freq_base")) {
-        None => 10_000.0,
-        Some(base) => base.as_f64().ok_or_else(|| format!("metadata {} is not a number", key("rope.freq_base")))?,
-    };
+    config.rope_theta = optional_number(gguf, &key("rope.freq_base"))?.unwrap_or(10_000.0);
     config.tie_embeddings = gguf.info("output.weight").is_none();
     config.rope_scaling = rope_scaling(gguf, &key)?;
     config.qkv_bias = (arch == Arch::Qwen2).then_some(true);
@@ -132,25 +160,66 @@ fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
     if arch == Arch::Phi3 {
         config.window = optional_count(gguf, &key("attention.sliding_window"))?.filter(|&w| w > 0);
     }
-    if arch == Arch::Gemma3 {
+    if matches!(arch, Arch::Gemma2 | Arch::Gemma3) {
         config.ffn = FfnKind::Geglu;
         config.norm_placement = NormPlacement::Sandwich;
-        config.qk_norm = true;
         config.embedding_scale = true;
         config.window = Some(count(gguf, &key("attention.sliding_window"))?);
-        config.global_every = Some(GEMMA3_GLOBAL_EVERY);
-        config.rope_local_theta = Some(GEMMA3_LOCAL_THETA);
         if let Some(dv) = optional_count(gguf, &key("attention.value_length"))?
             && dv != config.head_dim()
         {
             return Err(format!("value heads of {dv} dims unlike the keys' {} are not supported", config.head_dim()));
         }
     }
+    if arch == Arch::Gemma2 {
+        let pattern = optional_count(gguf, &key("attention.sliding_window_pattern"))?;
+        config.global_every = Some(pattern.unwrap_or(GEMMA2_GLOBAL_EVERY));
+        config.attention_softcap = optional_number(gguf, &key("attn_logit_softcapping"))?;
+        config.logit_softcap = optional_number(gguf, &key("final_logit_softcapping"))?;
+        if config.n_layers == GEMMA2_27B_LAYERS {
+            config.attention_scale = Some(1.0 / ((d / h) as f64).sqrt());
+        }
+    }
+    if arch == Arch::Gemma3 {
+        config.qk_norm = true;
+        config.global_every = Some(GEMMA3_GLOBAL_EVERY);
+        config.rope_local_theta = Some(GEMMA3_LOCAL_THETA);
+    }
+    if arch == Arch::Deepseek2 {
+        config = latent(gguf, config, &key)?;
+    }
     config.validate().map_err(|e| e.to_string())?;
+    let rotated = config.mla_rope_dim.unwrap_or(config.head_dim());
     if let Some(rope_dim) = optional_count(gguf, &key("rope.dimension_count"))?
-        && rope_dim != config.head_dim()
+        && rope_dim != rotated
     {
         return Err(format!("partial rotary embeddings ({rope_dim} of {} dims) are not supported", config.head_dim()));
+    }
+    Ok(config)
+}
+
+/// DeepSeek-V2's multi-head latent attention from `attention.kv_lora_rank` (d_c), `rope.dimension_count` (d_R),
+/// `attention.key_length_mla` (d_h + d_R), `attention.value_length_mla` (d_h) and `attention.q_lora_rank`, with the
+/// latent RMSNorm'd. With YaRN, llama.cpp keeps cos and sin unscaled and scales the scores by mscale² / √(d_h + d_R),
+/// mscale = 0.1 · m · ln s + 1 with m from `rope.scaling.yarn_log_multiplier` (which the converter writes as 0.1 m).
+fn latent(gguf: &Gguf, config: ModelConfig, key: &dyn Fn(&str) -> String) -> Result<ModelConfig, String> {
+    let dr = count(gguf, &key("rope.dimension_count"))?;
+    let dk = count(gguf, &key("attention.key_length_mla"))?;
+    let dh =
+        dk.checked_sub(dr).filter(|&dh| dh > 0).ok_or_else(|| format!("key_length_mla {dk} is not above d_R {dr}"))?;
+    let dv = count(gguf, &key("attention.value_length_mla"))?;
+    if dv != dh {
+        return Err(format!("value heads of {dv} dims unlike the keys' {dh} content dims are not supported"));
+    }
+    let mut config = config.mla_style(count(gguf, &key("attention.kv_lora_rank"))?, dr);
+    config.head_dim = Some(dh).filter(|&dh| dh.checked_mul(config.n_heads) != Some(config.d_model));
+    config.mla_q_rank = optional_count(gguf, &key("attention.q_lora_rank"))?.filter(|&r| r > 0);
+    config.mla_latent_norm = true;
+    if let Some(RopeScaling::Yarn { factor, original_context, beta_fast, beta_slow, .. }) = config.rope_scaling {
+        let m = optional_number(gguf, &key("rope.scaling.yarn_log_multiplier"))?.unwrap_or(0.0) / 0.1;
+        config.rope_scaling =
+            Some(RopeScaling::Yarn { factor, original_context, beta_fast, beta_slow, attention_factor: 1.0 });
+        config.attention_scale = Some(yarn_magnitude(factor, m).powi(2) / (dk as f64).sqrt());
     }
     Ok(config)
 }
@@ -159,10 +228,7 @@ fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
 /// (factor, original context, and β_fast, β_slow and the attention factor where given, else [`RopeScaling::yarn`]'s
 /// defaults). Llama 3's scaling is a `rope_freqs` tensor instead ([`rope_factors`]).
 fn rope_scaling(gguf: &Gguf, key: &dyn Fn(&str) -> String) -> Result<Option<RopeScaling>, String> {
-    let number = |name: &str| -> Result<Option<f64>, String> {
-        let Some(value) = gguf.get(&key(name)) else { return Ok(None) };
-        value.as_f64().map(Some).ok_or_else(|| format!("metadata {} is not a number", key(name)))
-    };
+    let number = |name: &str| optional_number(gguf, &key(name));
     let kind = gguf.get(&key("rope.scaling.type")).map(|v| v.as_str().unwrap_or_default());
     let factor =
         || number("rope.scaling.factor")?.ok_or_else(|| format!("metadata {} is missing", key("rope.scaling.factor")));
@@ -204,11 +270,7 @@ fn rope_factors(gguf: &Gguf, config: &ModelConfig) -> Result<Option<RopeScaling>
         (Some(factors), None, None) => Ok(Some(RopeScaling::Factors { factors })),
         (None, Some(short), Some(long)) => {
             let original_context = count(gguf, &key("rope.scaling.original_context_length"))?;
-            let attention = key("rope.scaling.attn_factor");
-            let attention_factor = match gguf.get(&attention) {
-                Some(value) => value.as_f64().ok_or_else(|| format!("metadata {attention} is not a number"))?,
-                None => 1.0,
-            };
+            let attention_factor = optional_number(gguf, &key("rope.scaling.attn_factor"))?.unwrap_or(1.0);
             Ok(Some(RopeScaling::LongRope { short, long, original_context, attention_factor }))
         }
         (None, None, None) if gguf.get(&key("rope.scaling.type")).and_then(Value::as_str) == Some("longrope") => {
@@ -256,7 +318,11 @@ fn tensors(gguf: &Gguf, config: &ModelConfig) -> Result<Weights, String> {
         out.dense.insert(format!("{b}.ln_1.gamma"), get(&format!("{l}.attn_norm.weight"), &[d])?);
         out.dense.insert(format!("{b}.ln_2.gamma"), get(&format!("{l}.ffn_norm.weight"), &[d])?);
         let qkv = match arch {
-            Arch::Phi3 => matrix(&format!("{l}.attn_qkv.weight"), [hd + 2 * gd, d])?,
+            Arch::Deepseek2 => {
+                mla::insert(config, &b, latent_weights(&get, &l, config)?, &mut out.dense)?;
+                None
+            }
+            Arch::Phi3 => Some(matrix(&format!("{l}.attn_qkv.weight"), [hd + 2 * gd, d])?),
             _ => {
                 let mut q = matrix(&format!("{l}.attn_q.weight"), [hd, d])?;
                 let mut k = matrix(&format!("{l}.attn_k.weight"), [gd, d])?;
@@ -264,16 +330,19 @@ fn tensors(gguf: &Gguf, config: &ModelConfig) -> Result<Weights, String> {
                     (q, k) = (q.reorder_rows(&rotate_half_order(h, dh)), k.reorder_rows(&rotate_half_order(g, dh)));
                 }
                 let v = matrix(&format!("{l}.attn_v.weight"), [gd, d])?;
-                Packed::stack(vec![q, k, v]).map_err(|e| e.to_string())?
+                Some(Packed::stack(vec![q, k, v]).map_err(|e| e.to_string())?)
             }
         };
-        out.packed.insert(format!("{b}.attn.c_attn.weight"), qkv);
+        if let Some(qkv) = qkv {
+            out.packed.insert(format!("{b}.attn.c_attn.weight"), qkv);
+        }
         let sandwich = [("post_attention_norm", "ln_1_out", d), ("post_ffw_norm", "ln_2_out", d)];
         let head_norms = [("attn_q_norm", "attn.q_norm", dh), ("attn_k_norm", "attn.k_norm", dh)];
         let norms = match arch {
             Arch::Gemma3 => [&sandwich[..], &head_norms].concat(),
+            Arch::Gemma2 => sandwich.to_vec(),
             Arch::Qwen3 => head_norms.to_vec(),
-            Arch::Llama | Arch::Qwen2 | Arch::Phi3 => Vec::new(),
+            Arch::Llama | Arch::Qwen2 | Arch::Phi3 | Arch::Deepseek2 => Vec::new(),
         };
         for (file, ember, width) in norms {
             out.dense.insert(format!("{b}.{ember}.gamma"), get(&format!("{l}.{file}.weight"), &[width])?);
@@ -292,16 +361,14 @@ fn tensors(gguf: &Gguf, config: &ModelConfig) -> Result<Weights, String> {
             out.packed.insert(format!("{b}.mlp.c_gate.weight"), gate_up.reorder_rows(&rows(0)));
             out.packed.insert(format!("{b}.mlp.c_fc.weight"), gate_up.reorder_rows(&rows(f)));
         }
+        let ffn =
+            [("ffn_gate", "mlp.c_gate", [f, d]), ("ffn_up", "mlp.c_fc", [f, d]), ("ffn_down", "mlp.c_proj", [d, f])];
         let projections = match arch {
-            Arch::Phi3 => &[("attn_output", "attn.c_proj", [d, hd]), ("ffn_down", "mlp.c_proj", [d, f])][..],
-            _ => &[
-                ("attn_output", "attn.c_proj", [d, hd]),
-                ("ffn_gate", "mlp.c_gate", [f, d]),
-                ("ffn_up", "mlp.c_fc", [f, d]),
-                ("ffn_down", "mlp.c_proj", [d, f]),
-            ],
+            Arch::Phi3 => vec![("attn_output", "attn.c_proj", [d, hd]), ffn[2]],
+            Arch::Deepseek2 => ffn.to_vec(),
+            _ => [&[("attn_output", "attn.c_proj", [d, hd])][..], &ffn].concat(),
         };
-        for &(part, ember, shape) in projections {
+        for (part, ember, shape) in projections {
             out.packed.insert(format!("{b}.{ember}.weight"), matrix(&format!("{l}.{part}.weight"), shape)?);
         }
     }
@@ -330,19 +397,48 @@ fn tensors(gguf: &Gguf, config: &ModelConfig) -> Result<Weights, String> {
     Ok(out)
 }
 
-/// llama.cpp stores each head's q/k rows as [d_h/2, 2] (interleaved pairs); Hugging Face and Ember use [2, d_h/2]
-/// (rotate-half): row (head, half, i) comes from row (head, i, half). Entry `to` is the stored row it comes from.
-fn rotate_half_order(heads: usize, dh: usize) -> Vec<usize> {
-    let mut order = vec![0; heads * dh];
-    for head in 0..heads {
-        for i in 0..dh / 2 {
-            for half in 0..2 {
-                order[head * dh + half * dh / 2 + i] = head * dh + i * 2 + half;
+/// Layer `l`'s DeepSeek-V2 attention as llama.cpp's converter stores it, in Hugging Face's layout: `attn_q` (or
+/// `attn_q_a`, its norm and `attn_q_b`), `attn_kv_a_mqa`, `attn_kv_a_norm`, `attn_output`, and `kv_b_proj` put back
+/// together from `attn_k_b` [h, d_c, d_h] (each head's key rows transposed) and `attn_v_b` [h, d_h, d_c], or read
+/// whole from an older file's `attn_kv_b`.
+fn latent_weights(get: &Getter, l: &str, config: &ModelConfig) -> Result<MlaWeights, String> {
+    let (d, h, dh) = (config.d_model, config.n_heads, config.head_dim());
+    let (dc, dr) = (config.mla_latent_dim.unwrap_or(0), config.mla_rope_dim.unwrap_or(0));
+    let t = |part: &str, shape: &[usize]| get(&format!("{l}.{part}.weight"), shape);
+    let (q_a, q) = match config.mla_q_rank {
+        Some(r) => (Some((t("attn_q_a", &[r, d])?, t("attn_q_a_norm", &[r])?)), t("attn_q_b", &[h * (dh + dr), r])?),
+        None => (None, t("attn_q", &[h * (dh + dr), d])?),
+    };
+    let kv_b = match get(&format!("{l}.attn_kv_b.weight"), &[h * 2 * dh, dc]) {
+        Ok(kv_b) => kv_b,
+        Err(_) => {
+            let k_b = t("attn_k_b", &[h, dc, dh])?;
+            let v_b = t("attn_v_b", &[h, dh, dc])?;
+            let (k_b, v_b) = (
+                k_b.as_slice::<f32>().map_err(|e| format!("{e:?}"))?,
+                v_b.as_slice::<f32>().map_err(|e| format!("{e:?}"))?,
+            );
+            let mut rows = Vec::with_capacity(h * 2 * dh * dc);
+            for j in 0..h {
+                let head = &k_b[j * dc * dh..(j + 1) * dc * dh];
+                rows.extend((0..dh).flat_map(|r| (0..dc).map(move |c| head[c * dh + r])));
+                rows.extend_from_slice(&v_b[j * dh * dc..(j + 1) * dh * dc]);
             }
+            TensorData::new(rows, [h * 2 * dh, dc])
         }
-    }
-    order
+    };
+    Ok(MlaWeights {
+        q_a,
+        q,
+        kv_a: t("attn_kv_a_mqa", &[dc + dr, d])?,
+        kv_norm: t("attn_kv_a_norm", &[dc])?,
+        kv_b,
+        o: t("attn_output", &[d, h * dh])?,
+    })
 }
+
+/// Reads a tensor as f32, checked against a shape.
+type Getter<'a> = dyn Fn(&str, &[usize]) -> Result<TensorData, String> + 'a;
 
 /// The tokenizer of `tokenizer.ggml.*`: GPT-2 style byte-level BPE ("gpt2": tokens, merges) or SentencePiece BPE
 /// ("llama": tokens and scores, merges rebuilt from them); control tokens as special tokens.
@@ -364,11 +460,13 @@ fn tokenizer(gguf: &Gguf) -> Result<Tokenizer, String> {
     if model == "llama" {
         // Gemma's merges follow the file's order of its tokens, not their scores.
         let order: Vec<f64> = match arch(gguf)? {
-            Arch::Gemma3 => (0..tokens.len()).map(|i| -(i as f64)).collect(),
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => meta(gguf, "tokenizer.ggml.scores")?
-                .as_array()
-                .and_then(Array::floats)
-                .ok_or("tokenizer.ggml.scores is not an array of numbers")?,
+            Arch::Gemma2 | Arch::Gemma3 => (0..tokens.len()).map(|i| -(i as f64)).collect(),
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Deepseek2 => {
+                meta(gguf, "tokenizer.ggml.scores")?
+                    .as_array()
+                    .and_then(Array::floats)
+                    .ok_or("tokenizer.ggml.scores is not an array of numbers")?
+            }
         };
         if order.len() != tokens.len() {
             return Err(format!("{} scores for {} tokens", order.len(), tokens.len()));
@@ -387,16 +485,4 @@ fn tokenizer(gguf: &Gguf) -> Result<Tokenizer, String> {
     let pre = gguf.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default");
     let digits = matches!(pre, "smollm" | "qwen2" | "llama3" | "deepseek-llm");
     tokenizer::from_bpe(&tokens, &merges, &specials, digits).map_err(|e| e.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rotate_half_order_undoes_llama_cpp_interleaving() {
-        // One head of width 4: HF rows (a0, a1, b0, b1) are stored by llama.cpp as (a0, b0, a1, b1).
-        assert_eq!(rotate_half_order(1, 4), [0, 2, 1, 3]);
-        assert_eq!(rotate_half_order(2, 4), [0, 2, 1, 3, 4, 6, 5, 7]);
-    }
 }

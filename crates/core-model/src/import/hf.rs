@@ -7,8 +7,9 @@ use burn::tensor::TensorData;
 use ember_formats::hf::{self, Family};
 use ember_formats::safetensors;
 
+use super::mla::{self, MlaWeights};
 use super::{ImportError, Tensors, concat_rows, transpose};
-use ember_formats::config::ModelConfig;
+use ember_formats::config::{AttentionKind, ModelConfig};
 use ember_formats::files;
 
 /// The model config and Ember-named tensors of a Hugging Face directory.
@@ -20,8 +21,10 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, Tensors), ImportError> {
     let tensors = read_safetensors(dir)?;
     let tensors = match family {
         Family::Gpt2 => gpt2(&config, tensors).map_err(bad)?,
-        Family::Llama => llama(&config, tensors).map_err(bad)?,
-        Family::Phi3 => llama(&config, unfuse_phi3(&config, tensors).map_err(bad)?).map_err(bad)?,
+        Family::Llama => llama(&config, tensors, &LLAMA_NORMS).map_err(bad)?,
+        Family::Phi3 => llama(&config, unfuse_phi3(&config, tensors).map_err(bad)?, &LLAMA_NORMS).map_err(bad)?,
+        Family::Gemma2 => llama(&config, gemma_gains(tensors).map_err(bad)?, &GEMMA_NORMS).map_err(bad)?,
+        Family::DeepseekV2 => llama(&config, tensors, &LLAMA_NORMS).map_err(bad)?,
     };
     Ok((config, tensors))
 }
@@ -81,46 +84,40 @@ fn gpt2(config: &ModelConfig, mut hf: Tensors) -> Result<Tensors, String> {
     Ok(out)
 }
 
-/// Llama (and Qwen2, Qwen3, Mistral): nn.Linear weights are [out, in] and are transposed; q, k, v (and their biases
-/// where the config has them) are fused into `c_attn`; Qwen3's per-head q and k norms are taken as they are.
-fn llama(config: &ModelConfig, mut hf: Tensors) -> Result<Tensors, String> {
-    let (d, h, qkv_bias) = (config.d_model, config.n_heads, config.qkv_bias.unwrap_or(false));
-    // Every tensor is checked against the shape the config implies before it is transposed or fused.
-    let (v, f, dh, g) = (config.vocab(), config.ffn_dim(), config.head_dim(), config.kv_heads());
-    let (Some(hd), Some(gd)) = (h.checked_mul(dh), g.checked_mul(dh)) else {
-        return Err(format!("{h} heads of {dh} dimensions overflow"));
-    };
+/// Each layer's norms, Hugging Face's name and Ember's: Llama's before attention and before the MLP, Gemma 2's after
+/// each too (its `post_attention_layernorm` is the attention's output norm, not the MLP's input norm).
+const LLAMA_NORMS: [(&str, &str); 2] = [("input_layernorm", "ln_1"), ("post_attention_layernorm", "ln_2")];
+const GEMMA_NORMS: [(&str, &str); 4] = [
+    ("input_layernorm", "ln_1"),
+    ("post_attention_layernorm", "ln_1_out"),
+    ("pre_feedforward_layernorm", "ln_2"),
+    ("post_feedforward_layernorm", "ln_2_out"),
+];
+
+/// Gemma's RMSNorm multiplies by 1 + w: every norm weight w becomes Ember's gain γ = 1 + w.
+fn gemma_gains(mut hf: Tensors) -> Result<Tensors, String> {
+    for (name, data) in hf.iter_mut().filter(|(name, _)| name.ends_with("norm.weight")) {
+        data.as_mut_slice::<f32>().map_err(|e| format!("{name}: {e:?}"))?.iter_mut().for_each(|w| *w += 1.0);
+    }
+    Ok(hf)
+}
+
+/// Llama (and Qwen2, Qwen3, Mistral, Gemma 2, DeepSeek-V2): nn.Linear weights are [out, in] and are transposed; each
+/// layer's `norms` as they name them, its attention ([`self_attention`] or [`latent_attention`]) and SwiGLU / GeGLU.
+fn llama(config: &ModelConfig, mut hf: Tensors, norms: &[(&str, &str)]) -> Result<Tensors, String> {
+    let (d, v, f) = (config.d_model, config.vocab(), config.ffn_dim());
     let mut out = Tensors::new();
     out.insert("wte.weight".into(), take_shaped(&mut hf, "model.embed_tokens.weight", &[v, d])?);
-    let linear = |hf: &mut Tensors, name: &str, out_in: [usize; 2]| {
-        take_shaped(hf, &format!("{name}.weight"), &out_in).map(|w| transpose(&w))
-    };
-    let projections = [("q_proj", hd), ("k_proj", gd), ("v_proj", gd)];
     for i in 0..config.n_layers {
         let l = format!("model.layers.{i}");
         let b = format!("blocks.{i}");
-        out.insert(format!("{b}.ln_1.gamma"), take_shaped(&mut hf, &format!("{l}.input_layernorm.weight"), &[d])?);
-        let post = format!("{l}.post_attention_layernorm.weight");
-        out.insert(format!("{b}.ln_2.gamma"), take_shaped(&mut hf, &post, &[d])?);
-        let qkv: Vec<TensorData> = projections
-            .iter()
-            .map(|&(p, rows)| take_shaped(&mut hf, &format!("{l}.self_attn.{p}.weight"), &[rows, d]))
-            .collect::<Result<_, _>>()?;
-        out.insert(format!("{b}.attn.c_attn.weight"), transpose(&concat_rows(&qkv)));
-        if qkv_bias {
-            let biases: Vec<TensorData> = projections
-                .iter()
-                .map(|&(p, rows)| take_shaped(&mut hf, &format!("{l}.self_attn.{p}.bias"), &[rows]))
-                .collect::<Result<_, _>>()?;
-            out.insert(format!("{b}.attn.c_attn.bias"), concat_rows(&biases));
+        for (norm, ember) in norms {
+            out.insert(format!("{b}.{ember}.gamma"), take_shaped(&mut hf, &format!("{l}.{norm}.weight"), &[d])?);
         }
-        if config.qk_norm {
-            for part in ["q_norm", "k_norm"] {
-                let gamma = take_shaped(&mut hf, &format!("{l}.self_attn.{part}.weight"), &[dh])?;
-                out.insert(format!("{b}.attn.{part}.gamma"), gamma);
-            }
+        match config.attention {
+            AttentionKind::Mha => self_attention(config, &mut hf, &l, &b, &mut out)?,
+            AttentionKind::Mla => latent_attention(config, &mut hf, &l, &b, &mut out)?,
         }
-        out.insert(format!("{b}.attn.c_proj.weight"), linear(&mut hf, &format!("{l}.self_attn.o_proj"), [d, hd])?);
         out.insert(format!("{b}.mlp.c_gate.weight"), linear(&mut hf, &format!("{l}.mlp.gate_proj"), [f, d])?);
         out.insert(format!("{b}.mlp.c_fc.weight"), linear(&mut hf, &format!("{l}.mlp.up_proj"), [f, d])?);
         out.insert(format!("{b}.mlp.c_proj.weight"), linear(&mut hf, &format!("{l}.mlp.down_proj"), [d, f])?);
@@ -133,6 +130,55 @@ fn llama(config: &ModelConfig, mut hf: Tensors) -> Result<Tensors, String> {
     let tied = config.tie_embeddings;
     refuse_unused(hf, |k| k.ends_with("rotary_emb.inv_freq") || (tied && k == "lm_head.weight"))?;
     Ok(out)
+}
+
+/// nn.Linear `name`'s weight [out, in], checked and transposed to [in, out].
+fn linear(hf: &mut Tensors, name: &str, out_in: [usize; 2]) -> Result<TensorData, String> {
+    take_shaped(hf, &format!("{name}.weight"), &out_in).map(|w| transpose(&w))
+}
+
+/// Layer `l`'s q, k, v (and their biases where the config has them) fused into `c_attn`, Qwen3's per-head q and k
+/// norms as they are, and o_proj.
+fn self_attention(config: &ModelConfig, hf: &mut Tensors, l: &str, b: &str, out: &mut Tensors) -> Result<(), String> {
+    let (d, h, dh, g) = (config.d_model, config.n_heads, config.head_dim(), config.kv_heads());
+    let (Some(hd), Some(gd)) = (h.checked_mul(dh), g.checked_mul(dh)) else {
+        return Err(format!("{h} heads of {dh} dimensions overflow"));
+    };
+    let projections = [("q_proj", hd), ("k_proj", gd), ("v_proj", gd)];
+    let qkv: Vec<TensorData> = projections
+        .iter()
+        .map(|&(p, rows)| take_shaped(hf, &format!("{l}.self_attn.{p}.weight"), &[rows, d]))
+        .collect::<Result<_, _>>()?;
+    out.insert(format!("{b}.attn.c_attn.weight"), transpose(&concat_rows(&qkv)));
+    if config.qkv_bias.unwrap_or(false) {
+        let biases: Vec<TensorData> = projections
+            .iter()
+            .map(|&(p, rows)| take_shaped(hf, &format!("{l}.self_attn.{p}.bias"), &[rows]))
+            .collect::<Result<_, _>>()?;
+        out.insert(format!("{b}.attn.c_attn.bias"), concat_rows(&biases));
+    }
+    if config.qk_norm {
+        for part in ["q_norm", "k_norm"] {
+            out.insert(
+                format!("{b}.attn.{part}.gamma"),
+                take_shaped(hf, &format!("{l}.self_attn.{part}.weight"), &[dh])?,
+            );
+        }
+    }
+    out.insert(format!("{b}.attn.c_proj.weight"), linear(hf, &format!("{l}.self_attn.o_proj"), [d, hd])?);
+    Ok(())
+}
+
+/// Layer `l`'s DeepSeek-V2 attention as Ember's MLA ([`mla::insert`]).
+fn latent_attention(config: &ModelConfig, hf: &mut Tensors, l: &str, b: &str, out: &mut Tensors) -> Result<(), String> {
+    let mut weight = |name: &str| take(hf, &format!("{l}.self_attn.{name}.weight"));
+    let (q_a, q) = match config.mla_q_rank {
+        Some(_) => (Some((weight("q_a_proj")?, weight("q_a_layernorm")?)), weight("q_b_proj")?),
+        None => (None, weight("q_proj")?),
+    };
+    let (kv_a, kv_norm, kv_b, o) =
+        (weight("kv_a_proj_with_mqa")?, weight("kv_a_layernorm")?, weight("kv_b_proj")?, weight("o_proj")?);
+    mla::insert(config, b, MlaWeights { q_a, q, kv_a, kv_norm, kv_b, o }, out)
 }
 
 /// Phi-3's fused projections under Llama's names: `qkv_proj` [(h + 2g)·d_h, d] as q_proj, k_proj and v_proj, and

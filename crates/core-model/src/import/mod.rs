@@ -1,9 +1,10 @@
-//! Models from elsewhere, loaded into Ember's own model: Hugging Face directories (GPT-2, Llama) and GGUF files
-//! (llama architecture). [`load`] also opens Ember run directories, so every command takes any of the three.
+//! Models from elsewhere, loaded into Ember's own model: Hugging Face directories (GPT-2, the Llama layout's families,
+//! Gemma 2, DeepSeek-V2) and GGUF files (the llama, qwen2, qwen3, phi3, gemma2, gemma3 and deepseek2 architectures). [`load`] also opens Ember run directories, so every command takes any of the three.
 
 pub mod gguf_model;
 pub use ember_formats::gguf;
 pub mod hf;
+mod mla;
 
 use std::path::{Path, PathBuf};
 

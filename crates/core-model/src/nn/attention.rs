@@ -35,6 +35,11 @@ pub struct CausalSelfAttention {
     window: Option<usize>,
     #[module(skip)]
     attention_dropout: f64,
+    /// The multiplier of q kᵀ (None: 1/√d_h) and the soft-capping of the scores.
+    #[module(skip)]
+    scale: Option<f64>,
+    #[module(skip)]
+    softcap: Option<f64>,
     /// RoPE on q and k, when the model's positions are rotary.
     #[module(skip)]
     rope: Option<Rotary>,
@@ -80,14 +85,16 @@ impl HeadsConfig {
     }
 }
 
-/// Causal self-attention over its heads, with per-head q/k RMSNorm (its ε) when set, sliding window, RoPE, dropout,
-/// similarity κ and the init scale of its output projection.
+/// Causal self-attention over its heads, with per-head q/k RMSNorm (its ε) when set, sliding window, RoPE, the scale
+/// and soft-capping of the scores, dropout, similarity κ and the init scale of its output projection.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SelfAttentionConfig {
     pub heads: HeadsConfig,
     pub qk_norm_eps: Option<f64>,
     pub window: Option<usize>,
     pub rope: Option<Rotary>,
+    pub scale: Option<f64>,
+    pub softcap: Option<f64>,
     pub dropout: f64,
     pub attention_dropout: f64,
     pub kernel: AttentionKernel,
@@ -119,6 +126,8 @@ impl SelfAttentionConfig {
                 dim: heads.head_dim,
                 scaling: model.rope_scaling.clone(),
             }),
+            scale: model.attention_scale,
+            softcap: model.attention_softcap,
             dropout: model.dropout,
             attention_dropout: model.attention_dropout,
             kernel: model.attention_kernel,
@@ -156,6 +165,8 @@ impl SelfAttentionConfig {
             n_kv_heads: g,
             window: self.window,
             attention_dropout: self.attention_dropout,
+            scale: self.scale,
+            softcap: self.softcap,
             rope: self.rope.clone(),
             algorithm: AttentionAlgorithm::Ember,
             tuning: GpuTuning::default(),
@@ -213,14 +224,17 @@ impl CausalSelfAttention {
         self.project(attention(q, k, v, spec))
     }
 
-    /// Causal attention (in this layer's window, with its dropout and algorithm) for heads of width
-    /// `head_dim`, queries from `query_offset`.
+    /// Causal attention (in this layer's window, with its scale, soft-capping, dropout and algorithm) for heads of
+    /// width `head_dim`, queries from `query_offset`.
     pub fn spec(&self, head_dim: usize, query_offset: usize) -> AttentionSpec {
+        let causal = AttentionSpec::causal(head_dim);
         AttentionSpec {
+            scale: self.scale.unwrap_or(causal.scale),
+            softcap: self.softcap,
             query_offset,
             dropout: self.attention_dropout,
             similarity: self.similarity,
-            ..AttentionSpec::causal(head_dim).with_window(self.window).computed_by(self.algorithm, self.tuning)
+            ..causal.with_window(self.window).computed_by(self.algorithm, self.tuning)
         }
     }
 

@@ -1,6 +1,7 @@
 //! Multi-head latent attention (DeepSeek-V2): keys and values come from a latent c = x W_DKV of width d_c through
 //! per-head up-projections U_K, U_V; positions enter through a decoupled RoPE key k_R = RoPE(x W_KR) of width d_R
-//! shared by every head. Training uses the expanded form; inference attends against the cached latents directly
+//! shared by every head. DeepSeek-V2 also RMSNorms the latent and may draw the queries from a normalised rank-r_q
+//! bottleneck x W_DQ. Training uses the expanded form; inference attends against the cached latents directly
 //! (the absorbed form), so expanded keys and values are never materialised.
 
 use burn::module::Module;
@@ -10,19 +11,25 @@ use ember_kernels::{AttentionAlgorithm, AttentionSpec, GpuTuning, attention, lin
 
 use crate::cache::{Context, append_rows};
 use crate::init::Init;
+use crate::nn::norm::{Norm, NormConfig};
 use crate::nn::position::{Positions, Rotary};
 use crate::nn::projection::Projection;
 use crate::nn::{linear_layer, projection};
-use ember_formats::config::ModelConfig;
+use ember_formats::config::{ModelConfig, NormKind};
 
 #[derive(Module, Debug)]
 pub struct MlaAttention {
-    /// W_Q: d → h·d_h, content queries.
+    /// W_DQ: d → r_q and its RMSNorm, the query bottleneck, when the config has one.
+    pub w_dq: Option<Linear>,
+    pub q_norm: Option<Norm>,
+    /// W_Q: d (or r_q) → h·d_h, content queries.
     pub w_q: Linear,
-    /// W_QR: d → h·d_R, rotary queries.
+    /// W_QR: d (or r_q) → h·d_R, rotary queries.
     pub w_qr: Linear,
     /// W_DKV: d → d_c, the latent.
     pub w_dkv: Linear,
+    /// RMSNorm of the latent, when the config has one.
+    pub c_norm: Option<Norm>,
     /// W_KR: d → d_R, the shared rotary key.
     pub w_kr: Linear,
     /// U_K: d_c → h·d_h, per-head content keys (no bias, so it can be absorbed into the query).
@@ -37,6 +44,9 @@ pub struct MlaAttention {
     window: Option<usize>,
     #[module(skip)]
     attention_dropout: f64,
+    /// The multiplier of the scores (None: 1/√(d_h + d_R)).
+    #[module(skip)]
+    scale: Option<f64>,
     /// RoPE of the decoupled query and key, width d_R.
     #[module(skip)]
     rope: Rotary,
@@ -58,14 +68,19 @@ pub struct MlaProjections {
     pub k_r: Tensor<4>,
 }
 
-/// Multi-head latent attention of width d: h heads of content width d_h, a latent of width d_c, a decoupled RoPE key
-/// of width d_R, its biases, window, dropout and the init scale of its output projection.
+/// Multi-head latent attention of width d: h heads of content width d_h, a latent of width d_c (RMSNorm'd with ε
+/// `latent_norm_eps` when set), a decoupled RoPE key of width d_R, queries through a rank `q_rank` bottleneck when
+/// set, the scale of its scores, its biases, window, dropout and the init scale of its output projection.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MlaConfig {
     pub d_model: usize,
     pub n_heads: usize,
     pub head_dim: usize,
     pub latent_dim: usize,
+    pub q_rank: Option<usize>,
+    pub latent_norm_eps: Option<f64>,
+    pub norm_eps: f64,
+    pub scale: Option<f64>,
     pub rope: Rotary,
     pub qkv_bias: bool,
     pub bias: bool,
@@ -86,6 +101,10 @@ impl MlaConfig {
             n_heads: model.n_heads,
             head_dim: model.head_dim(),
             latent_dim,
+            q_rank: model.mla_q_rank,
+            latent_norm_eps: model.mla_latent_norm.then_some(model.norm_eps),
+            norm_eps: model.norm_eps,
+            scale: model.attention_scale,
             rope: Rotary { theta: model.rope_theta, dim: rope_dim, scaling: model.rope_scaling.clone() },
             qkv_bias: model.qkv_bias(),
             bias: model.bias,
@@ -100,10 +119,18 @@ impl MlaConfig {
     pub fn init(&self, init: &mut Init) -> MlaAttention {
         let (d, h, dh, dc, dr) = (self.d_model, self.n_heads, self.head_dim, self.latent_dim, self.rope.dim);
         let bias = self.qkv_bias;
+        let rms = |init: &mut Init, name: &str, d: usize, eps: f64| {
+            init.scope(name, |init| NormConfig { kind: NormKind::RmsNorm, d, eps, bias: false }.init(init))
+        };
+        // With a bottleneck the bias is W_DQ's.
+        let (dq, q_bias) = (self.q_rank.unwrap_or(d), bias && self.q_rank.is_none());
         MlaAttention {
-            w_q: linear_layer(init, "w_q", d, h * dh, 0.02, bias),
-            w_qr: linear_layer(init, "w_qr", d, h * dr, 0.02, bias),
+            w_dq: self.q_rank.map(|r| linear_layer(init, "w_dq", d, r, 0.02, bias)),
+            q_norm: self.q_rank.map(|r| rms(init, "q_norm", r, self.norm_eps)),
+            w_q: linear_layer(init, "w_q", dq, h * dh, 0.02, q_bias),
+            w_qr: linear_layer(init, "w_qr", dq, h * dr, 0.02, q_bias),
             w_dkv: linear_layer(init, "w_dkv", d, dc, 0.02, bias),
+            c_norm: self.latent_norm_eps.map(|eps| rms(init, "c_norm", dc, eps)),
             w_kr: linear_layer(init, "w_kr", d, dr, 0.02, bias),
             u_k: linear_layer(init, "u_k", dc, h * dh, 0.02, false),
             u_v: linear_layer(init, "u_v", dc, h * dh, 0.02, false),
@@ -112,6 +139,7 @@ impl MlaConfig {
             n_heads: h,
             window: self.window,
             attention_dropout: self.attention_dropout,
+            scale: self.scale,
             rope: self.rope.clone(),
             algorithm: AttentionAlgorithm::Ember,
             tuning: GpuTuning::default(),
@@ -125,7 +153,8 @@ impl MlaAttention {
         (self.algorithm, self.tuning) = (algorithm, tuning);
     }
 
-    /// q_C = x W_Q, q_R = RoPE(x W_QR), c = x W_DKV, k_R = RoPE(x W_KR) at `positions`, split into heads.
+    /// q_C = x_Q W_Q, q_R = RoPE(x_Q W_QR) with x_Q = x or RMSNorm(x W_DQ), c = x W_DKV (RMSNorm'd when the layer
+    /// has a latent norm), k_R = RoPE(x W_KR) at `positions`, split into heads.
     pub fn project(&self, x: Tensor<3>, positions: &Positions) -> MlaProjections {
         let [b, t, _] = x.dims();
         let rope = positions.rope(&self.rope, FloatDType::from(x.dtype()));
@@ -133,22 +162,33 @@ impl MlaAttention {
             let w = z.dims()[2] / n;
             z.reshape([b, t, n, w]).swap_dims(1, 2)
         };
+        let x_q = match (&self.w_dq, &self.q_norm) {
+            (Some(w_dq), Some(norm)) => norm.forward(linear(w_dq, x.clone())),
+            _ => x.clone(),
+        };
+        let c = linear(&self.w_dkv, x.clone());
+        let c = match &self.c_norm {
+            Some(norm) => norm.forward(c),
+            None => c,
+        };
         MlaProjections {
-            q_c: heads(linear(&self.w_q, x.clone()), self.n_heads),
-            q_r: rope.apply(heads(linear(&self.w_qr, x.clone()), self.n_heads)),
-            c: heads(linear(&self.w_dkv, x.clone()), 1),
+            q_c: heads(linear(&self.w_q, x_q.clone()), self.n_heads),
+            q_r: rope.apply(heads(linear(&self.w_qr, x_q), self.n_heads)),
+            c: heads(c, 1),
             k_r: rope.apply(heads(linear(&self.w_kr, x), 1)),
         }
     }
 
-    /// Causal attention of [q_C; q_R] against [k_C; k_R] scaled by 1/√(d_h + d_R) (in this layer's window, with its
-    /// dropout and algorithm), queries from `query_offset`.
+    /// Causal attention of [q_C; q_R] against [k_C; k_R] scaled by the layer's scale or 1/√(d_h + d_R) (in this
+    /// layer's window, with its dropout and algorithm), queries from `query_offset`.
     pub fn spec(&self, p: &MlaProjections, query_offset: usize) -> AttentionSpec {
         let (dh, dr) = (p.q_c.dims()[3], p.q_r.dims()[3]);
+        let causal = AttentionSpec::causal(dh + dr);
         AttentionSpec {
+            scale: self.scale.unwrap_or(causal.scale),
             query_offset,
             dropout: self.attention_dropout,
-            ..AttentionSpec::causal(dh + dr).with_window(self.window).computed_by(self.algorithm, self.tuning)
+            ..causal.with_window(self.window).computed_by(self.algorithm, self.tuning)
         }
     }
 

@@ -162,10 +162,11 @@ pub trait PackedAttentionOps: Backend {
 pub const DECODE_ROWS: usize = 4;
 
 /// True when a KV store may hand q and its own layout to [`paged_attention`] or [`int8_attention`]: q is on wgpu,
-/// its head width is supported and it has at most [`DECODE_ROWS`] query rows.
+/// its head width is supported, it has at most [`DECODE_ROWS`] query rows and its scores are not soft-capped.
 pub fn decodes_in_place(q: &Tensor<4>, spec: &AttentionSpec) -> bool {
     let [_, _, t, d] = q.dims();
-    spec.similarity == Similarity::Softmax && t <= DECODE_ROWS && supports_head_dim(d) && on_wgpu(&q.device())
+    let softmax = spec.similarity == Similarity::Softmax && spec.softcap.is_none();
+    softmax && t <= DECODE_ROWS && supports_head_dim(d) && on_wgpu(&q.device())
 }
 
 /// o = softmax(q kᵀ·scale + mask) v on wgpu with Ember's kernels; differentiable under autodiff.
