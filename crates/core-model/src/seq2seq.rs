@@ -3,7 +3,7 @@
 //! FFN; each sub-layer wrapped Post-LN (the paper), Pre-LN or Peri-LN. Embeddings are scaled by √d and summed with
 //! sinusoidal positions (or RoPE rotates self-attention's q and k); the output projection may share the embedding.
 
-use burn::module::Module;
+use burn::module::{Module, Param};
 use burn::nn::{Dropout, DropoutConfig, Embedding, Linear};
 use burn::tensor::{FloatDType, Int, Tensor};
 use ember_kernels::{AttentionAlgorithm, AttentionSpec, GpuTuning, linear};
@@ -32,13 +32,23 @@ pub struct Seq2SeqConfig {
     /// One embedding for source, target and output projection (a joint vocabulary: fairseq's
     /// `--share-all-embeddings`); requires src_vocab = tgt_vocab.
     pub share_embeddings: bool,
+    /// A learned bias added to the output logits (Marian's `final_logits_bias`).
+    pub logits_bias: bool,
 }
 
 impl Seq2SeqConfig {
     /// `encoder_layers` + `decoder_layers` layers shaped by `model` over one joint vocabulary of `vocab` tokens with
     /// one shared embedding (source, target and output projection).
     pub fn joint(model: ModelConfig, encoder_layers: usize, decoder_layers: usize, vocab: usize) -> Self {
-        Self { model, encoder_layers, decoder_layers, src_vocab: vocab, tgt_vocab: vocab, share_embeddings: true }
+        Self {
+            model,
+            encoder_layers,
+            decoder_layers,
+            src_vocab: vocab,
+            tgt_vocab: vocab,
+            share_embeddings: true,
+            logits_bias: false,
+        }
     }
 }
 
@@ -152,6 +162,8 @@ pub struct Seq2Seq {
     pub dec_norm: Option<Norm>,
     /// The output projection [d, V_tgt] when not tied to the target embedding.
     pub out: Option<Linear>,
+    /// b [V_tgt] added to the logits, when the config has it.
+    pub logits_bias: Option<Param<Tensor<1>>>,
     #[module(skip)]
     config: Seq2SeqConfig,
 }
@@ -182,6 +194,7 @@ impl Build for Seq2Seq {
             enc_norm: final_norm.then(|| norm(m, init, "enc_norm")),
             dec_norm: final_norm.then(|| norm(m, init, "dec_norm")),
             out: (!m.tie_embeddings).then(|| linear_layer(init, "out", d, config.tgt_vocab, std, false)),
+            logits_bias: config.logits_bias.then(|| init.constant("logits_bias", [config.tgt_vocab], 0.0)),
             config: config.clone(),
         }
     }
@@ -273,15 +286,19 @@ impl Seq2Seq {
         x
     }
 
-    /// Final norm, then the output projection (x Eᵀ when tied).
+    /// Final norm, then the output projection (x Eᵀ when tied), plus the logits' bias when there is one.
     fn logits(&self, x: Tensor<3>) -> Tensor<3> {
         let x = match &self.dec_norm {
             Some(ln) => ln.forward(x),
             None => x,
         };
-        match &self.out {
+        let z = match &self.out {
             Some(out) => linear(out, x),
             None => tied_logits(self.tgt_embedding(), x),
+        };
+        match &self.logits_bias {
+            Some(b) => z + b.val().unsqueeze::<3>(),
+            None => z,
         }
     }
 }
@@ -304,11 +321,13 @@ mod tests {
             src_vocab: 30,
             tgt_vocab: 30,
             share_embeddings: true,
+            logits_bias: false,
         };
         let separate = Seq2SeqConfig {
             model: ModelConfig { tie_embeddings: false, ..shared.model.clone().llama_style(1) },
             tgt_vocab: 20,
             share_embeddings: false,
+            logits_bias: true,
             ..shared.clone()
         };
         for config in [shared, separate] {

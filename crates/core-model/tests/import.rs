@@ -6,6 +6,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_core_model::bundle::load_tensors;
 use ember_core_model::import;
 use ember_core_model::nn::projection::Projection;
+use ember_core_model::seq2seq::Seq2Seq;
 use ember_core_model::weights::WeightFormat;
 use ember_core_model::{Build, CausalLm, tokenizer};
 use ember_formats::config::AttentionKind;
@@ -199,6 +200,31 @@ fn every_rope_scaling_matches_hugging_face_past_the_original_context() {
     for name in ["llama3-rope-tiny", "linear-rope-tiny", "yarn-rope-tiny", "dynamic-rope-tiny", "longrope-tiny"] {
         logits_match(name);
     }
+}
+
+/// A tiny MarianMT (Post-LN, SiLU FFN, Marian's half-sines-half-cosines positions, shared embeddings, a final logits
+/// bias; scripts/reference/marian_fixture.py) gives transformers' logits for teacher-forced decoder inputs against a
+/// padded source batch (1e-4).
+#[test]
+fn marian_logits_match_hugging_face() {
+    let (dir, device) = (fixtures().join("marian-tiny"), Device::flex());
+    let (config, tensors, marian) = import::marian::load(&dir).unwrap();
+    assert_eq!((marian.decoder_start, marian.eos, marian.pad, marian.vocab), (90, 0, 90, 91));
+    let model = Seq2Seq::load(&config, &tensors, &device).unwrap();
+    let (expected, _) = load_tensors(&dir.join("expected.safetensors")).unwrap();
+    let ids = |name: &str| -> Tensor<2, Int> {
+        let values: Vec<i64> = expected[name].as_slice::<f32>().unwrap().iter().map(|&x| x as i64).collect();
+        let shape = expected[name].shape().to_vec();
+        Tensor::from_data(TensorData::new(values, [shape[0], shape[1]]), &device)
+    };
+    let lengths: Vec<usize> = expected["src_lengths"].as_slice::<f32>().unwrap().iter().map(|&x| x as usize).collect();
+    assert_eq!(lengths, [12, 9]);
+    let logits = model.forward(ids("src"), &lengths, ids("tgt")).into_data();
+    let diff = ember_test_support::max_abs_diff(
+        logits.as_slice::<f32>().unwrap(),
+        expected["logits"].as_slice::<f32>().unwrap(),
+    );
+    assert!(diff <= 1e-4, "max |Ember − HF| = {diff}");
 }
 
 #[test]

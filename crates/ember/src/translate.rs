@@ -25,7 +25,8 @@ const CHUNK: usize = 32;
 
 #[derive(Args)]
 pub struct TranslateArgs {
-    /// A translation run directory (`ember train` with a `[seq2seq]` config, or `ember average`).
+    /// A translation run directory (`ember train` with a `[seq2seq]` config, or `ember average`), or a MarianMT
+    /// directory (an OPUS-MT model: config.json, model.safetensors, vocab.json, source.spm, target.spm).
     #[arg(long)]
     model: PathBuf,
     /// Source sentences, one a line (default: standard input).
@@ -54,7 +55,8 @@ pub struct AverageArgs {
 /// The widest beam: each hypothesis is a row of the decoder's batch (fairseq's default is 5, wide searches 50–200).
 const MAX_BEAM: usize = 1024;
 
-/// Beam settings for a translator: a beam of 1 to [`MAX_BEAM`] and a finite length penalty.
+/// Beam settings for a translator: a beam of 1 to [`MAX_BEAM`] and a finite length penalty (the start and end tokens
+/// Ember's own vocabularies use; [`translate_lines`] takes a model's own).
 fn beam(beam: usize, lenpen: f64) -> Result<BeamConfig> {
     if !(1..=MAX_BEAM).contains(&beam) {
         bail!("--beam must be from 1 to {MAX_BEAM}, not {beam}");
@@ -90,7 +92,9 @@ fn translate_lines(
     if rows.is_empty() {
         return Ok(out);
     }
-    let (src, lengths) = source_batch(&rows.iter().map(|&i| sources[i].as_slice()).collect::<Vec<_>>(), device);
+    let rows_ids: Vec<&[u32]> = rows.iter().map(|&i| sources[i].as_slice()).collect();
+    let (src, lengths) = source_batch(&rows_ids, vocab.eos, device);
+    let config = BeamConfig { bos: vocab.bos, eos: vocab.eos, ..config };
     for (&i, ids) in rows.iter().zip(translate_batch(model, src, &lengths, config, device)) {
         out[i] = vocab
             .target

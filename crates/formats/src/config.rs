@@ -48,6 +48,8 @@ pub enum FfnKind {
     Gelu,
     /// GPT-2's tanh approximation of GELU ("gelu_new").
     GeluTanh,
+    /// SiLU x σ(x), ungated (Marian's "swish").
+    Silu,
     /// [SiLU(x W_g) ⊙ (x W_u)] W_d.
     Swiglu,
     /// GeGLU: [GELU-tanh(x W_g) ⊙ (x W_u)] W_d (Gemma).

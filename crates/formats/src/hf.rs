@@ -276,6 +276,81 @@ fn rope_scaling(json: &Value) -> Result<Option<RopeScaling>, String> {
     }
 }
 
+/// A MarianMT `config.json` (OPUS-MT): the encoder–decoder's layer shape as a [`ModelConfig`] (Post-LN, sinusoidal
+/// positions, embeddings scaled by √d, one embedding for source, target and output), its stack depths and vocabulary,
+/// and the ids its decoding starts, ends and pads with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Marian {
+    pub model: ModelConfig,
+    pub encoder_layers: usize,
+    pub decoder_layers: usize,
+    pub vocab: usize,
+    pub decoder_start: u32,
+    pub eos: u32,
+    pub pad: u32,
+}
+
+/// The Marian model `config.json` describes; what Ember's encoder–decoder cannot run is refused by name.
+pub fn marian(text: &str) -> Result<Marian, String> {
+    let json: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+    if json["model_type"].as_str() != Some("marian") {
+        return Err(format!("model_type {} is not marian", json["model_type"]));
+    }
+    let refuse = |key: &str, value: bool| match json[key].as_bool() == Some(value) {
+        true => Err(format!("{key} = {value} is not supported")),
+        false => Ok(()),
+    };
+    refuse("normalize_before", true)?;
+    refuse("scale_embedding", false)?;
+    refuse("share_encoder_decoder_embeddings", false)?;
+    refuse("tie_word_embeddings", false)?;
+    let (d, heads, ffn) =
+        (usize_of(&json, "d_model")?, usize_of(&json, "encoder_attention_heads")?, usize_of(&json, "encoder_ffn_dim")?);
+    for (key, encoder) in [("decoder_attention_heads", heads), ("decoder_ffn_dim", ffn)] {
+        if usize_of(&json, key)? != encoder {
+            return Err(format!("{key} unlike the encoder's {encoder} is not supported"));
+        }
+    }
+    let vocab = usize_of(&json, "vocab_size")?;
+    if let Some(v) = optional(&json, "decoder_vocab_size")?.filter(|&v| v != vocab) {
+        return Err(format!("decoder_vocab_size {v} unlike vocab_size {vocab} is not supported"));
+    }
+    let decoder_layers = usize_of(&json, "decoder_layers")?;
+    let mut model =
+        ModelConfig::gpt(vocab, decoder_layers, heads, d, usize_of(&json, "max_position_embeddings")?).paper_style();
+    model.d_ff = Some(ffn);
+    model.dropout = 0.0;
+    model.ffn = match json["activation_function"].as_str().unwrap_or("gelu") {
+        "swish" | "silu" => FfnKind::Silu,
+        "relu" => FfnKind::Relu,
+        "gelu" => FfnKind::Gelu,
+        "gelu_new" | "gelu_pytorch_tanh" => FfnKind::GeluTanh,
+        other => return Err(format!("activation_function {other:?} is not supported")),
+    };
+    model.validate().map_err(|e| e.to_string())?;
+    let id = |key: &str| -> Result<u32, String> {
+        let id = usize_of(&json, key)?;
+        u32::try_from(id)
+            .ok()
+            .filter(|&id| (id as usize) < vocab)
+            .ok_or_else(|| format!("{key} = {id} is past the vocabulary"))
+    };
+    let pad = id("pad_token_id")?;
+    let decoder_start = match json.get("decoder_start_token_id") {
+        None | Some(Value::Null) => pad,
+        Some(_) => id("decoder_start_token_id")?,
+    };
+    Ok(Marian {
+        model,
+        encoder_layers: usize_of(&json, "encoder_layers")?,
+        decoder_layers,
+        vocab,
+        decoder_start,
+        eos: id("eos_token_id")?,
+        pad,
+    })
+}
+
 /// The shard files a `model.safetensors.index.json` names, sorted and each once; every one must be a file of the
 /// model's directory (no absolute path, no `..`).
 pub fn shards(index: &str) -> Result<Vec<String>, String> {

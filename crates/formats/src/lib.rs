@@ -18,6 +18,7 @@ pub mod request;
 pub mod rng;
 pub mod rope;
 pub mod safetensors;
+pub mod spm;
 pub mod tokenizer;
 pub mod tsv;
 

@@ -1,6 +1,7 @@
 //! Tokenizers, through the `tokenizers` crate: character-level (vocabulary from the training text, ids in sorted
 //! character order as nanoGPT) and byte-level BPE trained in-process. Saved as `tokenizer.json`.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use tokenizers::decoders::byte_fallback::ByteFallback;
@@ -9,14 +10,22 @@ use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::models::TrainerWrapper;
 use tokenizers::models::bpe::{BPE, BpeTrainerBuilder, Vocab};
+use tokenizers::models::unigram::Unigram;
 use tokenizers::models::wordlevel::WordLevel;
-use tokenizers::normalizers::replace::Replace;
+use tokenizers::normalizers::precompiled::Precompiled;
+use tokenizers::normalizers::replace::{Replace, ReplacePattern};
+use tokenizers::normalizers::strip::Strip;
+use tokenizers::normalizers::unicode::NFC;
+use tokenizers::normalizers::{NormalizerWrapper, Sequence as NormalizerSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
 use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::pre_tokenizers::split::Split;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
+
+use crate::spm::{PieceKind, SentencePiece};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
@@ -49,12 +58,8 @@ pub fn train_char(text: &str) -> Result<Tokenizer, TokenizerError> {
     let vocab = chars.iter().enumerate().map(|(i, c)| (c.to_string(), i as u32)).collect();
     let model = WordLevel::builder().vocab(vocab).build().map_err(build)?;
     let mut tokenizer = Tokenizer::new(model);
-    let each_char = Split::new(
-        tokenizers::pre_tokenizers::split::SplitPattern::Regex("(?s).".into()),
-        SplitDelimiterBehavior::Isolated,
-        false,
-    )
-    .map_err(build)?;
+    let each_char =
+        Split::new(SplitPattern::Regex("(?s).".into()), SplitDelimiterBehavior::Isolated, false).map_err(build)?;
     tokenizer.with_pre_tokenizer(Some(each_char));
     tokenizer.with_decoder(Some(Fuse::new()));
     Ok(tokenizer)
@@ -86,13 +91,22 @@ pub fn train_bpe_lines<'a>(
     Ok(tokenizer)
 }
 
+/// Qwen2's split before the byte-level mapping (transformers' `PRETOKENIZE_REGEX`): contractions in any case, one
+/// non-letter leading a word, each digit alone, punctuation runs with their line breaks.
+const QWEN2_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Llama 3's: Qwen2's with digits in runs of up to three.
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// A pretrained byte-level BPE from its token list (id = position), its merges ("a b"), the ids of its special
-/// tokens, and whether digits are split one by one before the byte-level split (SmolLM, Llama 3).
+/// tokens, and the split before the byte-level mapping by llama.cpp's `tokenizer.ggml.pre` name: `qwen2` (NFC, then
+/// [`QWEN2_SPLIT`]), `llama-bpe` ([`LLAMA3_SPLIT`]), `smollm` and `deepseek-llm` (digits one by one, then GPT-2's
+/// split), GPT-2's split for any other.
 pub fn from_bpe(
     tokens: &[String],
     merges: &[String],
     specials: &[u32],
-    digits: bool,
+    pre: &str,
 ) -> Result<Tokenizer, TokenizerError> {
     let vocab: Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
     let merges = merges
@@ -102,11 +116,25 @@ pub fn from_bpe(
         .ok_or_else(|| TokenizerError::Build("a merge is not of the form \"a b\"".into()))?;
     let model = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(build)?;
     let mut tokenizer = Tokenizer::new(model);
-    let byte_level = ByteLevel::new(false, true, true);
-    if digits {
-        tokenizer.with_pre_tokenizer(Some(Sequence::new(vec![Digits::new(true).into(), byte_level.into()])));
-    } else {
-        tokenizer.with_pre_tokenizer(Some(byte_level));
+    let gpt2_split = ByteLevel::new(false, true, true);
+    let split = |regex: &str| -> Result<Sequence, TokenizerError> {
+        let split = Split::new(SplitPattern::Regex(regex.into()), SplitDelimiterBehavior::Isolated, false);
+        Ok(Sequence::new(vec![split.map_err(build)?.into(), ByteLevel::new(false, true, false).into()]))
+    };
+    match pre {
+        "qwen2" => {
+            tokenizer.with_normalizer(Some(NFC));
+            tokenizer.with_pre_tokenizer(Some(split(QWEN2_SPLIT)?));
+        }
+        "llama-bpe" => {
+            tokenizer.with_pre_tokenizer(Some(split(LLAMA3_SPLIT)?));
+        }
+        "smollm" | "deepseek-llm" => {
+            tokenizer.with_pre_tokenizer(Some(Sequence::new(vec![Digits::new(true).into(), gpt2_split.into()])));
+        }
+        _ => {
+            tokenizer.with_pre_tokenizer(Some(gpt2_split));
+        }
     }
     tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
     let specials: Vec<AddedToken> =
@@ -177,6 +205,63 @@ pub fn from_spm(
             .map_err(|e| TokenizerError::Build(e.to_string()))?;
         tokenizer.with_post_processor(Some(template));
     }
+    Ok(tokenizer)
+}
+
+/// A SentencePiece unigram model (Marian's `source.spm` or `target.spm`) as a tokenizer whose ids are those of `ids`
+/// (Marian's `vocab.json`, one table for both sides), normalized as the model says (its precompiled character map,
+/// whitespace stripped and runs collapsed) with "▁" for each space and before the text, as sentencepiece encodes.
+/// An entry of `ids` that is a normal or user-defined piece of the model keeps its score; any other (the other side's
+/// pieces) keeps its text for decoding when `decode_foreign`, and otherwise stands for text no input normalizes to,
+/// so that encoding never picks it where sentencepiece would not. `unk` is unknown text's id; `specials` are matched
+/// whole and skipped when decoding.
+pub fn from_sentencepiece(
+    model: &SentencePiece,
+    ids: &HashMap<String, u32>,
+    unk: u32,
+    specials: &[u32],
+    decode_foreign: bool,
+) -> Result<Tokenizer, TokenizerError> {
+    if !model.unigram {
+        return Err(TokenizerError::Build("only unigram SentencePiece models are supported".into()));
+    }
+    let own: HashMap<&str, f64> = model
+        .pieces
+        .iter()
+        .filter(|p| matches!(p.kind, PieceKind::Normal | PieceKind::UserDefined))
+        .map(|p| (p.text.as_str(), f64::from(p.score)))
+        .collect();
+    let lowest = own.values().copied().fold(0.0, f64::min);
+    let size = ids.values().max().map_or(0, |&id| id as usize + 1);
+    // Ids missing from `ids` are gaps no text reaches either.
+    let mut vocab: Vec<(String, f64)> = (0..size).map(|id| (format!("\u{0}{id}"), lowest)).collect();
+    for (piece, &id) in ids {
+        match own.get(piece.as_str()) {
+            Some(&score) => vocab[id as usize] = (piece.clone(), score),
+            None if decode_foreign => vocab[id as usize] = (piece.clone(), lowest),
+            None => {}
+        }
+    }
+    let specials: Vec<AddedToken> = specials
+        .iter()
+        .filter_map(|&id| vocab.get(id as usize))
+        .map(|(t, _)| AddedToken::from(t.clone(), true))
+        .collect();
+    let model_unigram = Unigram::from(vocab, Some(unk as usize), false).map_err(build)?;
+    let mut tokenizer = Tokenizer::new(model_unigram);
+    let mut normalizers: Vec<NormalizerWrapper> = Vec::new();
+    if !model.charsmap.is_empty() {
+        normalizers.push(Precompiled::from(&model.charsmap).map_err(|e| build(e.into()))?.into());
+    }
+    if model.remove_extra_whitespaces {
+        normalizers.push(Strip::new(true, true).into());
+        normalizers.push(Replace::new(ReplacePattern::Regex(" {2,}".into()), " ").map_err(build)?.into());
+    }
+    tokenizer.with_normalizer(Some(NormalizerSequence::new(normalizers)));
+    let prepend = if model.add_dummy_prefix { PrependScheme::Always } else { PrependScheme::Never };
+    tokenizer.with_pre_tokenizer(Some(Metaspace::new('▁', prepend, true)));
+    tokenizer.with_decoder(Some(Metaspace::new('▁', prepend, true)));
+    tokenizer.add_special_tokens(&specials);
     Ok(tokenizer)
 }
 

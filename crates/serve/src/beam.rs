@@ -1,5 +1,5 @@
 //! Translation decoding: beam search over a batch of sentences (beam 1 is greedy decoding), as fairseq keeps its
-//! books: each step every live beam proposes its 2k best continuations; a continuation ending in </s> becomes a
+//! books: each step every live beam proposes its 2k best continuations; one ending in </s> among the k best becomes a
 //! finished hypothesis scored by log p(y|x) / lp(y) with GNMT's length penalty lp(y) = ((5 + |y|) / 6)^α; the best
 //! k others carry on. A sentence is done when it has k finished hypotheses or reaches its length limit. The encoder
 //! runs once per sentence, cross-attention keys/values are computed once, and the decoder's self-attention reads a
@@ -95,9 +95,13 @@ pub fn translate_batch(
             let at_limit = step + 1 >= max_len[s];
             let mut survivors = 0;
             // Continuations ranked above the k-th survivor: those ending in </s> (or at the limit) finish.
-            for (score, r, t) in candidates {
+            for (rank, (score, r, t)) in candidates.into_iter().enumerate() {
                 if finished[s].len() >= k || survivors >= k {
                     break;
+                }
+                // As in fairseq and transformers, </s> ends a hypothesis only among the k best continuations.
+                if t == config.eos && rank >= k {
+                    continue;
                 }
                 if t == config.eos || at_limit {
                     let mut y = tokens[r].clone();

@@ -26,6 +26,7 @@ fn configs() -> Vec<Seq2SeqConfig> {
         src_vocab: 40,
         tgt_vocab: if share { 40 } else { 37 },
         share_embeddings: share,
+        logits_bias: !share,
     };
     vec![shared(paper, true), shared(modern, false)]
 }

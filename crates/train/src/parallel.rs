@@ -50,6 +50,10 @@ pub struct Vocabularies {
     pub source: Tokenizer,
     pub target: Tokenizer,
     pub joint: bool,
+    /// The token a translation starts from and the one that ends a sentence ([`BOS`] and [`EOS`] for Ember's own;
+    /// an imported model's may differ).
+    pub bos: u32,
+    pub eos: u32,
 }
 
 impl Vocabularies {
@@ -59,11 +63,11 @@ impl Vocabularies {
         let bpe = |lines: Vec<&str>| tokenizer::train_bpe_lines(lines.into_iter(), vocab_size, &SPECIALS);
         if joint {
             let both = bpe(pairs.iter().flat_map(|(s, t)| [s.as_str(), t.as_str()]).collect())?;
-            return Ok(Self { source: both.clone(), target: both, joint });
+            return Ok(Self { source: both.clone(), target: both, joint, bos: BOS, eos: EOS });
         }
         let source = bpe(pairs.iter().map(|(s, _)| s.as_str()).collect())?;
         let target = bpe(pairs.iter().map(|(_, t)| t.as_str()).collect())?;
-        Ok(Self { source, target, joint })
+        Ok(Self { source, target, joint, bos: BOS, eos: EOS })
     }
 
     /// Source and target vocabulary sizes.
@@ -137,13 +141,13 @@ pub struct PairBatch {
     pub tokens: usize,
 }
 
-/// Source sentences as the encoder takes them: each x </s>, padded into [B, S], with the lengths of x </s>.
-pub fn source_batch(sources: &[&[u32]], device: &Device) -> (Tensor<2, Int>, Vec<usize>) {
+/// Source sentences as the encoder takes them: each x followed by `eos`, padded into [B, S], with their lengths.
+pub fn source_batch(sources: &[&[u32]], eos: u32, device: &Device) -> (Tensor<2, Int>, Vec<usize>) {
     let b = sources.len();
     let s = sources.iter().map(|x| x.len() + 1).max().unwrap_or(1);
     let mut src = vec![PAD as i64; b * s];
     for (r, x) in sources.iter().enumerate() {
-        for (j, &id) in x.iter().chain([&EOS]).enumerate() {
+        for (j, &id) in x.iter().chain([&eos]).enumerate() {
             src[r * s + j] = id as i64;
         }
     }
@@ -155,7 +159,7 @@ impl PairBatch {
     pub fn new(pairs: &[Pair], rows: &[usize], device: &Device) -> Self {
         let b = rows.len();
         let sources: Vec<&[u32]> = rows.iter().map(|&i| pairs[i].0.as_slice()).collect();
-        let (src, src_lengths) = source_batch(&sources, device);
+        let (src, src_lengths) = source_batch(&sources, EOS, device);
         let t = rows.iter().map(|&i| pairs[i].1.len() + 1).max().unwrap_or(1);
         let (mut tgt_in, mut tgt_out, mut mask) = (vec![PAD as i64; b * t], vec![PAD as i64; b * t], vec![0f32; b * t]);
         for (r, &i) in rows.iter().enumerate() {

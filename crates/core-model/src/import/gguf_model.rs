@@ -483,6 +483,5 @@ fn tokenizer(gguf: &Gguf) -> Result<Tokenizer, String> {
     }
     let merges = strings("tokenizer.ggml.merges")?;
     let pre = gguf.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default");
-    let digits = matches!(pre, "smollm" | "qwen2" | "llama3" | "deepseek-llm");
-    tokenizer::from_bpe(&tokens, &merges, &specials, digits).map_err(|e| e.to_string())
+    tokenizer::from_bpe(&tokens, &merges, &specials, pre).map_err(|e| e.to_string())
 }

@@ -29,12 +29,12 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, Tensors), ImportError> {
     Ok((config, tensors))
 }
 
-fn take(hf: &mut Tensors, name: &str) -> Result<TensorData, String> {
+pub(super) fn take(hf: &mut Tensors, name: &str) -> Result<TensorData, String> {
     hf.remove(name).ok_or_else(|| format!("tensor {name} is missing from the safetensors"))
 }
 
 /// [`take`], checked against the shape the config implies.
-fn take_shaped(hf: &mut Tensors, name: &str, shape: &[usize]) -> Result<TensorData, String> {
+pub(super) fn take_shaped(hf: &mut Tensors, name: &str, shape: &[usize]) -> Result<TensorData, String> {
     let data = take(hf, name)?;
     match data.shape().as_slice() == shape {
         true => Ok(data),
@@ -45,7 +45,7 @@ fn take_shaped(hf: &mut Tensors, name: &str, shape: &[usize]) -> Result<TensorDa
 /// Fails when tensors are left that the model does not use (a config of fewer layers than the weights, say), other
 /// than those `ignored` names: buffers that are no parameters, or a head tied to the embedding, which Hugging Face
 /// ignores as well.
-fn refuse_unused(hf: Tensors, ignored: impl Fn(&str) -> bool) -> Result<(), String> {
+pub(super) fn refuse_unused(hf: Tensors, ignored: impl Fn(&str) -> bool) -> Result<(), String> {
     let mut unused: Vec<String> = hf.into_keys().filter(|k| !ignored(k)).collect();
     unused.sort();
     match unused.is_empty() {
@@ -211,7 +211,7 @@ fn is_mask(name: &str) -> bool {
 
 /// Every tensor of `model.safetensors`, or of the shards `model.safetensors.index.json` lists, as f32. A tensor
 /// stored as integers is an error naming its dtype, except GPT-2's mask buffers.
-fn read_safetensors(dir: &Path) -> Result<Tensors, ImportError> {
+pub(super) fn read_safetensors(dir: &Path) -> Result<Tensors, ImportError> {
     let index = dir.join("model.safetensors.index.json");
     let files: Vec<String> = if index.exists() {
         let bad = |reason: String| ImportError::new(&index, reason);

@@ -6,7 +6,7 @@
 
 use burn::tensor::TensorData;
 
-use super::{Tensors, transpose};
+use super::{Tensors, select_rows, transpose};
 use ember_formats::config::ModelConfig;
 
 /// One layer's attention weights in Hugging Face's layout.
@@ -23,14 +23,6 @@ pub struct MlaWeights {
     pub kv_b: TensorData,
     /// `o_proj` [d, h·d_h].
     pub o: TensorData,
-}
-
-/// The rows of `m` [rows, cols] listed in `rows`, in that order.
-fn select_rows(m: &TensorData, rows: &[usize]) -> TensorData {
-    let cols = m.shape()[1];
-    let v = m.as_slice::<f32>().expect("imported tensors are f32");
-    let values: Vec<f32> = rows.iter().flat_map(|&r| v[r * cols..(r + 1) * cols].iter().copied()).collect();
-    TensorData::new(values, [rows.len(), cols])
 }
 
 /// Entry i is the stored row of rotate-half row i for `heads` heads of width `dh` stored as interleaved pairs

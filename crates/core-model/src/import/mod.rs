@@ -1,9 +1,10 @@
 //! Models from elsewhere, loaded into Ember's own model: Hugging Face directories (GPT-2, the Llama layout's families,
-//! Gemma 2, DeepSeek-V2) and GGUF files (the llama, qwen2, qwen3, phi3, gemma2, gemma3 and deepseek2 architectures). [`load`] also opens Ember run directories, so every command takes any of the three.
+//! Gemma 2, DeepSeek-V2; MarianMT translation models) and GGUF files (the llama, qwen2, qwen3, phi3, gemma2, gemma3 and deepseek2 architectures). [`load`] also opens Ember run directories, so every command takes any of the three.
 
 pub mod gguf_model;
 pub use ember_formats::gguf;
 pub mod hf;
+pub mod marian;
 mod mla;
 
 use std::path::{Path, PathBuf};
@@ -116,6 +117,14 @@ pub fn transpose(m: &TensorData) -> TensorData {
     let (rows, cols) = (m.shape()[0], m.shape()[1]);
     let v = m.as_slice::<f32>().expect("imported tensors are f32");
     TensorData::new(crate::weights::transpose(v, rows, cols), [cols, rows])
+}
+
+/// The rows of `m` [rows, cols] listed in `rows`, in that order.
+fn select_rows(m: &TensorData, rows: &[usize]) -> TensorData {
+    let cols = m.shape()[1];
+    let v = m.as_slice::<f32>().expect("imported tensors are f32");
+    let values: Vec<f32> = rows.iter().flat_map(|&r| v[r * cols..(r + 1) * cols].iter().copied()).collect();
+    TensorData::new(values, [rows.len(), cols])
 }
 
 /// Matrices (or vectors) stacked along their first dimension.

@@ -3,7 +3,7 @@
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::Tensor;
-use burn::tensor::activation::relu;
+use burn::tensor::activation::{relu, silu};
 use ember_kernels::{geglu, gelu, gelu_tanh, swiglu};
 
 use crate::init::Init;
@@ -65,7 +65,7 @@ impl FfnConfig {
 }
 
 impl Ffn {
-    /// FFN(x) = act(x W_fc + b) W_proj + b, or SwiGLU: [SiLU(x W_g) ⊙ (x W_u)] W_d, or GeGLU:
+    /// FFN(x) = act(x W_fc + b) W_proj + b (act ReLU, GELU, its tanh form or SiLU), or SwiGLU: [SiLU(x W_g) ⊙ (x W_u)] W_d, or GeGLU:
     /// [GELU-tanh(x W_g) ⊙ (x W_u)] W_d.
     ///
     /// # Shapes
@@ -76,6 +76,7 @@ impl Ffn {
             (Some(gate), _) => swiglu(gate.forward(x.clone()), self.c_fc.forward(x)),
             (None, FfnKind::Relu) => relu(self.c_fc.forward(x)),
             (None, FfnKind::GeluTanh) => gelu_tanh(self.c_fc.forward(x)),
+            (None, FfnKind::Silu) => silu(self.c_fc.forward(x)),
             (None, _) => gelu(self.c_fc.forward(x)),
         };
         self.drop.forward(self.c_proj.forward(h))

@@ -86,6 +86,7 @@ impl TranslationConfig {
             src_vocab,
             tgt_vocab,
             share_embeddings: self.seq2seq.share_embeddings,
+            logits_bias: false,
         }
     }
 }

@@ -45,6 +45,8 @@ pub enum TranslationError {
     #[error(transparent)]
     Bundle(#[from] BundleError),
     #[error(transparent)]
+    Import(#[from] ember_core_model::import::ImportError),
+    #[error(transparent)]
     Train(#[from] TrainError),
     #[error("{path}: {cause}")]
     Io { path: PathBuf, cause: std::io::Error },

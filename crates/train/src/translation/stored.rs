@@ -12,7 +12,7 @@ use ember_core_model::{Build, tokenizer};
 use tokenizers::Tokenizer;
 
 use super::{SOURCE_TOKENIZER, TranslationConfig, TranslationError, io};
-use crate::parallel::Vocabularies;
+use crate::parallel::{BOS, EOS, Vocabularies};
 
 /// The directory of a run's `step-N.safetensors` weights.
 pub const CHECKPOINTS: &str = "checkpoints";
@@ -37,9 +37,8 @@ pub(super) fn step_files(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
     Ok(found)
 }
 
-/// A trained translator: its config, model and vocabularies.
+/// A trained translator: its model and vocabularies.
 pub struct Translator {
-    pub config: TranslationConfig,
     pub model: Seq2Seq,
     pub vocab: Vocabularies,
 }
@@ -68,13 +67,17 @@ pub(super) fn load_vocabularies(run_dir: &Path) -> Result<Vocabularies, BundleEr
     };
     let target = load(bundle::TOKENIZER)?;
     if !run_dir.join(SOURCE_TOKENIZER).exists() {
-        return Ok(Vocabularies { source: target.clone(), target, joint: true });
+        return Ok(Vocabularies { source: target.clone(), target, joint: true, bos: BOS, eos: EOS });
     }
-    Ok(Vocabularies { source: load(SOURCE_TOKENIZER)?, target, joint: false })
+    Ok(Vocabularies { source: load(SOURCE_TOKENIZER)?, target, joint: false, bos: BOS, eos: EOS })
 }
 
-/// Loads a translation run directory, with the weights of `weights` (default `model.safetensors`).
+/// Loads a translation run directory, with the weights of `weights` (default `model.safetensors`), or a MarianMT
+/// directory ([`marian`]).
 pub fn load(run_dir: &Path, weights: Option<&Path>, device: &Device) -> Result<Translator, TranslationError> {
+    if weights.is_none() && run_dir.join(MARIAN_VOCAB).is_file() {
+        return marian(run_dir, device);
+    }
     let path = run_dir.join(bundle::CONFIG);
     let text = ember_core_model::files::read_to_string(&path).map_err(io(&path))?;
     let table: toml::Table = toml::from_str(&text)
@@ -90,7 +93,43 @@ pub fn load(run_dir: &Path, weights: Option<&Path>, device: &Device) -> Result<T
     let (tensors, _) = bundle::load_tensors(&weights)?;
     let model = Seq2Seq::load(&config.seq2seq_config(&vocab), &tensors, device)
         .map_err(|cause| BundleError::Mismatch { path: weights.clone(), cause })?;
-    Ok(Translator { config, model, vocab })
+    Ok(Translator { model, vocab })
+}
+
+/// The vocabulary of a MarianMT directory, shared by both sides; `source.spm` and `target.spm` segment each.
+const MARIAN_VOCAB: &str = "vocab.json";
+
+/// A MarianMT directory (an OPUS-MT model: `config.json`, `model.safetensors`, `vocab.json`, `source.spm`,
+/// `target.spm`): the model through ember-core-model's Marian importer, each side's SentencePiece model with the
+/// shared vocabulary's ids, and Marian's start (its pad id) and end tokens.
+fn marian(dir: &Path, device: &Device) -> Result<Translator, TranslationError> {
+    let (config, tensors, ids) = ember_core_model::import::marian::load(dir)?;
+    let path = dir.join(MARIAN_VOCAB);
+    let bad = |path: &Path, reason: String| TranslationError::Config { path: path.to_path_buf(), reason };
+    let text = ember_core_model::files::read_to_string(&path).map_err(io(&path))?;
+    let table: HashMap<String, u32> = serde_json::from_str(&text).map_err(|e| bad(&path, e.to_string()))?;
+    if let Some((piece, id)) = table.iter().find(|(_, id)| **id as usize >= config.tgt_vocab) {
+        return Err(bad(&path, format!("{piece:?} has id {id}, past the model's {} tokens", config.tgt_vocab)));
+    }
+    let unk = *table.get("<unk>").ok_or_else(|| bad(&path, "no <unk> entry".into()))?;
+    let specials = [ids.eos, ids.pad, unk];
+    let side = |name: &str, decode_foreign: bool| -> Result<Tokenizer, TranslationError> {
+        let path = dir.join(name);
+        let bytes = ember_core_model::files::read(&path).map_err(io(&path))?;
+        let model = ember_formats::spm::read(&bytes).map_err(|e| bad(&path, e))?;
+        tokenizer::from_sentencepiece(&model, &table, unk, &specials, decode_foreign)
+            .map_err(|cause| BundleError::Tokenizer { path, cause }.into())
+    };
+    let vocab = Vocabularies {
+        source: side("source.spm", false)?,
+        target: side("target.spm", true)?,
+        joint: false,
+        bos: ids.decoder_start,
+        eos: ids.eos,
+    };
+    let model = Seq2Seq::load(&config, &tensors, device)
+        .map_err(|cause| BundleError::Mismatch { path: dir.join("model.safetensors"), cause })?;
+    Ok(Translator { model, vocab })
 }
 
 /// θ̄ = (1/n) Σ θ_i over the last `n` checkpoints (Vaswani et al. 2017: the last 5, written 10 minutes apart),

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""A tiny random MarianMTModel (the OPUS-MT architecture) from transformers, for Ember's Marian importer.
+
+Post-LN encoder and decoder of 2 layers each, width 32, 4 heads, SiLU ("swish") feed-forward of 64, embeddings scaled
+by √d and shared by encoder, decoder and output, Marian's sinusoidal positions (sines in the first half of each
+vector, cosines in the second), a random final_logits_bias and random LayerNorm gains and biases, then 300 Adam steps on ten sentence pairs. Saved with
+save_pretrained (config.json + model.safetensors) beside expected.safetensors: two source rows (the second padded),
+teacher-forced decoder inputs starting with the decoder start token (the pad id, as Marian's), and their logits; 20
+sources and what generate(num_beams=4) makes of each (after the start token, padded with the pad id). The vocabulary
+is OPUS-MT's layout: unigram SentencePiece models trained here on ten English–Spanish pairs (source.spm,
+target.spm) and one vocab.json over both; translations.json holds 20 English sentences, the ids MarianTokenizer gives
+them and the text transformers' beam search (num_beams=4, length_penalty 0) translates them to.
+
+    python3 scripts/reference/marian_fixture.py crates/core-model/tests/fixtures/hf/marian-tiny
+
+Needs torch, transformers, sentencepiece and safetensors.
+"""
+import json
+import os
+import sys
+import tempfile
+
+import sentencepiece as spm
+import torch
+from safetensors.torch import save_file
+from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+
+PAIRS = [
+    ("the cat sits on the mat", "el gato se sienta en la alfombra"),
+    ("the dog runs in the park", "el perro corre en el parque"),
+    ("a small model reads its weights", "un modelo pequeño lee sus pesos"),
+    ("we translate every sentence", "traducimos cada frase"),
+    ("the house is red and the door is blue", "la casa es roja y la puerta es azul"),
+    ("she writes a letter to her friend", "ella escribe una carta a su amiga"),
+    ("they eat bread and cheese at noon", "ellos comen pan y queso al mediodía"),
+    ("the train leaves at nine", "el tren sale a las nueve"),
+    ("my brother plays the guitar", "mi hermano toca la guitarra"),
+    ("the river flows to the sea", "el río fluye hacia el mar"),
+]
+
+
+def sentencepiece(lines, prefix, normalization):
+    """A small unigram SentencePiece model of `lines` with the named normalization rules."""
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=prefix, vocab_size=60,
+                                   model_type="unigram", character_coverage=1.0, hard_vocab_limit=False,
+                                   normalization_rule_name=normalization, unk_id=0, bos_id=-1, eos_id=1, pad_id=-1,
+                                   minloglevel=2)
+    return prefix + ".model"
+
+
+def vocabulary(out):
+    """Source and target SentencePiece models (the source with OPUS-MT's nmt_nfkc rules, a compiled character map;
+    the target with none) and the shared vocab.json over both, as OPUS-MT lays them out: </s> 0, <unk> 1, the
+    source's pieces, the target's new ones, <pad> last."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for side, lines, rules in (("source", [p[0] for p in PAIRS], "nmt_nfkc"),
+                                   ("target", [p[1] for p in PAIRS], "identity")):
+            with open(sentencepiece(lines * 4, os.path.join(tmp, side), rules), "rb") as f, \
+                    open(os.path.join(out, side + ".spm"), "wb") as g:
+                g.write(f.read())
+    vocab = {"</s>": 0, "<unk>": 1}
+    for side in ("source", "target"):
+        model = spm.SentencePieceProcessor(model_file=os.path.join(out, side + ".spm"))
+        for i in range(model.get_piece_size()):
+            piece = model.id_to_piece(i)
+            if not (model.is_control(i) or model.is_unknown(i)):
+                vocab.setdefault(piece, len(vocab))
+    vocab["<pad>"] = len(vocab)
+    with open(os.path.join(out, "vocab.json"), "w") as f:
+        json.dump(vocab, f, ensure_ascii=False, indent=1)
+    return vocab
+
+
+def main(out):
+    os.makedirs(out, exist_ok=True)
+    vocab = vocabulary(out)
+    v, pad = len(vocab), vocab["<pad>"]
+    config = MarianConfig(vocab_size=v, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                          decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                          max_position_embeddings=64, pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad,
+                          forced_eos_token_id=None, activation_function="swish", scale_embedding=True,
+                          share_encoder_decoder_embeddings=True, init_std=0.2)
+    torch.manual_seed(0)
+    model = MarianMTModel(config)
+    with torch.no_grad():
+        for key, tensor in model.named_parameters():
+            if "layer_norm" in key:
+                tensor.normal_(1.0 if key.endswith("weight") else 0.0, 0.3)
+        model.final_logits_bias.normal_(0.0, 0.5)
+    # A few hundred steps on the ten pairs, so that the translations are words and end in </s> of their own accord.
+    tokenizer = MarianTokenizer(os.path.join(out, "source.spm"), os.path.join(out, "target.spm"),
+                                os.path.join(out, "vocab.json"))
+    batch = tokenizer([p[0] for p in PAIRS], text_target=[p[1] for p in PAIRS], padding=True, return_tensors="pt")
+    batch["labels"][batch["labels"] == pad] = -100
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(300):
+        optimizer.zero_grad()
+        model(**batch).loss.backward()
+        optimizer.step()
+    model.eval()
+    torch.manual_seed(1)
+    src = torch.randint(1, pad, (2, 12))
+    src[1, 9:] = pad
+    mask = (src != pad).long()
+    tgt = torch.cat([torch.full((2, 1), pad), torch.randint(1, pad, (2, 9))], dim=1)
+    with torch.no_grad():
+        logits = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    model.save_pretrained(out, safe_serialization=True)
+    for extra in ("generation_config.json",):
+        if os.path.exists(os.path.join(out, extra)):
+            os.remove(os.path.join(out, extra))
+    # Beam search: 20 sources of 3 to 12 tokens, each decoded alone by generate(num_beams=4) with up to its length
+    # + 4 new tokens, no length normalisation (length_penalty 0) and a sentence done once 4 hypotheses end in </s>.
+    torch.manual_seed(2)
+    beam_src = torch.full((20, 12), pad)
+    beam_out = torch.full((20, 17), pad)
+    lengths = torch.randint(3, 13, (20,))
+    for i, n in enumerate(lengths.tolist()):
+        beam_src[i, :n] = torch.randint(1, pad, (n,))
+        with torch.no_grad():
+            y = model.generate(beam_src[i:i + 1, :n], num_beams=4, length_penalty=0.0, early_stopping=True,
+                               max_new_tokens=n + 4, do_sample=False)[0, 1:]
+        beam_out[i, :len(y)] = y
+    f32 = lambda t: t.to(torch.float32).contiguous()
+    save_file({"src": f32(src), "src_lengths": f32(mask.sum(1)), "tgt": f32(tgt), "logits": logits.contiguous(),
+               "beam_src": f32(beam_src), "beam_lengths": f32(lengths), "beam_out": f32(beam_out)},
+              os.path.join(out, "expected.safetensors"))
+    # Text in, text out: MarianTokenizer (the SentencePiece models and vocab.json above) and generate(num_beams=4) with
+    # the limit Ember's translate sets (the source's tokens with </s>, + 50, within the 64 positions).
+    sources = [p[0] for p in PAIRS] + [p[0].replace("the ", "a ", 1) + " again" for p in PAIRS]
+    translations = []
+    for text in sources:
+        ids = tokenizer(text, return_tensors="pt").input_ids
+        with torch.no_grad():
+            y = model.generate(ids, num_beams=4, length_penalty=0.0, early_stopping=True,
+                               max_new_tokens=min(ids.shape[1] + 50, 64), do_sample=False)
+        translations.append({"source": text, "ids": ids[0].tolist(),
+                             "translation": tokenizer.decode(y[0], skip_special_tokens=True)})
+    with open(os.path.join(out, "translations.json"), "w") as f:
+        json.dump(translations, f, ensure_ascii=False, indent=1)
+    print(out, "logits", tuple(logits.shape), "max |logit|", float(logits.abs().max()), "vocabulary", v)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
