@@ -12,6 +12,8 @@ target.spm) and one vocab.json over both; translations.json holds 20 English sen
 them and the text transformers' beam search (num_beams=4, length_penalty 0) translates them to.
 
     python3 scripts/reference/marian_fixture.py crates/core-model/tests/fixtures/hf/marian-tiny
+    python3 scripts/reference/marian_fixture.py crates/core-model/tests/fixtures/hf/marian-separate-tiny --separate
+    (separate source and target vocabularies and embeddings: share_encoder_decoder_embeddings false)
 
 Needs torch, transformers, sentencepiece and safetensors.
 """
@@ -39,47 +41,58 @@ PAIRS = [
 ]
 
 
-def sentencepiece(lines, prefix, normalization):
-    """A small unigram SentencePiece model of `lines` with the named normalization rules."""
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=prefix, vocab_size=60,
+def sentencepiece(lines, prefix, normalization, size):
+    """A small unigram SentencePiece model of `lines` (`size` pieces) with the named normalization rules."""
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=prefix, vocab_size=size,
                                    model_type="unigram", character_coverage=1.0, hard_vocab_limit=False,
                                    normalization_rule_name=normalization, unk_id=0, bos_id=-1, eos_id=1, pad_id=-1,
                                    minloglevel=2)
     return prefix + ".model"
 
 
-def vocabulary(out):
+def vocabulary(out, separate):
     """Source and target SentencePiece models (the source with OPUS-MT's nmt_nfkc rules, a compiled character map;
-    the target with none) and the shared vocab.json over both, as OPUS-MT lays them out: </s> 0, <unk> 1, the
-    source's pieces, the target's new ones, <pad> last."""
+    the target with none) and the vocabulary: one vocab.json over both as OPUS-MT lays it out (</s> 0, <unk> 1, the
+    source's pieces, the target's new ones, <pad> last), or with `separate` vocab.json for the source and
+    target_vocab.json for the target, each </s> 0, <unk> 1, <pad> 2, then its side's pieces."""
     with tempfile.TemporaryDirectory() as tmp:
-        for side, lines, rules in (("source", [p[0] for p in PAIRS], "nmt_nfkc"),
-                                   ("target", [p[1] for p in PAIRS], "identity")):
-            with open(sentencepiece(lines * 4, os.path.join(tmp, side), rules), "rb") as f, \
+        for side, lines, rules, size in (("source", [p[0] for p in PAIRS], "nmt_nfkc", 60),
+                                         ("target", [p[1] for p in PAIRS], "identity", 50)):
+            with open(sentencepiece(lines * 4, os.path.join(tmp, side), rules, size), "rb") as f, \
                     open(os.path.join(out, side + ".spm"), "wb") as g:
                 g.write(f.read())
-    vocab = {"</s>": 0, "<unk>": 1}
+    pieces = {}
     for side in ("source", "target"):
         model = spm.SentencePieceProcessor(model_file=os.path.join(out, side + ".spm"))
-        for i in range(model.get_piece_size()):
-            piece = model.id_to_piece(i)
-            if not (model.is_control(i) or model.is_unknown(i)):
-                vocab.setdefault(piece, len(vocab))
+        pieces[side] = [model.id_to_piece(i) for i in range(model.get_piece_size())
+                        if not (model.is_control(i) or model.is_unknown(i))]
+    if separate:
+        tables = {}
+        for side, name in (("source", "vocab.json"), ("target", "target_vocab.json")):
+            tables[side] = {"</s>": 0, "<unk>": 1, "<pad>": 2}
+            for piece in pieces[side]:
+                tables[side].setdefault(piece, len(tables[side]))
+            with open(os.path.join(out, name), "w") as f:
+                json.dump(tables[side], f, ensure_ascii=False, indent=1)
+        return tables["source"], tables["target"]
+    vocab = {"</s>": 0, "<unk>": 1}
+    for piece in pieces["source"] + pieces["target"]:
+        vocab.setdefault(piece, len(vocab))
     vocab["<pad>"] = len(vocab)
     with open(os.path.join(out, "vocab.json"), "w") as f:
         json.dump(vocab, f, ensure_ascii=False, indent=1)
-    return vocab
+    return vocab, vocab
 
 
-def main(out):
+def main(out, separate):
     os.makedirs(out, exist_ok=True)
-    vocab = vocabulary(out)
-    v, pad = len(vocab), vocab["<pad>"]
-    config = MarianConfig(vocab_size=v, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+    source_vocab, target_vocab = vocabulary(out, separate)
+    v, tv, pad = len(source_vocab), len(target_vocab), target_vocab["<pad>"]
+    config = MarianConfig(vocab_size=v, decoder_vocab_size=tv, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                           decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
                           max_position_embeddings=64, pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad,
                           forced_eos_token_id=None, activation_function="swish", scale_embedding=True,
-                          share_encoder_decoder_embeddings=True, init_std=0.2)
+                          share_encoder_decoder_embeddings=not separate, init_std=0.2)
     torch.manual_seed(0)
     model = MarianMTModel(config)
     with torch.no_grad():
@@ -89,7 +102,8 @@ def main(out):
         model.final_logits_bias.normal_(0.0, 0.5)
     # A few hundred steps on the ten pairs, so that the translations are words and end in </s> of their own accord.
     tokenizer = MarianTokenizer(os.path.join(out, "source.spm"), os.path.join(out, "target.spm"),
-                                os.path.join(out, "vocab.json"))
+                                os.path.join(out, "vocab.json"), separate_vocabs=separate,
+                                target_vocab_file=os.path.join(out, "target_vocab.json") if separate else None)
     batch = tokenizer([p[0] for p in PAIRS], text_target=[p[1] for p in PAIRS], padding=True, return_tensors="pt")
     batch["labels"][batch["labels"] == pad] = -100
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -100,10 +114,11 @@ def main(out):
         optimizer.step()
     model.eval()
     torch.manual_seed(1)
-    src = torch.randint(1, pad, (2, 12))
+    # Ids of pieces only (3 up to the last piece: past </s>, <unk> and, separate, <pad>; short of a last <pad>).
+    src = torch.randint(3, v - 1, (2, 12))
     src[1, 9:] = pad
     mask = (src != pad).long()
-    tgt = torch.cat([torch.full((2, 1), pad), torch.randint(1, pad, (2, 9))], dim=1)
+    tgt = torch.cat([torch.full((2, 1), pad), torch.randint(3, tv - 1, (2, 9))], dim=1)
     with torch.no_grad():
         logits = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
     model.save_pretrained(out, safe_serialization=True)
@@ -117,7 +132,7 @@ def main(out):
     beam_out = torch.full((20, 17), pad)
     lengths = torch.randint(3, 13, (20,))
     for i, n in enumerate(lengths.tolist()):
-        beam_src[i, :n] = torch.randint(1, pad, (n,))
+        beam_src[i, :n] = torch.randint(3, v - 1, (n,))
         with torch.no_grad():
             y = model.generate(beam_src[i:i + 1, :n], num_beams=4, length_penalty=0.0, early_stopping=True,
                                max_new_tokens=n + 4, do_sample=False)[0, 1:]
@@ -143,4 +158,4 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:] == ["--separate"])

@@ -202,29 +202,33 @@ fn every_rope_scaling_matches_hugging_face_past_the_original_context() {
     }
 }
 
-/// A tiny MarianMT (Post-LN, SiLU FFN, Marian's half-sines-half-cosines positions, shared embeddings, a final logits
-/// bias; scripts/reference/marian_fixture.py) gives transformers' logits for teacher-forced decoder inputs against a
-/// padded source batch (1e-4).
+/// Tiny MarianMT models (Post-LN, SiLU FFN, Marian's half-sines-half-cosines positions, a final logits bias; one
+/// embedding for both sides, or each side its own vocabulary and embedding; scripts/reference/marian_fixture.py) give
+/// transformers' logits for teacher-forced decoder inputs against a padded source batch (1e-4).
 #[test]
 fn marian_logits_match_hugging_face() {
-    let (dir, device) = (fixtures().join("marian-tiny"), Device::flex());
-    let (config, tensors, marian) = import::marian::load(&dir).unwrap();
-    assert_eq!((marian.decoder_start, marian.eos, marian.pad, marian.vocab), (90, 0, 90, 91));
-    let model = Seq2Seq::load(&config, &tensors, &device).unwrap();
-    let (expected, _) = load_tensors(&dir.join("expected.safetensors")).unwrap();
-    let ids = |name: &str| -> Tensor<2, Int> {
-        let values: Vec<i64> = expected[name].as_slice::<f32>().unwrap().iter().map(|&x| x as i64).collect();
-        let shape = expected[name].shape().to_vec();
-        Tensor::from_data(TensorData::new(values, [shape[0], shape[1]]), &device)
-    };
-    let lengths: Vec<usize> = expected["src_lengths"].as_slice::<f32>().unwrap().iter().map(|&x| x as usize).collect();
-    assert_eq!(lengths, [12, 9]);
-    let logits = model.forward(ids("src"), &lengths, ids("tgt")).into_data();
-    let diff = ember_test_support::max_abs_diff(
-        logits.as_slice::<f32>().unwrap(),
-        expected["logits"].as_slice::<f32>().unwrap(),
-    );
-    assert!(diff <= 1e-4, "max |Ember − HF| = {diff}");
+    let device = Device::flex();
+    for (name, shape) in
+        [("marian-tiny", (83, 0, 83, 84, 84, true)), ("marian-separate-tiny", (2, 0, 2, 61, 51, false))]
+    {
+        let dir = fixtures().join(name);
+        let (config, tensors, m) = import::marian::load(&dir).unwrap();
+        assert_eq!((m.decoder_start, m.eos, m.pad, m.src_vocab, m.tgt_vocab, m.shared), shape, "{name}");
+        let model = Seq2Seq::load(&config, &tensors, &device).unwrap();
+        let (expected, _) = load_tensors(&dir.join("expected.safetensors")).unwrap();
+        let ids = |name: &str| -> Tensor<2, Int> {
+            let values: Vec<i64> = expected[name].as_slice::<f32>().unwrap().iter().map(|&x| x as i64).collect();
+            let shape = expected[name].shape().to_vec();
+            Tensor::from_data(TensorData::new(values, [shape[0], shape[1]]), &device)
+        };
+        let lengths: Vec<usize> =
+            expected["src_lengths"].as_slice::<f32>().unwrap().iter().map(|&x| x as usize).collect();
+        assert_eq!(lengths, [12, 9]);
+        let logits = model.forward(ids("src"), &lengths, ids("tgt")).into_data();
+        let want = expected["logits"].as_slice::<f32>().unwrap();
+        let diff = ember_test_support::max_abs_diff(logits.as_slice::<f32>().unwrap(), want);
+        assert!(diff <= 1e-4, "{name}: max |Ember − HF| = {diff}");
+    }
 }
 
 #[test]

@@ -115,12 +115,18 @@ fn separate_vocabularies_give_each_side_its_own_bpe_and_embedding() {
 }
 
 /// A MarianMT directory (scripts/reference/marian_fixture.py: OPUS-MT's layout, SentencePiece source and target
-/// models with one vocab.json, a tiny model trained on ten English–Spanish pairs) translates 20 sentences with
+/// models with one vocab.json or one per side, a tiny model trained on ten English–Spanish pairs) translates 20 sentences with
 /// `--beam 4 --lenpen 0` exactly as transformers' MarianTokenizer and generate(num_beams=4, length_penalty=0) do;
 /// `ember eval` scores it on the same pairs.
 #[test]
 fn a_marian_directory_translates_as_transformers() {
-    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../core-model/tests/fixtures/hf/marian-tiny");
+    for name in ["marian-tiny", "marian-separate-tiny"] {
+        marian_translates(name);
+    }
+}
+
+fn marian_translates(name: &str) {
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../core-model/tests/fixtures/hf").join(name);
     let expected: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(model.join("translations.json")).unwrap()).unwrap();
     let cases = expected.as_array().unwrap();
@@ -134,7 +140,7 @@ fn a_marian_directory_translates_as_transformers() {
     let out = ember(&[&["--device", "cpu"][..], &args, &["--beam", "4", "--lenpen", "0"]].concat());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let got = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(got.lines().collect::<Vec<_>>(), want);
+    assert_eq!(got.lines().collect::<Vec<_>>(), want, "{name}");
     let pairs = dir.path().join("pairs.tsv");
     let tsv: Vec<String> = sources.iter().zip(&want).map(|(s, t)| format!("{s}\t{t}")).collect();
     std::fs::write(&pairs, tsv.join("\n") + "\n").unwrap();

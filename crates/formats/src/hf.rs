@@ -277,14 +277,16 @@ fn rope_scaling(json: &Value) -> Result<Option<RopeScaling>, String> {
 }
 
 /// A MarianMT `config.json` (OPUS-MT): the encoder–decoder's layer shape as a [`ModelConfig`] (Post-LN, sinusoidal
-/// positions, embeddings scaled by √d, one embedding for source, target and output), its stack depths and vocabulary,
-/// and the ids its decoding starts, ends and pads with.
+/// positions, embeddings scaled by √d, the output tied to the target embedding or not), its stack depths, each side's
+/// vocabulary (one embedding for both when `shared`), and the ids its decoding starts, ends and pads with.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Marian {
     pub model: ModelConfig,
     pub encoder_layers: usize,
     pub decoder_layers: usize,
-    pub vocab: usize,
+    pub src_vocab: usize,
+    pub tgt_vocab: usize,
+    pub shared: bool,
     pub decoder_start: u32,
     pub eos: u32,
     pub pad: u32,
@@ -302,8 +304,6 @@ pub fn marian(text: &str) -> Result<Marian, String> {
     };
     refuse("normalize_before", true)?;
     refuse("scale_embedding", false)?;
-    refuse("share_encoder_decoder_embeddings", false)?;
-    refuse("tie_word_embeddings", false)?;
     let (d, heads, ffn) =
         (usize_of(&json, "d_model")?, usize_of(&json, "encoder_attention_heads")?, usize_of(&json, "encoder_ffn_dim")?);
     for (key, encoder) in [("decoder_attention_heads", heads), ("decoder_ffn_dim", ffn)] {
@@ -311,15 +311,18 @@ pub fn marian(text: &str) -> Result<Marian, String> {
             return Err(format!("{key} unlike the encoder's {encoder} is not supported"));
         }
     }
-    let vocab = usize_of(&json, "vocab_size")?;
-    if let Some(v) = optional(&json, "decoder_vocab_size")?.filter(|&v| v != vocab) {
-        return Err(format!("decoder_vocab_size {v} unlike vocab_size {vocab} is not supported"));
+    let shared = json["share_encoder_decoder_embeddings"].as_bool().unwrap_or(true);
+    let src_vocab = usize_of(&json, "vocab_size")?;
+    let tgt_vocab = optional(&json, "decoder_vocab_size")?.unwrap_or(src_vocab);
+    if shared && tgt_vocab != src_vocab {
+        return Err(format!("decoder_vocab_size {tgt_vocab} unlike vocab_size {src_vocab} with shared embeddings"));
     }
     let decoder_layers = usize_of(&json, "decoder_layers")?;
-    let mut model =
-        ModelConfig::gpt(vocab, decoder_layers, heads, d, usize_of(&json, "max_position_embeddings")?).paper_style();
+    let mut model = ModelConfig::gpt(tgt_vocab, decoder_layers, heads, d, usize_of(&json, "max_position_embeddings")?)
+        .paper_style();
     model.d_ff = Some(ffn);
     model.dropout = 0.0;
+    model.tie_embeddings = json["tie_word_embeddings"].as_bool().unwrap_or(true);
     model.ffn = match json["activation_function"].as_str().unwrap_or("gelu") {
         "swish" | "silu" => FfnKind::Silu,
         "relu" => FfnKind::Relu,
@@ -328,27 +331,19 @@ pub fn marian(text: &str) -> Result<Marian, String> {
         other => return Err(format!("activation_function {other:?} is not supported")),
     };
     model.validate().map_err(|e| e.to_string())?;
+    // The decoder's tokens, and the pad id the source is padded with too.
     let id = |key: &str| -> Result<u32, String> {
         let id = usize_of(&json, key)?;
-        u32::try_from(id)
-            .ok()
-            .filter(|&id| (id as usize) < vocab)
-            .ok_or_else(|| format!("{key} = {id} is past the vocabulary"))
+        let fits = id < tgt_vocab.min(src_vocab);
+        u32::try_from(id).ok().filter(|_| fits).ok_or_else(|| format!("{key} = {id} is past the vocabulary"))
     };
     let pad = id("pad_token_id")?;
     let decoder_start = match json.get("decoder_start_token_id") {
         None | Some(Value::Null) => pad,
         Some(_) => id("decoder_start_token_id")?,
     };
-    Ok(Marian {
-        model,
-        encoder_layers: usize_of(&json, "encoder_layers")?,
-        decoder_layers,
-        vocab,
-        decoder_start,
-        eos: id("eos_token_id")?,
-        pad,
-    })
+    let (encoder_layers, eos) = (usize_of(&json, "encoder_layers")?, id("eos_token_id")?);
+    Ok(Marian { model, encoder_layers, decoder_layers, src_vocab, tgt_vocab, shared, decoder_start, eos, pad })
 }
 
 /// The shard files a `model.safetensors.index.json` names, sorted and each once; every one must be a file of the

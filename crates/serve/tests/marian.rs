@@ -1,6 +1,6 @@
 //! A MarianMT model imported from transformers (scripts/reference/marian_fixture.py) translates with beam 4 as
 //! transformers' generate(num_beams=4, length_penalty=0, early_stopping=True) does: 20 sources, one at a time and as
-//! one padded batch.
+//! one padded batch, with one vocabulary for both sides and with one each.
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_core_model::Build;
@@ -11,7 +11,13 @@ use ember_serve::beam::{BeamConfig, translate_batch};
 
 #[test]
 fn marian_beam_search_matches_transformers_generate() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../core-model/tests/fixtures/hf/marian-tiny");
+    for name in ["marian-tiny", "marian-separate-tiny"] {
+        beam_matches(name);
+    }
+}
+
+fn beam_matches(name: &str) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../core-model/tests/fixtures/hf").join(name);
     let device = Device::flex();
     let (config, tensors, ids) = marian::load(&dir).unwrap();
     let model = Seq2Seq::load(&config, &tensors, &device).unwrap();
@@ -27,7 +33,7 @@ fn marian_beam_search_matches_transformers_generate() {
         .collect();
     // Some beams end in </s>, others run to their limit.
     let ended = out.chunks(out_width).filter(|row| row.contains(&ids.eos)).count();
-    assert!(ended > 0 && ended < want.len(), "{ended} of {} end in </s>", want.len());
+    assert!(ended > 0 && ended < want.len(), "{name}: {ended} of {} end in </s>", want.len());
     let beam = BeamConfig { beam: 4, alpha: 0.0, bos: ids.decoder_start, eos: ids.eos, extra_len: 4 };
     let rows = |from: usize, n: usize| {
         let values: Vec<i64> = src[from * width..(from + n) * width].iter().map(|&t| i64::from(t)).collect();
@@ -36,7 +42,7 @@ fn marian_beam_search_matches_transformers_generate() {
     let lengths: Vec<usize> = lengths.iter().map(|&n| n as usize).collect();
     for (i, want) in want.iter().enumerate() {
         let got = translate_batch(&model, rows(i, 1), &lengths[i..=i], beam, &device);
-        assert_eq!(&got[0], want, "sentence {i}");
+        assert_eq!(&got[0], want, "{name}: sentence {i}");
     }
     assert_eq!(translate_batch(&model, rows(0, 20), &lengths, beam, &device), want);
 }

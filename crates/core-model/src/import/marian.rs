@@ -25,9 +25,9 @@ pub fn load(dir: &Path) -> Result<(Seq2SeqConfig, Tensors, hf::Marian), ImportEr
         model: marian.model.clone(),
         encoder_layers: marian.encoder_layers,
         decoder_layers: marian.decoder_layers,
-        src_vocab: marian.vocab,
-        tgt_vocab: marian.vocab,
-        share_embeddings: true,
+        src_vocab: marian.src_vocab,
+        tgt_vocab: marian.tgt_vocab,
+        share_embeddings: marian.shared,
         logits_bias: true,
     };
     let tensors = tensors(&config, read_safetensors(dir)?).map_err(bad)?;
@@ -72,8 +72,25 @@ fn tensors(config: &Seq2SeqConfig, mut hf: Tensors) -> Result<Tensors, String> {
         out.insert(format!("{ember}.beta"), relabel(take_shaped(hf, &format!("{name}.bias"), &[d])?));
         Ok(())
     };
-    let embedding = take_shaped(&mut hf, "model.shared.weight", &[v, d])?;
-    out.insert("src_emb.weight".into(), transpose(&select_rows(&transpose(&embedding), &sigma)));
+    // Embeddings [V, d] with their columns relabelled; an untied output head [V, d] reads the stream like W_Q.
+    let columns = |m: TensorData| transpose(&select_rows(&transpose(&m), &sigma));
+    let embeddings: &[(&str, &str, usize)] = match config.share_embeddings {
+        true => &[("model.shared.weight", "src_emb.weight", v)],
+        false => &[
+            ("model.encoder.embed_tokens.weight", "src_emb.weight", config.src_vocab),
+            ("model.decoder.embed_tokens.weight", "tgt_emb.weight", v),
+        ],
+    };
+    for &(name, ember, rows) in embeddings {
+        out.insert(ember.into(), columns(take_shaped(&mut hf, name, &[rows, d])?));
+    }
+    let tied = config.model.tie_embeddings;
+    if !tied {
+        out.insert(
+            "out.weight".into(),
+            select_rows(&transpose(&take_shaped(&mut hf, "lm_head.weight", &[v, d])?), &sigma),
+        );
+    }
     let bias = take_shaped(&mut hf, "final_logits_bias", &[1, v])?;
     out.insert("logits_bias".into(), TensorData::new(bias.try_to_vec::<f32>().map_err(|e| format!("{e:?}"))?, [v]));
     let stacks = [("encoder", config.encoder_layers), ("decoder", config.decoder_layers)];
@@ -111,10 +128,12 @@ fn tensors(config: &Seq2SeqConfig, mut hf: Tensors) -> Result<Tensors, String> {
             norm(&mut hf, &format!("{l}.final_layer_norm"), &mut out, &format!("{b}.{ffn_norm}"))?;
         }
     }
-    // The sinusoidal tables (when saved), the encoder's and decoder's views of the shared embedding, and the tied head.
+    // The sinusoidal tables (when saved), the encoder's and decoder's views of a shared embedding, and a tied head.
+    let shared = config.share_embeddings;
     refuse_unused(hf, |k| {
         k.ends_with("embed_positions.weight")
-            || matches!(k, "model.encoder.embed_tokens.weight" | "model.decoder.embed_tokens.weight" | "lm_head.weight")
+            || (shared && matches!(k, "model.encoder.embed_tokens.weight" | "model.decoder.embed_tokens.weight"))
+            || (tied && k == "lm_head.weight")
     })?;
     Ok(out)
 }

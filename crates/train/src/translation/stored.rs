@@ -96,33 +96,36 @@ pub fn load(run_dir: &Path, weights: Option<&Path>, device: &Device) -> Result<T
     Ok(Translator { model, vocab })
 }
 
-/// The vocabulary of a MarianMT directory, shared by both sides; `source.spm` and `target.spm` segment each.
+/// The vocabulary of a MarianMT directory (the source's alone where `target_vocab.json` gives the target its own);
+/// `source.spm` and `target.spm` segment each side.
 const MARIAN_VOCAB: &str = "vocab.json";
+const MARIAN_TARGET_VOCAB: &str = "target_vocab.json";
 
-/// A MarianMT directory (an OPUS-MT model: `config.json`, `model.safetensors`, `vocab.json`, `source.spm`,
-/// `target.spm`): the model through ember-core-model's Marian importer, each side's SentencePiece model with the
-/// shared vocabulary's ids, and Marian's start (its pad id) and end tokens.
+/// A MarianMT directory (an OPUS-MT model: `config.json`, `model.safetensors`, `vocab.json` and, with separate
+/// vocabularies, `target_vocab.json`, `source.spm`, `target.spm`): the model through ember-core-model's Marian
+/// importer, each side's SentencePiece model with its vocabulary's ids, and Marian's start (its pad id) and end tokens.
 fn marian(dir: &Path, device: &Device) -> Result<Translator, TranslationError> {
     let (config, tensors, ids) = ember_core_model::import::marian::load(dir)?;
-    let path = dir.join(MARIAN_VOCAB);
     let bad = |path: &Path, reason: String| TranslationError::Config { path: path.to_path_buf(), reason };
-    let text = ember_core_model::files::read_to_string(&path).map_err(io(&path))?;
-    let table: HashMap<String, u32> = serde_json::from_str(&text).map_err(|e| bad(&path, e.to_string()))?;
-    if let Some((piece, id)) = table.iter().find(|(_, id)| **id as usize >= config.tgt_vocab) {
-        return Err(bad(&path, format!("{piece:?} has id {id}, past the model's {} tokens", config.tgt_vocab)));
-    }
-    let unk = *table.get("<unk>").ok_or_else(|| bad(&path, "no <unk> entry".into()))?;
-    let specials = [ids.eos, ids.pad, unk];
-    let side = |name: &str, decode_foreign: bool| -> Result<Tokenizer, TranslationError> {
-        let path = dir.join(name);
+    let side = |spm: &str, table: &str, size: usize, decode_foreign: bool| -> Result<Tokenizer, TranslationError> {
+        let path = dir.join(table);
+        let text = ember_core_model::files::read_to_string(&path).map_err(io(&path))?;
+        let table: HashMap<String, u32> = serde_json::from_str(&text).map_err(|e| bad(&path, e.to_string()))?;
+        if let Some((piece, id)) = table.iter().find(|(_, id)| **id as usize >= size) {
+            return Err(bad(&path, format!("{piece:?} has id {id}, past the model's {size} tokens")));
+        }
+        let special = |name: &str| table.get(name).copied().ok_or_else(|| bad(&path, format!("no {name} entry")));
+        let (unk, specials) = (special("<unk>")?, [special("</s>")?, special("<pad>")?, special("<unk>")?]);
+        let path = dir.join(spm);
         let bytes = ember_core_model::files::read(&path).map_err(io(&path))?;
         let model = ember_formats::spm::read(&bytes).map_err(|e| bad(&path, e))?;
         tokenizer::from_sentencepiece(&model, &table, unk, &specials, decode_foreign)
             .map_err(|cause| BundleError::Tokenizer { path, cause }.into())
     };
+    let target_table = if dir.join(MARIAN_TARGET_VOCAB).is_file() { MARIAN_TARGET_VOCAB } else { MARIAN_VOCAB };
     let vocab = Vocabularies {
-        source: side("source.spm", false)?,
-        target: side("target.spm", true)?,
+        source: side("source.spm", MARIAN_VOCAB, config.src_vocab, false)?,
+        target: side("target.spm", target_table, config.tgt_vocab, true)?,
         joint: false,
         bos: ids.decoder_start,
         eos: ids.eos,
