@@ -199,3 +199,21 @@ seed("openai_request", "chat.json", json.dumps({"model": "ember", "messages": [
 fixture = json.loads((root / "crates/formats/tests/fixtures/chat_templates.json").read_text())
 for name, template in fixture["templates"].items():
     seed("chat_template", name.replace(" ", "-") + ".jinja", template)
+
+# --- SentencePiece models: a hand-built one of three pieces, and the tiny Marian's target model (no normalizer) ----
+def proto_field(number, wire, payload):
+    key = bytes([number << 3 | wire])
+    return key + (bytes([len(payload)]) + payload if wire == 2 else payload)
+
+
+def proto_piece(text, score, kind):
+    return proto_field(1, 2, text.encode()) + proto_field(2, 5, struct.pack("<f", score)) + proto_field(3, 0, bytes([kind]))
+
+
+pieces = [("<unk>", 0.0, 2), ("\u2581a", -1.0, 1), ("b", -2.0, 1)]
+normalizer = proto_field(3, 0, b"\x01") + proto_field(4, 0, b"\x01")
+seed("sentencepiece", "three-pieces.model",
+     b"".join(proto_field(1, 2, proto_piece(*p)) for p in pieces) + proto_field(2, 2, proto_field(3, 0, b"\x01"))
+     + proto_field(3, 2, normalizer))
+seed("sentencepiece", "marian-target.spm", (root / "crates/core-model/tests/fixtures/hf/marian-tiny/target.spm").read_bytes())
+

@@ -5,13 +5,13 @@
 
 use std::collections::HashMap;
 
-use crate::{chat, checkpoint, config, gguf, hf, openai, safetensors, tokenizer, tsv};
+use crate::{chat, checkpoint, config, gguf, hf, openai, safetensors, spm, tokenizer, tsv};
 
 /// A fuzz target: it reads the bytes and returns.
 pub type Target = fn(&[u8]);
 
 /// The targets by name, as `fuzz/fuzz_targets/` and `fuzz/corpus/` name them.
-pub const TARGETS: [(&str, Target); 9] = [
+pub const TARGETS: [(&str, Target); 10] = [
     ("gguf", gguf),
     ("safetensors", safetensors),
     ("hf_config", hf_config),
@@ -21,6 +21,7 @@ pub const TARGETS: [(&str, Target); 9] = [
     ("tsv", tsv),
     ("openai_request", openai_request),
     ("chat_template", chat_template),
+    ("sentencepiece", sentencepiece),
 ];
 
 /// A GGUF file: header, metadata, tensor directory, then every tensor dequantized and every array read.
@@ -49,6 +50,15 @@ pub fn hf_config(bytes: &[u8]) {
         describe(&config);
     }
     let _ = hf::shards(text);
+    let _ = hf::marian(text);
+}
+
+/// A SentencePiece model (Marian's `source.spm`): read, made a tokenizer over its own pieces, and a sentence encoded.
+pub fn sentencepiece(bytes: &[u8]) {
+    let Ok(model) = spm::read(bytes) else { return };
+    let ids: HashMap<String, u32> = model.pieces.iter().enumerate().map(|(i, p)| (p.text.clone(), i as u32)).collect();
+    let Ok(tokenizer) = tokenizer::from_sentencepiece(&model, &ids, 0, &[], true) else { return };
+    let _ = tokenizer.encode("The cat sat on the mat, naïvely — twice.", false);
 }
 
 /// A run directory's `config.toml`.

@@ -67,6 +67,11 @@ fn chat_template_corpus() {
 }
 
 #[test]
+fn sentencepiece_corpus() {
+    replay("sentencepiece");
+}
+
+#[test]
 fn every_target_is_replayed() {
     let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/fuzz_targets");
     let mut files: Vec<String> =
