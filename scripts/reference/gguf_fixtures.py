@@ -1,4 +1,4 @@
-"""GGUF files of the tiny Qwen2, Qwen3, Phi-3 (plain and LongRoPE), Gemma 2, DeepSeek-V2 (plain and YaRN) and RoPE-scaled (linear, YaRN, Llama 3) Llama
+"""GGUF files of the tiny Qwen2, Qwen3, Phi-3 (plain and LongRoPE), Gemma 2 and 3, DeepSeek-V2 (plain and YaRN) and RoPE-scaled (linear, YaRN, Llama 3) Llama
 fixtures, written by llama.cpp's own convert_hf_to_gguf.py (which writes no GGUF form of dynamic NTK scaling).
 
 Each model directory of scripts/reference/hf_fixtures.py (random weights, transformers' logits in
@@ -19,8 +19,8 @@ import tempfile
 
 import sentencepiece as spm
 
-FAMILIES = ["qwen2-tiny", "qwen3-tiny", "phi3-tiny", "gemma2-tiny", "deepseek2-tiny", "deepseek2-yarn-tiny",
-            "linear-rope-tiny", "yarn-rope-tiny", "llama3-rope-tiny", "longrope-tiny"]
+FAMILIES = ["qwen2-tiny", "qwen3-tiny", "phi3-tiny", "gemma2-tiny", "gemma3-tiny", "deepseek2-tiny",
+            "deepseek2-yarn-tiny", "linear-rope-tiny", "yarn-rope-tiny", "llama3-rope-tiny", "longrope-tiny"]
 # DeepSeek's converter reads only byte-level BPE tokenizers whose pre-tokenizer hash it knows; these fixtures carry the
 # same small SentencePiece tokenizer as the others, so its set_vocab is pointed at the SentencePiece reader. Every
 # tensor and metadata key is still written by the converter's own DeepseekV2Model.

@@ -16,6 +16,8 @@
 - gemma2-tiny/: Gemma2ForCausalLM (sandwich norms, GeGLU, √d embeddings, a window of 5 on layer 0 and none on
   layer 1, scores soft-capped at 2 and logits at 3, head_dim 16 with hidden 32); gemma2-scalar-tiny/: the same with
   query_pre_attn_scalar 24 instead of the head width (Hugging Face only: llama.cpp's GGUF does not store it).
+- gemma3-tiny/: Gemma3ForCausalLM (its text model: Gemma 2's layout with per-head q/k RMSNorm; six layers, the sixth
+  global with RoPE base 1000 and linear scaling 4, the others windowed with base 10,000 unscaled).
 - deepseek2-tiny/: DeepseekV2ForCausalLM with dense layers (multi-head latent attention: a latent of 16, RMSNorm'd;
   content heads of 8 and a shared RoPE key of 8 in DeepSeek's interleaved pairs; queries through a rank-24
   bottleneck); deepseek2-yarn-tiny/: the same with YaRN (factor 4 over 32 positions, mscale = mscale_all_dim 0.707).
@@ -37,9 +39,9 @@ import sys
 import torch
 from safetensors.torch import save_file
 from transformers import (AutoModelForCausalLM, AutoTokenizer, DeepseekV2Config, DeepseekV2ForCausalLM,
-                          Gemma2Config, Gemma2ForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
-                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                          Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config,
+                          GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 PROMPTS = ["The capital of France is", "Once upon a time,", "def fibonacci(n):"]
 
@@ -140,6 +142,11 @@ def families(out_dir):
         ("gemma2-scalar-tiny", Gemma2ForCausalLM, Gemma2Config(**gemma2_shape, head_dim=16, query_pre_attn_scalar=24,
                                                                sliding_window=5, attn_logit_softcapping=2.0,
                                                                final_logit_softcapping=3.0)),
+        # Six layers, the sixth global: RoPE base 1000 stretched 4 times (linear) there, 10,000 unstretched on the others.
+        ("gemma3-tiny", Gemma3ForCausalLM, Gemma3TextConfig(**{**shape, "num_hidden_layers": 6, "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}, head_dim=16,
+            query_pre_attn_scalar=16, sliding_window=5)),
         # Dense layers only (first_k_dense_replace = every layer), queries through a rank-24 bottleneck; the second
         # with DeepSeek-V2's YaRN (mscale = mscale_all_dim, so cos and sin stay unscaled and the scores take mscale²).
         ("deepseek2-tiny", DeepseekV2ForCausalLM, DeepseekV2Config(**deepseek_shape)),

@@ -77,9 +77,11 @@ fn phi3_logits_match_hugging_face_and_partial_rotary_is_refused() {
 }
 
 /// Gemma 2 (sandwich norms with Gemma's 1 + w gains, GeGLU, √d embeddings, a window of 5 on layer 0 only, scores
-/// capped at 2 and logits at 3, and a query_pre_attn_scalar of 24 for heads of 16) against transformers' logits.
+/// capped at 2 and logits at 3, and a query_pre_attn_scalar of 24 for heads of 16) and Gemma 3's text model (per-head
+/// q/k norms; five windowed layers with RoPE base 10,000, then a global one with base 1000 stretched 4 times) against
+/// transformers' logits.
 #[test]
-fn gemma2_logits_match_hugging_face() {
+fn gemma2_and_gemma3_logits_match_hugging_face() {
     let (config, _) = import::hf::load(&fixtures().join("gemma2-tiny")).unwrap();
     assert_eq!((config.window, config.global_every, config.layer_window(1)), (Some(5), Some(2), None));
     assert_eq!((config.attention_softcap, config.logit_softcap, config.attention_scale), (Some(2.0), Some(3.0), None));
@@ -88,6 +90,16 @@ fn gemma2_logits_match_hugging_face() {
     let (scaled, _) = import::hf::load(&fixtures().join("gemma2-scalar-tiny")).unwrap();
     assert_eq!(scaled.attention_scale, Some(1.0 / 24f64.sqrt()));
     logits_match("gemma2-scalar-tiny");
+    let (gemma3, _) = import::hf::load(&fixtures().join("gemma3-tiny")).unwrap();
+    assert_eq!(
+        (gemma3.global_every, gemma3.rope_theta, gemma3.rope_local_theta, gemma3.qk_norm),
+        (Some(6), 1000.0, Some(10_000.0), true)
+    );
+    assert_eq!(
+        (gemma3.layer_rope_scaling(0), gemma3.layer_rope_scaling(5)),
+        (None, Some(&RopeScaling::Linear { factor: 4.0 }))
+    );
+    logits_match("gemma3-tiny");
 }
 
 /// DeepSeek-V2 with dense layers (multi-head latent attention: the latent RMSNorm'd, queries through a rank-24
@@ -120,12 +132,12 @@ fn deepseek_v2_logits_match_hugging_face_and_moe_layers_are_refused() {
 /// v_b put back together (and its YaRN as llama.cpp reads it), linear and YaRN RoPE scaling from `llama.rope.scaling.*`, Llama 3's from a `rope_freqs` tensor and
 /// LongRoPE's from `rope_factors_short` and `rope_factors_long`.
 #[test]
-fn qwen2_qwen3_phi3_gemma2_deepseek2_and_rope_scaled_gguf_files_from_llama_cpp_match_hugging_face() {
+fn qwen2_qwen3_phi3_gemma_deepseek2_and_rope_scaled_gguf_files_from_llama_cpp_match_hugging_face() {
     for name in GGUF_FAMILIES {
         let (config, weights, _, _) = import::gguf_model::load(&fixtures().join(format!("{name}.gguf"))).unwrap();
         let hf = import::hf::load(&fixtures().join(name)).unwrap().0;
         let key = |c: &ember_core_model::ModelConfig| {
-            let gemma = (c.global_every, c.attention_softcap, c.logit_softcap, c.norm_placement);
+            let gemma = (c.global_every, c.rope_local_theta, c.attention_softcap, c.logit_softcap, c.norm_placement);
             let mla = (c.attention, c.mla_latent_dim, c.mla_rope_dim, c.mla_q_rank, c.mla_latent_norm);
             (c.qkv_bias(), c.qk_norm, c.head_dim(), c.kv_heads(), c.rope_theta, c.tie_embeddings, c.window, gemma, mla)
         };
@@ -157,11 +169,12 @@ fn qwen2_qwen3_phi3_gemma2_deepseek2_and_rope_scaled_gguf_files_from_llama_cpp_m
 }
 
 /// The fixtures scripts/reference/gguf_fixtures.py converts with llama.cpp.
-const GGUF_FAMILIES: [&str; 10] = [
+const GGUF_FAMILIES: [&str; 11] = [
     "qwen2-tiny",
     "qwen3-tiny",
     "phi3-tiny",
     "gemma2-tiny",
+    "gemma3-tiny",
     "deepseek2-tiny",
     "deepseek2-yarn-tiny",
     "linear-rope-tiny",

@@ -199,7 +199,8 @@ pub struct ModelConfig {
     /// With `window`: every n-th layer (layers n − 1, 2n − 1, …) attends to the whole context, the others in the
     /// window (Gemma 3: 6). Without it every layer has the window.
     pub global_every: Option<usize>,
-    /// RoPE base of the windowed layers when `global_every` is set (`rope_theta` is the global layers').
+    /// RoPE base of the windowed layers when `global_every` is set (`rope_theta` is the global layers'); those layers
+    /// are not stretched by `rope_scaling`.
     pub rope_local_theta: Option<f64>,
     /// RMSNorm of each head's query and key (γ over d_h, shared by the heads) before RoPE (Gemma 3, OLMo 2).
     #[serde(default, skip_serializing_if = "is_default")]
@@ -522,6 +523,15 @@ impl ModelConfig {
         match (self.layer_window(layer), self.rope_local_theta) {
             (Some(_), Some(local)) => local,
             _ => self.rope_theta,
+        }
+    }
+
+    /// Layer `layer`'s RoPE scaling: none on a windowed layer with a `rope_local_theta` of its own (Gemma 3 stretches
+    /// its global layers only), else `rope_scaling`.
+    pub fn layer_rope_scaling(&self, layer: usize) -> Option<&RopeScaling> {
+        match (self.layer_window(layer), self.rope_local_theta) {
+            (Some(_), Some(_)) => None,
+            _ => self.rope_scaling.as_ref(),
         }
     }
 

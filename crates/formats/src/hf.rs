@@ -17,7 +17,7 @@ pub enum Family {
     Gpt2,
     Llama,
     Phi3,
-    Gemma2,
+    Gemma,
     DeepseekV2,
 }
 
@@ -58,12 +58,13 @@ pub fn config(text: &str) -> Result<(Family, ModelConfig), String> {
         "qwen3" => (Family::Llama, ModelConfig { qk_norm: true, ..full_attention(llama(&json)?, &json)? }),
         "mistral" => (Family::Llama, ModelConfig { window: optional(&json, "sliding_window")?, ..llama(&json)? }),
         "phi3" => (Family::Phi3, ModelConfig { window: optional(&json, "sliding_window")?, ..llama(&json)? }),
-        "gemma2" => (Family::Gemma2, gemma2(&json)?),
+        "gemma2" => (Family::Gemma, gemma2(&json)?),
+        "gemma3_text" => (Family::Gemma, gemma3(&json)?),
         "deepseek_v2" => (Family::DeepseekV2, deepseek_v2(&json)?),
         other => {
             return Err(format!(
-                "model_type {other:?} is not supported (gpt2, llama, qwen2, qwen3, mistral, phi3, gemma2 and deepseek_v2 \
-                 are)"
+                "model_type {other:?} is not supported (gpt2, llama, qwen2, qwen3, mistral, phi3, gemma2, gemma3_text and \
+                 deepseek_v2 are)"
             ));
         }
     };
@@ -147,6 +148,30 @@ fn gemma2(json: &Value) -> Result<ModelConfig, String> {
     Ok(config)
 }
 
+/// Gemma 3's text model: Gemma 2's config with RMSNorm of each query and key head, and RoPE by layer type: the base
+/// and scaling of `rope_parameters.full_attention` on the global layers, the base of `sliding_attention` (unscaled)
+/// on the windowed ones.
+fn gemma3(json: &Value) -> Result<ModelConfig, String> {
+    let mut config = ModelConfig { qk_norm: true, ..gemma2(json)? };
+    let (global, local) = (&json["rope_parameters"]["full_attention"], &json["rope_parameters"]["sliding_attention"]);
+    if global.is_object() {
+        config.rope_theta = f64_of(global, "rope_theta", 1_000_000.0);
+        config.rope_scaling = scaling_of(global, json)?;
+    }
+    if local.is_object() && config.window.is_some() {
+        let theta = f64_of(local, "rope_theta", 10_000.0);
+        match config.global_every {
+            Some(_) if scaling_of(local, json)?.is_some() => {
+                return Err("RoPE scaling on the sliding-window layers is not supported".into());
+            }
+            Some(_) => config.rope_local_theta = Some(theta),
+            // Every layer slides its window: the sliding layers' RoPE is the model's.
+            None => (config.rope_theta, config.rope_scaling) = (theta, scaling_of(local, json)?),
+        }
+    }
+    Ok(config)
+}
+
 /// DeepSeek-V2 with dense layers: multi-head latent attention (a latent of `kv_lora_rank`, RMSNorm'd; a decoupled
 /// RoPE key of `qk_rope_head_dim`; queries through `q_lora_rank` where set), content heads of `qk_nope_head_dim`, the
 /// scores scaled by YaRN's mscale(s, `mscale_all_dim`)² / √(d_h + d_R). Mixture-of-experts layers are refused.
@@ -216,6 +241,11 @@ fn layer_pattern(json: &Value, n_layers: usize) -> Result<(Option<usize>, Option
 /// `max_position_embeddings`, as transformers reads it), `llama3`, `yarn` and `longrope` (Phi-3's, also called `su`).
 fn rope_scaling(json: &Value) -> Result<Option<RopeScaling>, String> {
     let params = if json["rope_scaling"].is_null() { &json["rope_parameters"] } else { &json["rope_scaling"] };
+    scaling_of(params, json)
+}
+
+/// The RoPE scaling `params` describe, in a model whose `config.json` is `json`.
+fn scaling_of(params: &Value, json: &Value) -> Result<Option<RopeScaling>, String> {
     let factor = || params["factor"].as_f64().ok_or("rope scaling without a numeric factor");
     match params["rope_type"].as_str().or(params["type"].as_str()) {
         None if params.is_null() || params.get("factor").is_none() => Ok(None),

@@ -162,7 +162,56 @@ pub fn read(bytes: &[u8]) -> Result<SentencePiece, String> {
     if model.pieces.is_empty() {
         return Err("no pieces: not a SentencePiece model".into());
     }
+    if !model.charsmap.is_empty() {
+        check_charsmap(&model.charsmap)?;
+    }
     Ok(model)
+}
+
+/// Whether the `tokenizers` crate's `Precompiled` normalizer can search `charsmap` without indexing out of bounds:
+/// a trie of u32 units (its byte length first) then the normalized text. A search from the root XORs each input byte
+/// into the position and reads the unit there, whatever the byte; so every position reachable through matching labels
+/// must have all 255 neighbours inside the trie, a leaf's value unit too, and each value must start a character of
+/// the normalized text.
+fn check_charsmap(charsmap: &[u8]) -> Result<(), String> {
+    let bad = || "the normalizer's character map is malformed".to_string();
+    let (size, rest) = charsmap.split_first_chunk::<4>().ok_or_else(bad)?;
+    let length = (u32::from_le_bytes(*size) / 4) as usize * 4;
+    if length > rest.len() {
+        return Err(bad());
+    }
+    let trie: Vec<usize> =
+        rest[..length].chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize).collect();
+    let normalized = std::str::from_utf8(&rest[length..]).map_err(|_| bad())?;
+    // The unit layout of sentencepiece's double array (darts-clone).
+    let offset = |unit: usize| (unit >> 10) << ((unit & (1 << 9)) >> 6);
+    let label = |unit: usize| unit & ((1 << 31) | 0xff);
+    let has_leaf = |unit: usize| (unit >> 8) & 1 == 1;
+    let value = |unit: usize| unit & ((1 << 31) - 1);
+    let root = *trie.first().ok_or_else(bad)?;
+    // Each position is reached from a unit of the trie, so there are finitely many and the walk ends.
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![offset(root)];
+    while let Some(position) = stack.pop() {
+        if !seen.insert(position) {
+            continue;
+        }
+        for c in 1..=255usize {
+            let unit = *trie.get(position ^ c).ok_or_else(bad)?;
+            if label(unit) != c {
+                continue;
+            }
+            let next = (position ^ c) ^ offset(unit);
+            if has_leaf(unit) {
+                let leaf = *trie.get(next).ok_or_else(bad)?;
+                if !normalized.is_char_boundary(value(leaf)) {
+                    return Err(bad());
+                }
+            }
+            stack.push(next);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -321,7 +321,7 @@ fn batched_decoding_of_ragged_sequences_equals_one_at_a_time() {
 }
 
 /// Each imported family (Qwen2's biases, Qwen3's head norms, Mistral's and Phi-3's sliding window of 5, Gemma 2's
-/// soft-capped scores and logits and alternating window, DeepSeek-V2's latent attention (absorbed against the cached
+/// soft-capped scores and logits and alternating window, Gemma 3's RoPE stretched on its global layer only, DeepSeek-V2's latent attention (absorbed against the cached
 /// latents), Llama 3.1, linear, YaRN, dynamic NTK and LongRoPE scaling
 /// past the original context of 32), from its Hugging Face directory
 /// and from llama.cpp's GGUF of it where there is one, continues its fixture's 8 prompt tokens with the 32 tokens
@@ -343,6 +343,7 @@ fn imported_families_decode_greedily_as_transformers_through_the_stores() {
         "longrope-tiny",
         "gemma2-tiny",
         "gemma2-scalar-tiny",
+        "gemma3-tiny",
         "deepseek2-tiny",
         "deepseek2-yarn-tiny",
     ];

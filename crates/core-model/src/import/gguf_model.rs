@@ -18,7 +18,8 @@
 //! Gemma 3 is Ember's decoder configured as: embeddings scaled by √d, RMSNorm before and after each sub-layer
 //! (`sandwich`; the file stores Gemma's 1 + γ as the gain), RMSNorm of each query and key head before RoPE, GeGLU,
 //! head width 256 (not d / h), a sliding window of 512 on five layers of every six with RoPE base 10,000 there and
-//! the file's base (10⁶) on the global sixth, and a tied output projection.
+//! the file's base (10⁶) and RoPE scaling on the global sixth, q kᵀ scaled by 1/√(d/h) for the 27B model, and a tied
+//! output projection.
 
 use std::path::Path;
 
@@ -125,9 +126,12 @@ fn arch(gguf: &Gguf) -> Result<Arch, String> {
 const GEMMA2_GLOBAL_EVERY: usize = 2;
 const GEMMA2_27B_LAYERS: usize = 46;
 
-/// Gemma 3's sliding-window pattern (every sixth layer global) and local RoPE base, which its files do not store.
+/// Gemma 3's sliding-window pattern (every sixth layer global) and local RoPE base where its file does not store them
+/// (`attention.sliding_window_pattern`, `rope.freq_base_swa`), and the layer count of its 27B model, whose queries
+/// are scaled by 1/√(d/h), as llama.cpp reads them.
 const GEMMA3_GLOBAL_EVERY: usize = 6;
 const GEMMA3_LOCAL_THETA: f64 = 10_000.0;
+const GEMMA3_27B_LAYERS: usize = 62;
 
 fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
     let arch = arch(gguf)?;
@@ -182,8 +186,13 @@ fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
     }
     if arch == Arch::Gemma3 {
         config.qk_norm = true;
-        config.global_every = Some(GEMMA3_GLOBAL_EVERY);
-        config.rope_local_theta = Some(GEMMA3_LOCAL_THETA);
+        let pattern = optional_count(gguf, &key("attention.sliding_window_pattern"))?;
+        config.global_every = Some(pattern.unwrap_or(GEMMA3_GLOBAL_EVERY));
+        config.rope_local_theta =
+            Some(optional_number(gguf, &key("rope.freq_base_swa"))?.unwrap_or(GEMMA3_LOCAL_THETA));
+        if config.n_layers == GEMMA3_27B_LAYERS {
+            config.attention_scale = Some(1.0 / ((d / h) as f64).sqrt());
+        }
     }
     if arch == Arch::Deepseek2 {
         config = latent(gguf, config, &key)?;

@@ -23,7 +23,7 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, Tensors), ImportError> {
         Family::Gpt2 => gpt2(&config, tensors).map_err(bad)?,
         Family::Llama => llama(&config, tensors, &LLAMA_NORMS).map_err(bad)?,
         Family::Phi3 => llama(&config, unfuse_phi3(&config, tensors).map_err(bad)?, &LLAMA_NORMS).map_err(bad)?,
-        Family::Gemma2 => llama(&config, gemma_gains(tensors).map_err(bad)?, &GEMMA_NORMS).map_err(bad)?,
+        Family::Gemma => llama(&config, gemma_gains(tensors).map_err(bad)?, &GEMMA_NORMS).map_err(bad)?,
         Family::DeepseekV2 => llama(&config, tensors, &LLAMA_NORMS).map_err(bad)?,
     };
     Ok((config, tensors))

@@ -18,6 +18,7 @@ use crate::nn::projection::Projection;
 use ember_formats::Rng;
 use ember_formats::config::ModelConfig;
 use ember_formats::config::{AttentionKernel, DEFAULT_FAVOR_FEATURES, FeatureMap, NormKind, PositionKind};
+use ember_formats::rope::RopeScaling;
 
 #[derive(Module, Debug)]
 pub struct CausalSelfAttention {
@@ -105,17 +106,18 @@ pub struct SelfAttentionConfig {
 }
 
 impl SelfAttentionConfig {
-    /// The self-attention of `model` with its global window and RoPE base (an encoder–decoder's layers).
+    /// The self-attention of `model` with its global window and RoPE (an encoder–decoder's layers).
     pub fn of(model: &ModelConfig) -> Self {
-        Self::with(model, model.window, model.rope_theta)
+        Self::with(model, model.window, model.rope_theta, model.rope_scaling.as_ref())
     }
 
-    /// Layer `layer` of a decoder: its window and RoPE base as the model's local/global pattern gives them.
+    /// Layer `layer` of a decoder: its window and RoPE base and scaling as the model's local/global pattern gives them.
     pub fn of_layer(model: &ModelConfig, layer: usize) -> Self {
-        Self::with(model, model.layer_window(layer), model.layer_rope_theta(layer))
+        let rope = (model.layer_rope_theta(layer), model.layer_rope_scaling(layer));
+        Self::with(model, model.layer_window(layer), rope.0, rope.1)
     }
 
-    fn with(model: &ModelConfig, window: Option<usize>, rope_theta: f64) -> Self {
+    fn with(model: &ModelConfig, window: Option<usize>, rope_theta: f64, scaling: Option<&RopeScaling>) -> Self {
         let heads = HeadsConfig::of(model);
         Self {
             heads,
@@ -124,7 +126,7 @@ impl SelfAttentionConfig {
             rope: (model.positions == PositionKind::Rope).then_some(Rotary {
                 theta: rope_theta,
                 dim: heads.head_dim,
-                scaling: model.rope_scaling.clone(),
+                scaling: scaling.cloned(),
             }),
             scale: model.attention_scale,
             softcap: model.attention_softcap,
