@@ -149,3 +149,37 @@ fn marian_translates(name: &str) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8(out.stdout).unwrap().starts_with("BLEU = 100.00"), "its own translations score 100");
 }
+
+/// A MarianMT directory with a broken part is one error line naming the part: a SentencePiece model that is not one,
+/// a vocabulary id past the model's embeddings, a config Ember's encoder–decoder cannot run.
+#[test]
+fn a_broken_marian_directory_is_a_clear_error() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../core-model/tests/fixtures/hf/marian-tiny");
+    let translate = |edit: &dyn Fn(&std::path::Path)| {
+        let dir = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(&fixture).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+        }
+        edit(dir.path());
+        let input = dir.path().join("input.txt");
+        std::fs::write(&input, "the cat sits on the mat\n").unwrap();
+        let model = dir.path().to_str().unwrap().to_string();
+        ember(&["--device", "cpu", "translate", "--model", &model, "--input", input.to_str().unwrap()])
+    };
+    let truncated = |dir: &std::path::Path| {
+        let spm = std::fs::read(dir.join("source.spm")).unwrap();
+        std::fs::write(dir.join("source.spm"), &spm[..spm.len() / 2]).unwrap();
+    };
+    assert_clean_error(&translate(&truncated), "source.spm");
+    let past = |dir: &std::path::Path| {
+        let text = std::fs::read_to_string(dir.join("vocab.json")).unwrap();
+        std::fs::write(dir.join("vocab.json"), text.replacen("\"<unk>\": 1", "\"<unk>\": 5000", 1)).unwrap();
+    };
+    assert_clean_error(&translate(&past), "\"<unk>\" has id 5000, past the model's 84 tokens");
+    let pre_norm = |dir: &std::path::Path| {
+        let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+        std::fs::write(dir.join("config.json"), text.replacen("{", "{\"normalize_before\": true,", 1)).unwrap();
+    };
+    assert_clean_error(&translate(&pre_norm), "normalize_before = true is not supported");
+}
