@@ -174,25 +174,25 @@ fn config(gguf: &Gguf) -> Result<ModelConfig, String> {
         {
             return Err(format!("value heads of {dv} dims unlike the keys' {} are not supported", config.head_dim()));
         }
-    }
-    if arch == Arch::Gemma2 {
+        // Every n-th layer global, and the 27B model's queries scaled by 1/√(d/h), as llama.cpp reads either.
+        let (every, big) = match arch {
+            Arch::Gemma2 => (GEMMA2_GLOBAL_EVERY, GEMMA2_27B_LAYERS),
+            _ => (GEMMA3_GLOBAL_EVERY, GEMMA3_27B_LAYERS),
+        };
         let pattern = optional_count(gguf, &key("attention.sliding_window_pattern"))?;
-        config.global_every = Some(pattern.unwrap_or(GEMMA2_GLOBAL_EVERY));
-        config.attention_softcap = optional_number(gguf, &key("attn_logit_softcapping"))?;
-        config.logit_softcap = optional_number(gguf, &key("final_logit_softcapping"))?;
-        if config.n_layers == GEMMA2_27B_LAYERS {
+        config.global_every = Some(pattern.unwrap_or(every));
+        if config.n_layers == big {
             config.attention_scale = Some(1.0 / ((d / h) as f64).sqrt());
         }
+    }
+    if arch == Arch::Gemma2 {
+        config.attention_softcap = optional_number(gguf, &key("attn_logit_softcapping"))?;
+        config.logit_softcap = optional_number(gguf, &key("final_logit_softcapping"))?;
     }
     if arch == Arch::Gemma3 {
         config.qk_norm = true;
-        let pattern = optional_count(gguf, &key("attention.sliding_window_pattern"))?;
-        config.global_every = Some(pattern.unwrap_or(GEMMA3_GLOBAL_EVERY));
         config.rope_local_theta =
             Some(optional_number(gguf, &key("rope.freq_base_swa"))?.unwrap_or(GEMMA3_LOCAL_THETA));
-        if config.n_layers == GEMMA3_27B_LAYERS {
-            config.attention_scale = Some(1.0 / ((d / h) as f64).sqrt());
-        }
     }
     if arch == Arch::Deepseek2 {
         config = latent(gguf, config, &key)?;

@@ -115,7 +115,8 @@ fn marian(dir: &Path, device: &Device) -> Result<Translator, TranslationError> {
             return Err(bad(&path, format!("{piece:?} has id {id}, past the model's {size} tokens")));
         }
         let special = |name: &str| table.get(name).copied().ok_or_else(|| bad(&path, format!("no {name} entry")));
-        let (unk, specials) = (special("<unk>")?, [special("</s>")?, special("<pad>")?, special("<unk>")?]);
+        let unk = special("<unk>")?;
+        let specials = [special("</s>")?, special("<pad>")?, unk];
         let path = dir.join(spm);
         let bytes = ember_core_model::files::read(&path).map_err(io(&path))?;
         let model = ember_formats::spm::read(&bytes).map_err(|e| bad(&path, e))?;
