@@ -6,10 +6,13 @@ by √d and shared by encoder, decoder and output, Marian's sinusoidal positions
 vector, cosines in the second), a random final_logits_bias and random LayerNorm gains and biases, then 300 Adam steps on ten sentence pairs. Saved with
 save_pretrained (config.json + model.safetensors) beside expected.safetensors: two source rows (the second padded),
 teacher-forced decoder inputs starting with the decoder start token (the pad id, as Marian's), and their logits; 20
-sources and what generate(num_beams=4) makes of each (after the start token, padded with the pad id). The vocabulary
-is OPUS-MT's layout: unigram SentencePiece models trained here on ten English–Spanish pairs (source.spm,
+sources and what generate() makes of each (after the start token, padded with the pad id), once with the canonical
+search (num_beams=4, length_penalty 0, early_stopping True, nothing banned or forced) and once with the directory's
+defaults. generation_config.json is an OPUS-MT model's: 4 beams, the pad banned (bad_words_ids), </s> forced at
+the last position, max_length of the positions, transformers' length_penalty 1 and early_stopping False. The
+vocabulary is OPUS-MT's layout: unigram SentencePiece models trained here on ten English–Spanish pairs (source.spm,
 target.spm) and one vocab.json over both; translations.json holds 20 English sentences, the ids MarianTokenizer gives
-them and the text transformers' beam search (num_beams=4, length_penalty 0) translates them to.
+them and the text generate() translates them to with the directory's defaults.
 
     python3 scripts/reference/marian_fixture.py crates/core-model/tests/fixtures/hf/marian-tiny
     python3 scripts/reference/marian_fixture.py crates/core-model/tests/fixtures/hf/marian-separate-tiny --separate
@@ -25,7 +28,7 @@ import tempfile
 import sentencepiece as spm
 import torch
 from safetensors.torch import save_file
-from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
 
 PAIRS = [
     ("the cat sits on the mat", "el gato se sienta en la alfombra"),
@@ -121,35 +124,39 @@ def main(out, separate):
     tgt = torch.cat([torch.full((2, 1), pad), torch.randint(3, tv - 1, (2, 9))], dim=1)
     with torch.no_grad():
         logits = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    model.generation_config = GenerationConfig(
+        bad_words_ids=[[pad]], bos_token_id=0, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0,
+        max_length=config.max_position_embeddings, num_beams=4, pad_token_id=pad)
     model.save_pretrained(out, safe_serialization=True)
-    for extra in ("generation_config.json",):
-        if os.path.exists(os.path.join(out, extra)):
-            os.remove(os.path.join(out, extra))
-    # Beam search: 20 sources of 3 to 12 tokens, each decoded alone by generate(num_beams=4) with up to its length
-    # + 4 new tokens, no length normalisation (length_penalty 0) and a sentence done once 4 hypotheses end in </s>.
+    # Beam search: 20 sources of 3 to 12 tokens, each decoded alone with up to its length + 4 new tokens: the
+    # canonical search (no length normalisation, a sentence done once 4 hypotheses end in </s>) and the defaults.
     torch.manual_seed(2)
     beam_src = torch.full((20, 12), pad)
     beam_out = torch.full((20, 17), pad)
+    beam_default = torch.full((20, 17), pad)
     lengths = torch.randint(3, 13, (20,))
     for i, n in enumerate(lengths.tolist()):
         beam_src[i, :n] = torch.randint(3, v - 1, (n,))
         with torch.no_grad():
             y = model.generate(beam_src[i:i + 1, :n], num_beams=4, length_penalty=0.0, early_stopping=True,
-                               max_new_tokens=n + 4, do_sample=False)[0, 1:]
-        beam_out[i, :len(y)] = y
+                               bad_words_ids=None, forced_eos_token_id=None, max_new_tokens=n + 4,
+                               do_sample=False)[0, 1:]
+            beam_out[i, :len(y)] = y
+            y = model.generate(beam_src[i:i + 1, :n], max_new_tokens=n + 4)[0, 1:]
+            beam_default[i, :len(y)] = y
     f32 = lambda t: t.to(torch.float32).contiguous()
     save_file({"src": f32(src), "src_lengths": f32(mask.sum(1)), "tgt": f32(tgt), "logits": logits.contiguous(),
-               "beam_src": f32(beam_src), "beam_lengths": f32(lengths), "beam_out": f32(beam_out)},
+               "beam_src": f32(beam_src), "beam_lengths": f32(lengths), "beam_out": f32(beam_out),
+               "beam_default": f32(beam_default)},
               os.path.join(out, "expected.safetensors"))
-    # Text in, text out: MarianTokenizer (the SentencePiece models and vocab.json above) and generate(num_beams=4) with
-    # the limit Ember's translate sets (the source's tokens with </s>, + 50, within the 64 positions).
+    # Text in, text out: MarianTokenizer (the SentencePiece models and vocab.json above) and generate() with the
+    # directory's defaults.
     sources = [p[0] for p in PAIRS] + [p[0].replace("the ", "a ", 1) + " again" for p in PAIRS]
     translations = []
     for text in sources:
         ids = tokenizer(text, return_tensors="pt").input_ids
         with torch.no_grad():
-            y = model.generate(ids, num_beams=4, length_penalty=0.0, early_stopping=True,
-                               max_new_tokens=min(ids.shape[1] + 50, 64), do_sample=False)
+            y = model.generate(ids)
         translations.append({"source": text, "ids": ids[0].tolist(),
                              "translation": tokenizer.decode(y[0], skip_special_tokens=True)})
     with open(os.path.join(out, "translations.json"), "w") as f:

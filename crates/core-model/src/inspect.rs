@@ -6,15 +6,24 @@ use ember_formats::config::{
     AttentionKernel, AttentionKind, DEFAULT_FAVOR_FEATURES, FfnKind, NormKind, NormPlacement, PositionKind,
 };
 
-/// Parameter counts by part: embeddings, attention, feed-forward, norms, output projection. Computed in 128 bits,
-/// saturating, so a config of any size has an answer (and can be refused for it) before anything is allocated.
-pub fn param_counts(c: &ModelConfig) -> Vec<(&'static str, u128)> {
+use crate::seq2seq::Seq2SeqConfig;
+
+/// One layer's parameters by part.
+struct Layer {
+    attention: u128,
+    ffn: u128,
+    /// One norm: γ, and β for LayerNorm with biases.
+    norm: u128,
+    /// Per-head q/k norms of a self-attention (Gemma 3, Qwen3).
+    qk_norm: u128,
+}
+
+fn layer(c: &ModelConfig) -> Layer {
     let n = |x: usize| x as u128;
-    let (d, h, dh, l, v) = (n(c.d_model), n(c.n_heads), n(c.head_dim()), n(c.n_layers), n(c.vocab_size.unwrap_or(0)));
+    let (d, h, dh) = (n(c.d_model), n(c.n_heads), n(c.head_dim()));
     let mul = |a: u128, b: u128| a.saturating_mul(b);
     let b = |x: u128, on: bool| if on { x } else { 0 };
     let linear = |i: u128, o: u128, bias: bool| mul(i, o).saturating_add(b(o, bias));
-    let positions = b(mul(n(c.block_size), d), c.positions == PositionKind::Learned);
     let attention = match c.attention {
         AttentionKind::Mha => {
             let qkv = mul(h.saturating_add(mul(2, n(c.kv_heads()))), dh);
@@ -44,25 +53,71 @@ pub fn param_counts(c: &ModelConfig) -> Vec<(&'static str, u128)> {
     };
     let f = n(c.ffn_dim());
     let gates = if matches!(c.ffn, FfnKind::Swiglu | FfnKind::Geglu) { 2 } else { 1 };
-    let ffn = mul(linear(d, f, c.bias), gates).saturating_add(linear(f, d, c.bias));
-    let norm = d.saturating_add(b(d, c.bias && c.norm == NormKind::LayerNorm));
-    let norms_per_layer = if c.norm_placement.has_output_norms() { 4 } else { 2 };
+    Layer {
+        attention,
+        ffn: mul(linear(d, f, c.bias), gates).saturating_add(linear(f, d, c.bias)),
+        norm: d.saturating_add(b(d, c.bias && c.norm == NormKind::LayerNorm)),
+        qk_norm: b(mul(2, dh), c.qk_norm),
+    }
+}
+
+/// Norms around each sublayer: the input's, and the output's too for Peri-LN and sandwich norms.
+fn norms_per_sublayer(c: &ModelConfig) -> u128 {
+    if c.norm_placement.has_output_norms() { 2 } else { 1 }
+}
+
+/// Parameter counts by part: embeddings, attention, feed-forward, norms, output projection. Computed in 128 bits,
+/// saturating, so a config of any size has an answer (and can be refused for it) before anything is allocated.
+pub fn param_counts(c: &ModelConfig) -> Vec<(&'static str, u128)> {
+    let n = |x: usize| x as u128;
+    let (d, l, v) = (n(c.d_model), n(c.n_layers), n(c.vocab_size.unwrap_or(0)));
+    let mul = |a: u128, b: u128| a.saturating_mul(b);
+    let x = layer(c);
+    let positions = if c.positions == PositionKind::Learned { mul(n(c.block_size), d) } else { 0 };
     let outer_norms = match c.norm_placement {
         NormPlacement::Post => 0,
         NormPlacement::Pre | NormPlacement::Sandwich => 1,
         NormPlacement::Peri => 2,
     };
+    let norms = mul(l, 2 * norms_per_sublayer(c)).saturating_add(outer_norms);
     vec![
         ("token embedding", mul(v, d)),
         ("position embedding", positions),
-        ("attention", mul(l, attention)),
-        ("feed-forward", mul(l, ffn)),
-        (
-            "norms",
-            mul(mul(l, norms_per_layer).saturating_add(outer_norms), norm)
-                .saturating_add(mul(l, b(mul(2, dh), c.qk_norm))),
-        ),
-        ("output projection", b(mul(v, d), !c.tie_embeddings)),
+        ("attention", mul(l, x.attention)),
+        ("feed-forward", mul(l, x.ffn)),
+        ("norms", mul(norms, x.norm).saturating_add(mul(l, x.qk_norm))),
+        ("output projection", if c.tie_embeddings { 0 } else { mul(v, d) }),
+    ]
+}
+
+/// An encoder–decoder's parameter counts by part: each side's embedding (one when shared), the encoder's layers
+/// (self-attention, FFN, 2 norms), the decoder's (self-attention, cross-attention, FFN, 3 norms), the final norms of
+/// Pre- and Peri-LN, the output projection when untied and the logits bias when present.
+pub fn seq2seq_param_counts(s: &Seq2SeqConfig) -> Vec<(&'static str, u128)> {
+    let c = &s.model;
+    let n = |x: usize| x as u128;
+    let (d, h, g, dh) = (n(c.d_model), n(c.n_heads), n(c.kv_heads()), n(c.head_dim()));
+    let mul = |a: u128, b: u128| a.saturating_mul(b);
+    let linear = |i: u128, o: u128, bias: bool| mul(i, o).saturating_add(if bias { o } else { 0 });
+    let x = layer(c);
+    let cross =
+        [linear(d, mul(h, dh), c.qkv_bias()), linear(d, mul(2 * g, dh), c.qkv_bias()), linear(mul(h, dh), d, c.bias)]
+            .into_iter()
+            .fold(0, u128::saturating_add);
+    let sublayers = |count: u128, extra: u128| {
+        [x.attention, x.qk_norm, x.ffn, extra, mul(mul(count, norms_per_sublayer(c)), x.norm)]
+            .into_iter()
+            .fold(0, u128::saturating_add)
+    };
+    let (v_src, v_tgt) = (n(s.src_vocab), n(s.tgt_vocab));
+    vec![
+        ("source embedding", mul(v_src, d)),
+        ("target embedding", if s.share_embeddings { 0 } else { mul(v_tgt, d) }),
+        ("encoder", mul(n(s.encoder_layers), sublayers(2, 0))),
+        ("decoder", mul(n(s.decoder_layers), sublayers(3, cross))),
+        ("final norms", if c.norm_placement == NormPlacement::Post { 0 } else { mul(2, x.norm) }),
+        ("output projection", if c.tie_embeddings { 0 } else { mul(v_tgt, d) }),
+        ("logits bias", if s.logits_bias { v_tgt } else { 0 }),
     ]
 }
 
@@ -107,6 +162,7 @@ mod tests {
     use super::*;
     use crate::init::Build;
     use crate::params::param_infos;
+    use crate::seq2seq::Seq2Seq;
     use crate::{CausalLm, Rng};
     use burn::tensor::Device;
 
@@ -150,6 +206,31 @@ mod tests {
             let model = CausalLm::new(&c, &mut Rng::new(0), &Device::flex());
             let built: usize = param_infos(&model).iter().map(|p| p.shape.iter().product::<usize>()).sum();
             assert_eq!(total_params(&c), built as u128, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn seq2seq_counts_equal_the_parameters_of_built_models() {
+        let base = ModelConfig::gpt(40, 2, 4, 32, 16);
+        let post = ModelConfig { norm_placement: NormPlacement::Post, positions: PositionKind::Sinusoidal, ..base };
+        let peri = ModelConfig { norm_placement: NormPlacement::Peri, ffn: FfnKind::Swiglu, ..post.clone() };
+        let untied = ModelConfig { tie_embeddings: false, ..post.clone() };
+        let configs = [
+            Seq2SeqConfig::joint(post.clone(), 2, 3, 40),
+            Seq2SeqConfig::joint(peri, 1, 2, 40),
+            Seq2SeqConfig {
+                share_embeddings: false,
+                src_vocab: 30,
+                logits_bias: true,
+                ..Seq2SeqConfig::joint(post, 2, 1, 40)
+            },
+            Seq2SeqConfig { share_embeddings: false, src_vocab: 50, ..Seq2SeqConfig::joint(untied, 1, 1, 40) },
+        ];
+        for c in configs {
+            let model = Seq2Seq::new(&c, &mut Rng::new(0), &Device::flex());
+            let built: usize = param_infos(&model).iter().map(|p| p.shape.iter().product::<usize>()).sum();
+            let total = seq2seq_param_counts(&c).iter().map(|(_, n)| n).sum::<u128>();
+            assert_eq!(total, built as u128, "{c:?}");
         }
     }
 }

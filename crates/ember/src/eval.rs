@@ -24,10 +24,12 @@ pub struct EvalArgs {
     /// A TSV test set (`source<TAB>reference`).
     #[arg(long, requires = "model")]
     data: Option<PathBuf>,
-    #[arg(long, default_value_t = 4)]
-    beam: usize,
-    #[arg(long, default_value_t = 0.6)]
-    lenpen: f64,
+    /// Beam width (default: 4, or a MarianMT directory's num_beams).
+    #[arg(long)]
+    beam: Option<usize>,
+    /// Length penalty exponent α (default: 0.6, or a MarianMT directory's length_penalty).
+    #[arg(long)]
+    lenpen: Option<f64>,
 }
 
 #[derive(Subcommand)]

@@ -7,16 +7,19 @@ use clap::Args;
 use ember_core_model::config::AttentionKind;
 use ember_core_model::import::{self, Source};
 use ember_core_model::inspect::{
-    kv_cache_bytes, kv_elements_per_token_layer, param_counts, state_elements_per_layer, state_features, total_params,
+    kv_cache_bytes, kv_elements_per_token_layer, param_counts, seq2seq_param_counts, state_elements_per_layer,
+    state_features,
 };
+use ember_core_model::seq2seq::Seq2SeqConfig;
 use ember_core_model::{ModelConfig, bundle};
+use ember_train::translation;
 
 #[derive(Args)]
 pub struct InspectArgs {
     /// A TOML config with a [model] table (nothing is built, so any size works).
     #[arg(long, conflicts_with = "model")]
     config: Option<PathBuf>,
-    /// A run directory, Hugging Face directory or GGUF file.
+    /// A run directory (a language model's or a translator's), Hugging Face directory (MarianMT too) or GGUF file.
     #[arg(long)]
     model: Option<PathBuf>,
     /// Sequences in the batch, for the KV-cache total.
@@ -53,6 +56,57 @@ fn config_of(args: &InspectArgs) -> Result<ModelConfig> {
     }
 }
 
+/// An encoder–decoder's parameters by part and its decoder's caches: self-attention keys and values per target
+/// token, cross-attention keys and values per source token (computed once from the encoder's output).
+fn encoder_decoder(s: &Seq2SeqConfig, args: &InspectArgs) {
+    let c = &s.model;
+    let (b, t, e) = (args.batch, args.length.unwrap_or(c.block_size), args.bytes);
+    let vocab = match s.share_embeddings {
+        true => format!("joint vocabulary {}", thousands(s.src_vocab)),
+        false => format!("vocabularies {} (source) and {} (target)", thousands(s.src_vocab), thousands(s.tgt_vocab)),
+    };
+    println!("encoder–decoder: {} + {} layers, {}, {vocab}", s.encoder_layers, s.decoder_layers, shape(c));
+    print_counts(&seq2seq_param_counts(s));
+    let decoder = ModelConfig { n_layers: s.decoder_layers, ..c.clone() };
+    let per_layer = kv_elements_per_token_layer(&decoder);
+    println!("decoder caches at {e} bytes per element: 2·g·d_h = {per_layer} elements per token per layer");
+    println!("  per token            {}", bytes(kv_cache_bytes(&decoder, 1, 1, e)));
+    println!("  self-attention  {b} × {t} target tokens {}", bytes(kv_cache_bytes(&decoder, b, t, e)));
+    println!("  cross-attention {b} × {t} source tokens {}", bytes(kv_cache_bytes(&decoder, b, t, e)));
+}
+
+/// A layer's shape: width, heads (MHA, GQA, MQA or MLA), FFN, positions and norms.
+fn shape(c: &ModelConfig) -> String {
+    let kind = match (c.attention, c.kv_heads()) {
+        (AttentionKind::Mla, _) => {
+            format!("MLA d_c {} d_R {}", c.mla_latent_dim.unwrap_or(0), c.mla_rope_dim.unwrap_or(0))
+        }
+        (_, g) if g == c.n_heads => "MHA".to_string(),
+        (_, 1) => "MQA".to_string(),
+        (_, g) => format!("GQA g {g}"),
+    };
+    format!(
+        "d {}, {} heads of {} ({kind}), ffn {:?} {}, positions {:?}, norm {:?} {:?}",
+        c.d_model,
+        c.n_heads,
+        c.head_dim(),
+        c.ffn,
+        c.ffn_dim(),
+        c.positions,
+        c.norm,
+        c.norm_placement
+    )
+}
+
+/// The parameter table: a line per part and the total.
+fn print_counts(counts: &[(&str, u128)]) {
+    println!("parameters");
+    for (part, n) in counts {
+        println!("  {part:<20} {:>18}", thousands(*n));
+    }
+    println!("  {:<20} {:>18}", "total", thousands(counts.iter().map(|(_, n)| *n).fold(0, u128::saturating_add)));
+}
+
 /// `n` bytes in binary units; None (an overflow) as such.
 fn bytes(n: Option<u128>) -> String {
     let Some(n) = n else { return "more than 2^128 B".into() };
@@ -79,35 +133,19 @@ pub fn thousands(n: impl std::fmt::Display) -> String {
 }
 
 pub fn inspect(args: InspectArgs) -> Result<()> {
+    let translator = match args.model.as_deref().filter(|p| p.is_dir()) {
+        Some(dir) => translation::seq2seq_config(dir)?,
+        None => None,
+    };
+    if let Some(s) = translator {
+        encoder_decoder(&s, &args);
+        return Ok(());
+    }
     let c = config_of(&args)?;
     let (b, t, e) = (args.batch, args.length.unwrap_or(c.block_size), args.bytes);
-    let kind = match (c.attention, c.kv_heads()) {
-        (AttentionKind::Mla, _) => {
-            format!("MLA d_c {} d_R {}", c.mla_latent_dim.unwrap_or(0), c.mla_rope_dim.unwrap_or(0))
-        }
-        (_, g) if g == c.n_heads => "MHA".to_string(),
-        (_, 1) => "MQA".to_string(),
-        (_, g) => format!("GQA g {g}"),
-    };
-    println!(
-        "model: {} layers, d {}, {} heads of {} ({kind}), ffn {:?} {}, positions {:?}, norm {:?} {:?}, vocab {}",
-        c.n_layers,
-        c.d_model,
-        c.n_heads,
-        c.head_dim(),
-        c.ffn,
-        c.ffn_dim(),
-        c.positions,
-        c.norm,
-        c.norm_placement,
-        c.vocab_size.map_or("from tokenizer".into(), thousands),
-    );
-    println!("parameters");
-    let counts = param_counts(&c);
-    for (part, n) in &counts {
-        println!("  {part:<20} {:>18}", thousands(*n));
-    }
-    println!("  {:<20} {:>18}", "total", thousands(total_params(&c)));
+    let vocab = c.vocab_size.map_or("from tokenizer".into(), thousands);
+    println!("model: {} layers, {}, vocab {vocab}", c.n_layers, shape(&c));
+    print_counts(&param_counts(&c));
     if let Some(r) = state_features(&c) {
         let per_layer = state_elements_per_layer(&c, r);
         let layer_bytes = (per_layer as u128).checked_mul(e as u128);

@@ -9,10 +9,11 @@ use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
 use clap::Args;
 use ember_core_model::seq2seq::Seq2Seq;
-use ember_serve::beam::{BeamConfig, translate_batch};
+use ember_formats::generation::Generation;
+use ember_serve::beam::{BeamConfig, Limit, Search, translate_batch};
 use ember_train::bleu::corpus_bleu;
 use ember_train::collective::Collective;
-use ember_train::parallel::{BOS, EOS, Vocabularies, encode, read_tsv, source_batch};
+use ember_train::parallel::{Vocabularies, encode, read_tsv, source_batch};
 use ember_train::trainer::TaskError;
 use ember_train::translation::{self, BleuOf, TranslationConfig, TranslationTrainer, Translator};
 
@@ -32,11 +33,13 @@ pub struct TranslateArgs {
     /// Source sentences, one a line (default: standard input).
     #[arg(long)]
     input: Option<PathBuf>,
-    #[arg(long, default_value_t = 4)]
-    beam: usize,
-    /// Length penalty exponent α of ((5 + |y|) / 6)^α.
-    #[arg(long, default_value_t = 0.6)]
-    lenpen: f64,
+    /// Beam width (default: 4, or a MarianMT directory's num_beams).
+    #[arg(long)]
+    beam: Option<usize>,
+    /// Length penalty exponent α: of ((5 + |y|) / 6)^α (default 0.6), or of |y|^α for a MarianMT directory, whose
+    /// generation_config.json gives the default as for transformers' generate().
+    #[arg(long)]
+    lenpen: Option<f64>,
 }
 
 #[derive(Args)]
@@ -55,16 +58,49 @@ pub struct AverageArgs {
 /// The widest beam: each hypothesis is a row of the decoder's batch (fairseq's default is 5, wide searches 50–200).
 const MAX_BEAM: usize = 1024;
 
-/// Beam settings for a translator: a beam of 1 to [`MAX_BEAM`] and a finite length penalty (the start and end tokens
-/// Ember's own vocabularies use; [`translate_lines`] takes a model's own).
-fn beam(beam: usize, lenpen: f64) -> Result<BeamConfig> {
-    if !(1..=MAX_BEAM).contains(&beam) {
+/// --beam and --lenpen as given: a beam of 1 to [`MAX_BEAM`] and a finite length penalty.
+fn check(beam: Option<usize>, lenpen: Option<f64>) -> Result<()> {
+    if let Some(beam) = beam.filter(|b| !(1..=MAX_BEAM).contains(b)) {
         bail!("--beam must be from 1 to {MAX_BEAM}, not {beam}");
     }
-    if !lenpen.is_finite() {
+    if let Some(lenpen) = lenpen.filter(|l| !l.is_finite()) {
         bail!("--lenpen must be a finite number, not {lenpen}");
     }
-    Ok(BeamConfig { beam, alpha: lenpen, bos: BOS, eos: EOS, extra_len: 50 })
+    Ok(())
+}
+
+/// The search a translator decodes with: a MarianMT directory's `generate()` defaults (`generation`, from its
+/// generation_config.json), else fairseq's (beam 4, GNMT's α 0.6, up to the source's length + 50); `beam` and
+/// `lenpen` replace the width and α.
+fn search(
+    generation: Option<&Generation>,
+    vocab: &Vocabularies,
+    beam: Option<usize>,
+    lenpen: Option<f64>,
+) -> BeamConfig {
+    let config = match generation {
+        None => BeamConfig {
+            beam: 4,
+            alpha: 0.6,
+            search: Search::Fairseq,
+            bos: vocab.bos,
+            eos: vocab.eos,
+            limit: Limit::PastSource(50),
+            banned: Vec::new(),
+            forced_eos: false,
+        },
+        Some(g) => BeamConfig {
+            beam: g.num_beams,
+            alpha: g.length_penalty,
+            search: Search::Transformers(g.early_stopping),
+            bos: vocab.bos,
+            eos: vocab.eos,
+            limit: Limit::Tokens(g.max_new_tokens),
+            banned: g.banned.clone(),
+            forced_eos: g.forced_eos.is_some(),
+        },
+    };
+    BeamConfig { beam: beam.unwrap_or(config.beam), alpha: lenpen.unwrap_or(config.alpha), ..config }
 }
 
 /// Translations of `lines` in order: an empty line gives an empty line; a source longer than the model's positions
@@ -73,7 +109,7 @@ fn translate_lines(
     model: &Seq2Seq,
     vocab: &Vocabularies,
     lines: &[String],
-    config: BeamConfig,
+    config: &BeamConfig,
     first_line: usize,
     device: &Device,
 ) -> Result<Vec<String>> {
@@ -94,7 +130,6 @@ fn translate_lines(
     }
     let rows_ids: Vec<&[u32]> = rows.iter().map(|&i| sources[i].as_slice()).collect();
     let (src, lengths) = source_batch(&rows_ids, vocab.eos, device);
-    let config = BeamConfig { bos: vocab.bos, eos: vocab.eos, ..config };
     for (&i, ids) in rows.iter().zip(translate_batch(model, src, &lengths, config, device)) {
         out[i] = vocab
             .target
@@ -107,9 +142,10 @@ fn translate_lines(
 }
 
 pub fn translate(args: TranslateArgs, choice: DeviceChoice) -> Result<()> {
-    let config = beam(args.beam, args.lenpen)?;
+    check(args.beam, args.lenpen)?;
     let (device, _) = devices::select(choice)?;
     let t = translation::load(&args.model, None, &device)?;
+    let config = search(t.generation.as_ref(), &t.vocab, args.beam, args.lenpen);
     let reader: Box<dyn BufRead> = match &args.input {
         Some(path) => Box::new(std::io::BufReader::new(
             std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?,
@@ -128,7 +164,7 @@ pub fn translate(args: TranslateArgs, choice: DeviceChoice) -> Result<()> {
             chunk.push(line.clone());
         }
         if chunk.len() == size || (next.is_none() && !chunk.is_empty()) {
-            for out in translate_lines(&t.model, &t.vocab, &chunk, config, first, &device)? {
+            for out in translate_lines(&t.model, &t.vocab, &chunk, &config, first, &device)? {
                 writeln!(stdout, "{out}")?;
             }
             stdout.flush()?;
@@ -149,19 +185,32 @@ pub fn average(args: AverageArgs) -> Result<()> {
 }
 
 /// Corpus BLEU of a translator on a TSV test set.
-pub fn evaluate(model: &Path, data: &Path, beam_size: usize, lenpen: f64, choice: DeviceChoice) -> Result<()> {
-    beam(beam_size, lenpen)?;
+pub fn evaluate(
+    model: &Path,
+    data: &Path,
+    beam: Option<usize>,
+    lenpen: Option<f64>,
+    choice: DeviceChoice,
+) -> Result<()> {
+    check(beam, lenpen)?;
     let (device, _) = devices::select(choice)?;
     let t = translation::load(model, None, &device)?;
-    score(&t, &read_tsv(data)?, beam_size, lenpen, &device)
+    score(&t, &read_tsv(data)?, beam, lenpen, &device)
 }
 
-/// Prints the corpus BLEU of translator `t` on `pairs`.
-fn score(t: &Translator, pairs: &[(String, String)], beam_size: usize, lenpen: f64, device: &Device) -> Result<()> {
-    let config = beam(beam_size, lenpen)?;
-    let hyps = translate_all(&t.model, &t.vocab, pairs, config, device)?;
+/// Prints the corpus BLEU of translator `t` on `pairs` (its own search, `beam` and `lenpen` replacing its width
+/// and α).
+fn score(
+    t: &Translator,
+    pairs: &[(String, String)],
+    beam: Option<usize>,
+    lenpen: Option<f64>,
+    device: &Device,
+) -> Result<()> {
+    let config = search(t.generation.as_ref(), &t.vocab, beam, lenpen);
+    let hyps = translate_all(&t.model, &t.vocab, pairs, &config, device)?;
     let bleu = corpus_bleu(hyps.iter().map(String::as_str), pairs.iter().map(|(_, r)| r.as_str()));
-    println!("{} ({} sentences, beam {beam_size}, lenpen {lenpen})", bleu, pairs.len());
+    println!("{} ({} sentences, beam {}, lenpen {})", bleu, pairs.len(), config.beam, config.alpha);
     Ok(())
 }
 
@@ -169,7 +218,7 @@ fn translate_all(
     model: &Seq2Seq,
     vocab: &Vocabularies,
     pairs: &[(String, String)],
-    config: BeamConfig,
+    config: &BeamConfig,
     device: &Device,
 ) -> Result<Vec<String>> {
     let mut hyps = Vec::with_capacity(pairs.len());
@@ -184,7 +233,7 @@ fn translate_all(
 fn greedy_bleu(device: &Device) -> Box<BleuOf> {
     let device = device.clone();
     Box::new(move |model: &Seq2Seq, vocab: &Vocabularies, pairs: &[(String, String)]| -> Result<f64, TaskError> {
-        let hyps = translate_all(model, vocab, pairs, beam(1, 0.6)?, &device)?;
+        let hyps = translate_all(model, vocab, pairs, &search(None, vocab, Some(1), None), &device)?;
         Ok(corpus_bleu(hyps.iter().map(String::as_str), pairs.iter().map(|(_, r)| r.as_str())).score)
     })
 }
@@ -274,7 +323,7 @@ fn run(trainer: TranslationTrainer, collective: Rc<dyn Collective>, choice: Devi
     println!("run directory: {}", trainer.run_dir.display());
     if let Some(pairs) = test {
         let (device, _) = devices::select(choice)?;
-        score(&translation::load(&trainer.run_dir, None, &device)?, &pairs, 4, 0.6, &device)?;
+        score(&translation::load(&trainer.run_dir, None, &device)?, &pairs, None, None, &device)?;
     }
     Ok(())
 }

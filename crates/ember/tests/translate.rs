@@ -115,9 +115,10 @@ fn separate_vocabularies_give_each_side_its_own_bpe_and_embedding() {
 }
 
 /// A MarianMT directory (scripts/reference/marian_fixture.py: OPUS-MT's layout, SentencePiece source and target
-/// models with one vocab.json or one per side, a tiny model trained on ten English–Spanish pairs) translates 20 sentences with
-/// `--beam 4 --lenpen 0` exactly as transformers' MarianTokenizer and generate(num_beams=4, length_penalty=0) do;
-/// `ember eval` scores it on the same pairs.
+/// models with one vocab.json or one per side, a tiny model trained on ten English–Spanish pairs, an OPUS-MT
+/// generation_config.json) translates 20 sentences with the directory's defaults exactly as transformers'
+/// MarianTokenizer and generate() do; `ember eval` scores it on the same pairs; `ember inspect` counts the parameters
+/// transformers does.
 #[test]
 fn a_marian_directory_translates_as_transformers() {
     for name in ["marian-tiny", "marian-separate-tiny"] {
@@ -137,7 +138,7 @@ fn marian_translates(name: &str) {
     let input = dir.path().join("input.txt");
     std::fs::write(&input, sources.join("\n") + "\n").unwrap();
     let args = ["translate", "--model", model.to_str().unwrap(), "--input", input.to_str().unwrap()];
-    let out = ember(&[&["--device", "cpu"][..], &args, &["--beam", "4", "--lenpen", "0"]].concat());
+    let out = ember(&[&["--device", "cpu"][..], &args[..]].concat());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let got = String::from_utf8(out.stdout).unwrap();
     assert_eq!(got.lines().collect::<Vec<_>>(), want, "{name}");
@@ -145,9 +146,20 @@ fn marian_translates(name: &str) {
     let tsv: Vec<String> = sources.iter().zip(&want).map(|(s, t)| format!("{s}\t{t}")).collect();
     std::fs::write(&pairs, tsv.join("\n") + "\n").unwrap();
     let eval = ["eval", "--model", model.to_str().unwrap(), "--data", pairs.to_str().unwrap()];
-    let out = ember(&[&["--device", "cpu"][..], &eval, &["--beam", "4", "--lenpen", "0"]].concat());
+    let out = ember(&[&["--device", "cpu"][..], &eval[..]].concat());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8(out.stdout).unwrap().starts_with("BLEU = 100.00"), "its own translations score 100");
+    let report = String::from_utf8(out.stdout).unwrap();
+    assert!(report.starts_with("BLEU = 100.00") && report.contains("beam 4, lenpen 1)"), "{report}");
+    // transformers' num_parameters() (49,536 and 50,432) counts its two fixed sinusoidal tables (2 × 64 × 32, which
+    // Ember computes) and not the final logits bias (a buffer there: 84 and 51).
+    let total = match name {
+        "marian-tiny" => "45,524",
+        _ => "46,387",
+    };
+    let out = ember(&["inspect", "--model", model.to_str().unwrap()]);
+    let report = String::from_utf8(out.stdout).unwrap();
+    let line = report.lines().find(|l| l.trim_start().starts_with("total")).unwrap_or_default();
+    assert_eq!(line.split_whitespace().last(), Some(total), "{report}");
 }
 
 /// A MarianMT directory with a broken part is one error line naming the part: a SentencePiece model that is not one,
@@ -182,4 +194,10 @@ fn a_broken_marian_directory_is_a_clear_error() {
         std::fs::write(dir.join("config.json"), text.replacen("{", "{\"normalize_before\": true,", 1)).unwrap();
     };
     assert_clean_error(&translate(&pre_norm), "normalize_before = true is not supported");
+    let penalised = |dir: &std::path::Path| {
+        let text = std::fs::read_to_string(dir.join("generation_config.json")).unwrap();
+        let text = text.replacen("{", "{\"repetition_penalty\": 1.3,", 1);
+        std::fs::write(dir.join("generation_config.json"), text).unwrap();
+    };
+    assert_clean_error(&translate(&penalised), "generation_config.json: repetition_penalty = 1.3 is not supported");
 }

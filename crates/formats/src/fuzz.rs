@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use crate::{chat, checkpoint, config, gguf, hf, openai, safetensors, spm, tokenizer, tsv};
+use crate::{chat, checkpoint, config, generation, gguf, hf, openai, safetensors, spm, tokenizer, tsv};
 
 /// A fuzz target: it reads the bytes and returns.
 pub type Target = fn(&[u8]);
@@ -43,7 +43,7 @@ pub fn safetensors(bytes: &[u8]) {
     let _ = safetensors::read(bytes, |name| name.ends_with(".attn.bias"));
 }
 
-/// A Hugging Face `config.json` (and the same text as a shard index).
+/// A Hugging Face `config.json` (and the same text as a shard index, a MarianMT config and a generation config).
 pub fn hf_config(bytes: &[u8]) {
     let Ok(text) = std::str::from_utf8(bytes) else { return };
     if let Ok((_, config)) = hf::config(text) {
@@ -51,6 +51,7 @@ pub fn hf_config(bytes: &[u8]) {
     }
     let _ = hf::shards(text);
     let _ = hf::marian(text);
+    let _ = generation::read(text, 32_000);
 }
 
 /// A SentencePiece model (Marian's `source.spm`): read, made a tokenizer over its own pieces, and a sentence encoded.

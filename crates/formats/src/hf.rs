@@ -27,7 +27,7 @@ fn usize_of(json: &Value, key: &str) -> Result<usize, String> {
 }
 
 /// An integer that may be null or absent.
-fn optional(json: &Value, key: &str) -> Result<Option<usize>, String> {
+pub(crate) fn optional(json: &Value, key: &str) -> Result<Option<usize>, String> {
     match json.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(_) => usize_of(json, key).map(Some),

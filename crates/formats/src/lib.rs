@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod files;
 pub mod fuzz;
+pub mod generation;
 pub mod ggml;
 pub mod gguf;
 pub mod hf;

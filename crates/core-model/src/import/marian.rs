@@ -18,6 +18,14 @@ use crate::seq2seq::Seq2SeqConfig;
 
 /// The encoder–decoder config, the Ember-named tensors and the token ids of a MarianMT directory.
 pub fn load(dir: &Path) -> Result<(Seq2SeqConfig, Tensors, hf::Marian), ImportError> {
+    let (config, marian) = config(dir)?;
+    let bad = |reason: String| ImportError::new(&dir.join("config.json"), reason);
+    let tensors = tensors(&config, read_safetensors(dir)?).map_err(bad)?;
+    Ok((config, tensors, marian))
+}
+
+/// The encoder–decoder a MarianMT directory's `config.json` describes (nothing else is read).
+pub fn config(dir: &Path) -> Result<(Seq2SeqConfig, hf::Marian), ImportError> {
     let config_path = dir.join("config.json");
     let bad = |reason: String| ImportError::new(&config_path, reason);
     let marian = hf::marian(&files::read_to_string(&config_path).map_err(|e| bad(e.to_string()))?).map_err(bad)?;
@@ -30,8 +38,7 @@ pub fn load(dir: &Path) -> Result<(Seq2SeqConfig, Tensors, hf::Marian), ImportEr
         share_embeddings: marian.shared,
         logits_bias: true,
     };
-    let tensors = tensors(&config, read_safetensors(dir)?).map_err(bad)?;
-    Ok((config, tensors, marian))
+    Ok((config, marian))
 }
 
 /// σ as a list: entry c is Marian's channel for Ember's channel c.

@@ -32,7 +32,7 @@ use crate::schedule::learning_rate;
 use crate::trainer::{BatchLoss, LoopConfig, Task, TaskError, TrainError, TrainLoop};
 
 pub use config::{ParallelDataConfig, Seq2SeqSection, TranslationConfig};
-pub use stored::{CHECKPOINTS, Translator, average, checkpoints, load};
+pub use stored::{CHECKPOINTS, Translator, average, checkpoints, load, seq2seq_config};
 use stored::{load_vocabularies, save_vocabularies, step_files};
 
 /// The source vocabulary of a run with separate vocabularies (`tokenizer.json` holds the target's).

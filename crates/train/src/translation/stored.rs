@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::{DType, Device, TensorData};
 use ember_core_model::bundle::{self, BundleError};
-use ember_core_model::seq2seq::Seq2Seq;
+use ember_core_model::seq2seq::{Seq2Seq, Seq2SeqConfig};
 use ember_core_model::{Build, tokenizer};
+use ember_formats::generation::{self, Generation};
 use tokenizers::Tokenizer;
 
 use super::{SOURCE_TOKENIZER, TranslationConfig, TranslationError, io};
@@ -37,10 +38,12 @@ pub(super) fn step_files(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
     Ok(found)
 }
 
-/// A trained translator: its model and vocabularies.
+/// A translator: its model, vocabularies and, for an imported MarianMT model, the search transformers' `generate()`
+/// runs it with by default.
 pub struct Translator {
     pub model: Seq2Seq,
     pub vocab: Vocabularies,
+    pub generation: Option<Generation>,
 }
 
 /// Writes `tokenizer.json` (the joint or target vocabulary) and, for separate vocabularies, `source_tokenizer.json`.
@@ -78,22 +81,40 @@ pub fn load(run_dir: &Path, weights: Option<&Path>, device: &Device) -> Result<T
     if weights.is_none() && run_dir.join(MARIAN_VOCAB).is_file() {
         return marian(run_dir, device);
     }
-    let path = run_dir.join(bundle::CONFIG);
-    let text = ember_core_model::files::read_to_string(&path).map_err(io(&path))?;
-    let table: toml::Table = toml::from_str(&text)
-        .map_err(|e| TranslationError::Config { path: path.clone(), reason: e.message().into() })?;
-    if !table.contains_key("seq2seq") {
-        return Err(TranslationError::NotTranslation(run_dir.to_path_buf()));
-    }
-    let config: TranslationConfig = toml::Value::Table(table)
-        .try_into()
-        .map_err(|e: toml::de::Error| TranslationError::Config { path: path.clone(), reason: e.message().into() })?;
+    let config = run_config(run_dir)?.ok_or_else(|| TranslationError::NotTranslation(run_dir.to_path_buf()))?;
     let vocab = load_vocabularies(run_dir)?;
     let weights = weights.map_or_else(|| run_dir.join(bundle::MODEL), Path::to_path_buf);
     let (tensors, _) = bundle::load_tensors(&weights)?;
     let model = Seq2Seq::load(&config.seq2seq_config(&vocab), &tensors, device)
         .map_err(|cause| BundleError::Mismatch { path: weights.clone(), cause })?;
-    Ok(Translator { model, vocab })
+    Ok(Translator { model, vocab, generation: None })
+}
+
+/// The `config.toml` of a translation run directory; None for a run directory of another kind.
+fn run_config(run_dir: &Path) -> Result<Option<TranslationConfig>, TranslationError> {
+    let path = run_dir.join(bundle::CONFIG);
+    let text = ember_core_model::files::read_to_string(&path).map_err(io(&path))?;
+    let bad = |reason: &str| TranslationError::Config { path: path.clone(), reason: reason.into() };
+    let table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.message()))?;
+    if !table.contains_key("seq2seq") {
+        return Ok(None);
+    }
+    toml::Value::Table(table).try_into().map(Some).map_err(|e: toml::de::Error| bad(e.message()))
+}
+
+/// The encoder–decoder of a translation run directory or a MarianMT directory, read without its weights; None for
+/// a directory of a decoder-only model.
+pub fn seq2seq_config(dir: &Path) -> Result<Option<Seq2SeqConfig>, TranslationError> {
+    if dir.join(MARIAN_VOCAB).is_file() {
+        return Ok(Some(ember_core_model::import::marian::config(dir)?.0));
+    }
+    if !dir.join(bundle::CONFIG).is_file() {
+        return Ok(None);
+    }
+    match run_config(dir)? {
+        Some(config) => Ok(Some(config.seq2seq_config(&load_vocabularies(dir)?))),
+        None => Ok(None),
+    }
 }
 
 /// The vocabulary of a MarianMT directory (the source's alone where `target_vocab.json` gives the target its own);
@@ -103,7 +124,8 @@ const MARIAN_TARGET_VOCAB: &str = "target_vocab.json";
 
 /// A MarianMT directory (an OPUS-MT model: `config.json`, `model.safetensors`, `vocab.json` and, with separate
 /// vocabularies, `target_vocab.json`, `source.spm`, `target.spm`): the model through ember-core-model's Marian
-/// importer, each side's SentencePiece model with its vocabulary's ids, and Marian's start (its pad id) and end tokens.
+/// importer, each side's SentencePiece model with its vocabulary's ids, Marian's start (its pad id) and end tokens,
+/// and its `generate()` settings (generation_config.json, else the same keys of config.json).
 fn marian(dir: &Path, device: &Device) -> Result<Translator, TranslationError> {
     let (config, tensors, ids) = ember_core_model::import::marian::load(dir)?;
     let bad = |path: &Path, reason: String| TranslationError::Config { path: path.to_path_buf(), reason };
@@ -131,9 +153,16 @@ fn marian(dir: &Path, device: &Device) -> Result<Translator, TranslationError> {
         bos: ids.decoder_start,
         eos: ids.eos,
     };
+    let path = [dir.join("generation_config.json"), dir.join("config.json")].into_iter().find(|p| p.is_file());
+    let path = path.unwrap_or_else(|| dir.join("config.json"));
+    let text = ember_core_model::files::read_to_string(&path).map_err(io(&path))?;
+    let generation = generation::read(&text, config.tgt_vocab).map_err(|e| bad(&path, e))?;
+    if let Some(forced) = generation.forced_eos.filter(|&id| id != ids.eos) {
+        return Err(bad(&path, format!("forced_eos_token_id {forced} is not the end token {}", ids.eos)));
+    }
     let model = Seq2Seq::load(&config, &tensors, device)
         .map_err(|cause| BundleError::Mismatch { path: dir.join("model.safetensors"), cause })?;
-    Ok(Translator { model, vocab })
+    Ok(Translator { model, vocab, generation: Some(generation) })
 }
 
 /// θ̄ = (1/n) Σ θ_i over the last `n` checkpoints (Vaswani et al. 2017: the last 5, written 10 minutes apart),
