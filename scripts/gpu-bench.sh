@@ -300,7 +300,7 @@ if [ "$gpu" = 1 ]; then
   [ -z "$peak" ] || f16+=(--peak-gflops "$peak")
   # The cooperative-matrix forward where the adapter offers 16×16 f16 → f32 products (`ember devices` says so).
   coop=""
-  ! grep -q 'attention forward 16×16 f16 → f32: yes' "$out/devices.txt" || coop=",cooperative"
+  ! grep -q 'attention forward on 16×16 f16 → f32' "$out/devices.txt" || coop=",cooperative"
   file="$out/attention-f16.md"
   heading "$file" "Attention in f16 on wgpu" \
     "Causal, d 64, batch 1. First f32 inputs, each tier with f32 and with f16 tiles (portable-f16, subgroup-f16) and, where the adapter offers 16×16 f16 cooperative matrices, the cooperative-matrix forward (cooperative); then f16 inputs (Ember's tiers, whose tiles are then f16, Burn's built-in and the naive path, all on f16 tensors). Arithmetic in Ember's tiered kernels stays f32, the cooperative products take f16 and accumulate in f32; the percentages are of the FP32 peak."

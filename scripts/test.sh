@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test, the #[ignore]d ones included: those need the real SmolLM2 GGUF, real chat templates, the `openai`
-# Python client, Chromium or a wgpu adapter, which this script provides; the build has the `mpi` feature, so the data-parallel tests run under
+# Python client, Chromium or a wgpu adapter, which this script provides (and the cooperative-matrix kernels again
+# under Mesa 26's lavapipe, scripts/lavapipe-26.sh); the build has the `mpi` feature, so the data-parallel tests run under
 # mpiexec (MPICH, installed when missing). Installs Mesa's lavapipe (a software Vulkan adapter) when no Vulkan
 # driver is present and it can, so the wgpu tests really run on machines without a GPU. Arguments go to
 # `cargo test` (e.g. `scripts/test.sh -p ember-kernels`). The target directory is the one .cargo/config.toml names.
@@ -49,6 +50,14 @@ if ! "$venv/bin/python" -c "import openai, prometheus_client" 2>/dev/null; then
 fi
 export EMBER_OPENAI_PYTHON="$venv/bin/python"
 cargo test --workspace --features ember/mpi "$@" -- --include-ignored
+# The cooperative-matrix attention forward executed, not only validated: under Mesa 26's lavapipe, which offers
+# 8×8 f16 cooperative matrices on a CPU (scripts/lavapipe-26.sh fetches it once), where the test fails rather than
+# skips without them.
+if [ $# -eq 0 ]; then
+  scripts/lavapipe-26.sh prepare
+  flash=$(cargo test -p ember-kernels --test flash --no-run 2>&1 | grep -oE "[^ (]+/deps/flash-[0-9a-f]+" | head -1)
+  EMBER_REQUIRE_COOPERATIVE=1 scripts/lavapipe-26.sh run "$flash" cooperative_matrix --include-ignored
+fi
 # Ember's CPU kernels at each level below the CPU's (EMBER_CPU_LEVEL; docs/performance.md): the unit tests compare
 # every fused kernel with its reference at that level too.
 for level in avx2 portable; do

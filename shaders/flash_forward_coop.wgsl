@@ -1,11 +1,12 @@
 // FlashAttention forward on cooperative matrices (wgpu's EXPERIMENTAL_COOPERATIVE_MATRIX; Vulkan's
-// VK_KHR_cooperative_matrix, tensor cores on NVIDIA): o = softmax(q kᵀ·scale + mask) v, exact, 16 keys at a time.
-// A workgroup is one subgroup and takes 16 packed query rows of one (batch, KV head), its GQA group's heads packed
-// head-minor as in flash_queries.wgsl. Per tile of 16 keys:
-//   S = Q Kᵀ        D/16 multiply-adds of 16×16 f16 tiles into an f32 accumulator, stored to workgroup memory;
+// VK_KHR_cooperative_matrix, tensor cores on NVIDIA): o = softmax(q kᵀ·scale + mask) v, exact, N keys at a time,
+// N×N matrices with N the side the adapter offers (16 on GPUs, 8 on Mesa's lavapipe).
+// A workgroup is one subgroup and takes N packed query rows of one (batch, KV head), its GQA group's heads packed
+// head-minor as in flash_queries.wgsl. Per tile of N keys:
+//   S = Q Kᵀ        D/N multiply-adds of N×N f16 tiles into an f32 accumulator, stored to workgroup memory;
 //   online softmax  one invocation per row: m_new = max(m, max_j s_j), α = e^(m − m_new), p_j = e^(s_j − m_new)
 //                   (0 where the mask hides key j), ℓ = α ℓ + Σ_j p_j, with p rounded to f16 as P V will use it;
-//   U = diag(α) U + P V   U [16, D] in f32 in workgroup memory, rescaled, then D/16 more multiply-adds.
+//   U = diag(α) U + P V   U [N, D] in f32 in workgroup memory, rescaled, then D/N more multiply-adds.
 // At the end o = U / ℓ and lse = m + ln ℓ; a row that sees no key gives o = 0 and lse = 0. q, k and v are rounded
 // to f16 in the tiles (as the backward's f16 tiles round them); every sum is f32.
 // Bindings are all read_write: cubecl sub-allocates tensors from shared buffers, which may alias.
@@ -22,17 +23,18 @@ enable wgpu_cooperative_matrix;
 
 {{ common }}
 
-const THREADS: u32 = {{ threads }}u;   // the subgroup's size
-const D: u32 = {{ d }}u;               // a multiple of 16
-const TILE: u32 = {{ tile }}u;         // 16 · D
+const THREADS: u32 = {{ threads }}u;   // the subgroup's size, at least N
+const N: u32 = {{ n }}u;               // the matrices' side: rows and keys per tile
+const D: u32 = {{ d }}u;               // a multiple of N
+const TILE: u32 = {{ tile }}u;         // N · D
 
-var<workgroup> q_tile: array<f16, TILE>;      // [16 rows, D]
-var<workgroup> k_tile: array<f16, TILE>;      // [16 keys, D]
-var<workgroup> v_tile: array<f16, TILE>;      // [16 keys, D]
-var<workgroup> u_tile: array<f32, TILE>;      // [16 rows, D]
-var<workgroup> s_tile: array<f32, 256>;       // [16 rows, 16 keys]
-var<workgroup> p_tile: array<f16, 256>;       // [16 rows, 16 keys]
-var<workgroup> row_scale: array<f32, 16>;     // α per row, then ℓ
+var<workgroup> q_tile: array<f16, TILE>;      // [N rows, D]
+var<workgroup> k_tile: array<f16, TILE>;      // [N keys, D]
+var<workgroup> v_tile: array<f16, TILE>;      // [N keys, D]
+var<workgroup> u_tile: array<f32, TILE>;      // [N rows, D]
+var<workgroup> s_tile: array<f32, {{ nn }}>;  // [N rows, N keys]
+var<workgroup> p_tile: array<f16, {{ nn }}>;  // [N rows, N keys]
+var<workgroup> row_scale: array<f32, N>;      // α per row, then ℓ
 var<workgroup> block_keys: vec2<u32>;
 
 @compute @workgroup_size({{ threads }}, 1, 1)
@@ -41,9 +43,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
     let b = wg.y / c.hkv;
     let kvh = wg.y % c.hkv;
     let rows = packed_rows(c);
-    let n0 = wg.x * 16u;
+    let n0 = wg.x * N;
     if (lid == 0u) {
-        let last = min(n0 + 16u, rows) - 1u;
+        let last = min(n0 + N, rows) - 1u;
         block_keys = keys_seen(c, b, kvh, n0, last);
     }
     // Q's rows in f16 (rows past the last zero), U zero.
@@ -56,18 +58,18 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
         q_tile[idx] = x;
         u_tile[idx] = 0.0;
     }
-    // Invocation r < 16 keeps row r's softmax state and the keys it sees.
+    // Invocation r < N keeps row r's softmax state and the keys it sees.
     var m = MASKED;
     var l = 0.0;
     var seen = vec2<u32>(0u, 0u);
-    if (lid < 16u && n0 + lid < rows) {
+    if (lid < N && n0 + lid < rows) {
         seen = row_keys(c, b, packed_row(c, b, kvh, n0 + lid).y);
     }
     let keys = workgroupUniformLoad(&block_keys);
     let kv = (b * c.hkv + kvh) * c.tk * D;
 
-    for (var t0 = keys.x; t0 < keys.y; t0 += 16u) {
-        let n = min(16u, keys.y - t0);
+    for (var t0 = keys.x; t0 < keys.y; t0 += N) {
+        let n = min(N, keys.y - t0);
         // The tile's tail is zeroed: its scores are masked, and 0 · 0 adds nothing to U.
         for (var idx = lid; idx < TILE; idx += THREADS) {
             let e = kv + t0 * D + min(idx, n * D - 1u);
@@ -75,32 +77,32 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
             v_tile[idx] = select(f16(0.0), f16(v[e]), idx < n * D);
         }
         workgroupBarrier();
-        // S = Q Kᵀ: A = Q[:, d0:d0+16] row-major; B = Kᵀ[d0:d0+16, :], K's rows read column-major.
-        var s = coop_mat16x16<f32, C>();
-        for (var d0 = 0u; d0 < D; d0 += 16u) {
-            let qa = coopLoadT<coop_mat16x16<f16, A>>(&q_tile[d0], D);
-            let kb = coopLoad<coop_mat16x16<f16, B>>(&k_tile[d0], D);
+        // S = Q Kᵀ: A = Q[:, d0:d0+N] row-major; B = Kᵀ[d0:d0+N, :], K's rows read column-major.
+        var s = {{ mat }}<f32, C>();
+        for (var d0 = 0u; d0 < D; d0 += N) {
+            let qa = coopLoadT<{{ mat }}<f16, A>>(&q_tile[d0], D);
+            let kb = coopLoad<{{ mat }}<f16, B>>(&k_tile[d0], D);
             s = coopMultiplyAdd(qa, kb, s);
         }
-        coopStoreT(s, &s_tile[0], 16u);
+        coopStoreT(s, &s_tile[0], N);
         workgroupBarrier();
-        if (lid < 16u) {
+        if (lid < N) {
             var m_new = m;
-            for (var j = 0u; j < 16u; j++) {
+            for (var j = 0u; j < N; j++) {
                 let key = t0 + j;
                 if (key >= seen.x && key < seen.y) {
-                    m_new = max(m_new, s_tile[lid * 16u + j] * c.scale);
+                    m_new = max(m_new, s_tile[lid * N + j] * c.scale);
                 }
             }
             let alpha = exp(m - m_new);
             var sum = 0.0;
-            for (var j = 0u; j < 16u; j++) {
+            for (var j = 0u; j < N; j++) {
                 let key = t0 + j;
                 var p = f16(0.0);
                 if (key >= seen.x && key < seen.y) {
-                    p = f16(exp(s_tile[lid * 16u + j] * c.scale - m_new));
+                    p = f16(exp(s_tile[lid * N + j] * c.scale - m_new));
                 }
-                p_tile[lid * 16u + j] = p;
+                p_tile[lid * N + j] = p;
                 sum += f32(p);
             }
             l = l * alpha + sum;
@@ -112,18 +114,18 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
             u_tile[idx] *= row_scale[idx / D];
         }
         workgroupBarrier();
-        // U += P V: A = P row-major; B = V[:, d0:d0+16] row-major.
-        let pa = coopLoadT<coop_mat16x16<f16, A>>(&p_tile[0], 16u);
-        for (var d0 = 0u; d0 < D; d0 += 16u) {
-            var u = coopLoadT<coop_mat16x16<f32, C>>(&u_tile[d0], D);
-            let vb = coopLoadT<coop_mat16x16<f16, B>>(&v_tile[d0], D);
+        // U += P V: A = P row-major; B = V[:, d0:d0+N] row-major.
+        let pa = coopLoadT<{{ mat }}<f16, A>>(&p_tile[0], N);
+        for (var d0 = 0u; d0 < D; d0 += N) {
+            var u = coopLoadT<{{ mat }}<f32, C>>(&u_tile[d0], D);
+            let vb = coopLoadT<{{ mat }}<f16, B>>(&v_tile[d0], D);
             u = coopMultiplyAdd(pa, vb, u);
             coopStoreT(u, &u_tile[d0], D);
         }
         workgroupBarrier();
     }
 
-    if (lid < 16u) {
+    if (lid < N) {
         row_scale[lid] = l;
         if (n0 + lid < rows) {
             lse[packed_row(c, b, kvh, n0 + lid).x] = log_sum_exp(m, l);

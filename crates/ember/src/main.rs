@@ -195,8 +195,19 @@ fn list_devices() {
             true => format!("{}–{} lanes", a.subgroup_sizes.0, a.subgroup_sizes.1),
             false => "no".into(),
         };
+        // Each configuration wgpu reports: M×N×K, A and B's scalar → C's.
+        let configurations: Vec<String> = a
+            .cooperative
+            .iter()
+            .map(|p| format!("{}×{}×{} {:?}→{:?}", p.m_size, p.n_size, p.k_size, p.ab_type, p.cr_type))
+            .collect();
+        let cooperative = match a.features.contains(ember_kernels::adapters::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        {
+            true => format!("yes [{}]", configurations.join(", ")),
+            false => "no".into(),
+        };
         println!(
-            "wgpu     {} | {:?} | {:?} | driver {} | subgroups {subgroups}, f16 {}, f32 atomics {}, cooperative matrix {} (attention forward {}); attention tiers {:?} \
+            "wgpu     {} | {:?} | {:?} | driver {} | subgroups {subgroups}, f16 {}, f32 atomics {}, cooperative matrix {cooperative} (attention forward {}); attention tiers {:?} \
              (default {:?}) | workgroup memory {} B, invocations/workgroup {}, storage binding {} MiB, buffer {} MiB",
             a.name,
             a.kind,
@@ -204,8 +215,10 @@ fn list_devices() {
             a.driver,
             has(ember_kernels::adapters::Features::SHADER_F16),
             has(ember_kernels::adapters::Features::SHADER_FLOAT32_ATOMIC),
-            has(ember_kernels::adapters::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
-            if a.cooperative_attention() { "16×16 f16 → f32: yes" } else { "no" },
+            match a.cooperative_sides().first() {
+                Some(n) => format!("on {n}×{n} f16 → f32"),
+                None => "no".into(),
+            },
             a.tiers(),
             a.default_tier(),
             a.limits.max_compute_workgroup_storage_size,

@@ -34,15 +34,19 @@ impl Adapter {
         [KernelTier::Portable].into_iter().chain(subgroups.then_some(KernelTier::Subgroup)).collect()
     }
 
-    /// Whether the cooperative-matrix attention forward runs here: `EXPERIMENTAL_COOPERATIVE_MATRIX` with 16×16×16
-    /// products of f16 matrices into f32.
-    pub fn cooperative_attention(&self) -> bool {
-        self.features.contains(Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
-            && self.cooperative.iter().any(|p| {
-                (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+    /// The sides N the cooperative-matrix kernels run here with, largest first: `EXPERIMENTAL_COOPERATIVE_MATRIX`
+    /// with N×N×N products of f16 matrices into f32, N 16 (NVIDIA, AMD and Intel GPUs under Vulkan) or 8 (Mesa 26's
+    /// lavapipe).
+    pub fn cooperative_sides(&self) -> Vec<u32> {
+        let offered = |n: u32| {
+            self.cooperative.iter().any(|p| {
+                (p.m_size, p.n_size, p.k_size) == (n, n, n)
                     && p.ab_type == CooperativeScalarType::F16
                     && p.cr_type == CooperativeScalarType::F32
             })
+        };
+        let on = self.features.contains(Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+        [16, 8].into_iter().filter(|&n| on && offered(n)).collect()
     }
 
     /// The tier the kernels pick by default: subgroup where CubeCL enables subgroup operations (a GPU, not a CPU

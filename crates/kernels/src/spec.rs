@@ -87,15 +87,16 @@ pub struct GpuTuning {
     /// Whether the tiles in workgroup memory hold f16, twice the rows per tile, with every product and sum still in
     /// f32 (true: the adapter must have wgpu `SHADER_F16`; None: where q, k and v are f16 themselves).
     pub half: Option<bool>,
-    /// Whether the tiled forward multiplies on 16×16 f16 cooperative matrices with f32 accumulators (tensor cores
-    /// where wgpu exposes EXPERIMENTAL_COOPERATIVE_MATRIX; head widths multiples of 16); the backward then runs in the
-    /// tier with f16 tiles, which round q, k and v as the forward did. Never chosen by default.
-    pub cooperative: bool,
+    /// The side N (16 or 8) of the f16 cooperative matrices with f32 accumulators the tiled forward multiplies on
+    /// (tensor cores where wgpu exposes EXPERIMENTAL_COOPERATIVE_MATRIX with N×N×N products; head widths multiples
+    /// of N); the backward then runs in the tier with f16 tiles, which round q, k and v as the forward did. Never
+    /// chosen by default.
+    pub cooperative: Option<u32>,
 }
 
 impl GpuTuning {
     /// Everything the adapter's choice (the default).
-    pub const AUTO: Self = Self { tier: None, fold_dq: None, half: None, cooperative: false };
+    pub const AUTO: Self = Self { tier: None, fold_dq: None, half: None, cooperative: None };
 
     /// Tier `tier`, everything else the adapter's choice.
     pub const fn tier(tier: KernelTier) -> Self {
@@ -104,12 +105,12 @@ impl GpuTuning {
 
     /// Whether the tiles hold f16 for inputs that are (`f16_inputs`) or are not f16.
     pub fn half_tiles(&self, f16_inputs: bool) -> bool {
-        self.cooperative || self.half.unwrap_or(f16_inputs)
+        self.cooperative.is_some() || self.half.unwrap_or(f16_inputs)
     }
 }
 
 /// The attention implementations by the names the command line and the benchmarks give them.
-pub const NAMED_ATTENTION: [(&str, AttentionAlgorithm, GpuTuning); 10] = {
+pub const NAMED_ATTENTION: [(&str, AttentionAlgorithm, GpuTuning); 11] = {
     use AttentionAlgorithm::{Burn, Ember, Naive};
     use KernelTier::{Portable, Subgroup};
     const AUTO: GpuTuning = GpuTuning::AUTO;
@@ -127,7 +128,8 @@ pub const NAMED_ATTENTION: [(&str, AttentionAlgorithm, GpuTuning); 10] = {
         ("subgroup-2pass", Ember, two_pass(Subgroup)),
         ("portable-f16", Ember, half(Portable)),
         ("subgroup-f16", Ember, half(Subgroup)),
-        ("cooperative", Ember, GpuTuning { cooperative: true, ..AUTO }),
+        ("cooperative", Ember, GpuTuning { cooperative: Some(16), ..AUTO }),
+        ("cooperative-8", Ember, GpuTuning { cooperative: Some(8), ..AUTO }),
         ("burn", Burn, AUTO),
         ("naive", Naive, AUTO),
     ]

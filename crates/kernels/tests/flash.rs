@@ -143,6 +143,24 @@ fn check_as(case: &Case, draws: &mut Draws, (device, tuned): &(Device, Imp), dty
     worst
 }
 
+/// The forward alone: the kernels' o against the reference's (f32 on the CPU, on the same values of the inputs) with
+/// the inputs in `dtype`, held to the f16 bound (twice the error of naive attention in f16 on the same device, plus
+/// [`HALF_SLACK`] of the largest |reference|); the worst error over its bound.
+fn check_forward(case: &Case, draws: &mut Draws, (device, tuned): &(Device, Imp), dtype: FloatDType) -> f32 {
+    let x = case.inputs_as(draws, dtype);
+    let output = |(algorithm, tuning): Imp, device: &Device, dtype: FloatDType| {
+        let [q, k, v, _] = case.tensors(&x, device).map(|t| t.cast(dtype));
+        attention(q, k, v, &case.spec.clone().computed_by(algorithm, tuning))
+    };
+    let reference = output(imp("naive"), &Device::flex(), FloatDType::F32);
+    let error = max_abs_diff_tensors(output(*tuned, device, dtype), reference.clone());
+    let naive = max_abs_diff_tensors(output(imp("naive"), device, FloatDType::F16), reference.clone());
+    let bound = 2.0 * naive + HALF_SLACK * values(reference).iter().fold(1.0f32, |m, x| m.max(x.abs()));
+    let at = (case, tuned, device, dtype);
+    assert!(error.is_finite() && error <= bound, "o: max abs error {error:e} > {bound:e} in {at:?}");
+    error / bound
+}
+
 /// A case of the sweep: ragged lengths up to 300, head dims 32/64/128, GQA groups 1/2/4, causal or not, windows,
 /// padding and query offsets drawn from `draws`.
 fn random_case(draws: &mut Draws, d: usize, group: usize) -> Case {
@@ -214,38 +232,52 @@ fn half_precision_attention_equals_the_reference_over_the_sweep_and_edge_cases()
     }
 }
 
-/// The cooperative-matrix forward (16×16 f16 tiles, f32 accumulators; the backward in f16 tiles), over f32 and f16
-/// inputs, half the sweep each and the edge cases, held to the f16 bound, where the test's adapter offers wgpu's
-/// EXPERIMENTAL_COOPERATIVE_MATRIX with 16×16×16 f16 → f32 products (NVIDIA, AMD and Intel GPUs under Vulkan). Other
-/// adapters, lavapipe among them, do not: the test says so and checks nothing there; the shader's validity and its
-/// SPIR-V are checked on every machine by the kernels' unit test `cooperative_forward_is_valid_and_compiles_to_spir_v`.
+/// The cooperative-matrix forward (N×N f16 tiles, f32 accumulators, N the largest side the adapter offers: 16 on
+/// NVIDIA, AMD and Intel GPUs under Vulkan, 8 on Mesa 26's lavapipe), its output over f32 and f16 inputs, half the
+/// sweep each and the edge cases, held to the f16 bound. (Its backward is the tier's with f16 tiles, which
+/// `half_precision_attention_...` checks.) An adapter without wgpu's
+/// EXPERIMENTAL_COOPERATIVE_MATRIX and such products (Mesa 22's lavapipe) checks nothing and says so, unless
+/// EMBER_REQUIRE_COOPERATIVE is set: scripts/test.sh sets it when it runs this test under Mesa 26's lavapipe
+/// (scripts/lavapipe-26.sh), so CI executes the kernel. The shader's validity and its SPIR-V are checked on every
+/// machine by the kernels' unit test `cooperative_forward_is_valid_and_compiles_to_spir_v`.
 #[test]
 fn cooperative_matrix_attention_equals_the_reference_where_the_adapter_offers_it() {
     let Some(gpu) = wgpu_test_device() else { return };
     // The adapter wgpu's default device takes: the first real GPU, else the first adapter.
     let adapters = ember_kernels::wgpu_adapters();
     let adapter = adapters.iter().find(|a| a.is_real_gpu()).or(adapters.first()).expect("an adapter");
-    if !adapter.cooperative_attention() {
-        eprintln!(
-            "cooperative-matrix attention NOT CHECKED: {} offers no 16×16×16 f16 → f32 cooperative matrices (wgpu \
-             EXPERIMENTAL_COOPERATIVE_MATRIX {})",
+    let Some(&side) = adapter.cooperative_sides().first() else {
+        let why = format!(
+            "{} offers no 16×16×16 or 8×8×8 f16 → f32 cooperative matrices (wgpu EXPERIMENTAL_COOPERATIVE_MATRIX {})",
             adapter.name,
             if adapter.features.contains(ember_kernels::adapters::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
-                "on, without that shape"
+                "on, without those shapes"
             } else {
                 "off"
             }
         );
+        assert!(std::env::var_os("EMBER_REQUIRE_COOPERATIVE").is_none(), "EMBER_REQUIRE_COOPERATIVE: {why}");
+        eprintln!("cooperative-matrix attention NOT CHECKED: {why}");
         return;
-    }
+    };
+    let name = if side == 16 { "cooperative" } else { "cooperative-8" };
+    let kernels = (gpu.clone(), imp(name));
     for dtype in [FloatDType::F32, FloatDType::F16] {
-        let kernels = (gpu.clone(), imp("cooperative"));
-        sweep(&kernels, dtype, 2);
-        let mut draws = Draws(7);
-        let errors = edge_cases().iter().map(|case| check_as(case, &mut draws, &kernels, dtype)).collect::<Vec<_>>();
+        let mut draws = Draws(0x5eed_f1a5);
+        let mut worst = 0.0f32;
+        for d in [32, 64, 128] {
+            for group in [1, 2, 4] {
+                for _ in 0..2 {
+                    worst = worst.max(check_forward(&random_case(&mut draws, d, group), &mut draws, &kernels, dtype));
+                }
+            }
+        }
+        for case in edge_cases() {
+            worst = worst.max(check_forward(&case, &mut draws, &kernels, dtype));
+        }
         eprintln!(
-            "cooperative {dtype:?}: worst error over the edge cases: {:.3} of its bound",
-            errors.iter().fold(0.0f32, |m, e| m.max(*e))
+            "{name} on {} {dtype:?}: worst error over the sweep and edge cases: {worst:.3} of its bound",
+            adapter.name
         );
     }
 }

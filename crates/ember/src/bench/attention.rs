@@ -39,8 +39,8 @@ pub struct BenchAttentionArgs {
     /// Implementations to measure, in this order: ember (the default tier), portable, subgroup (a WGSL tier
     /// forced), portable-2pass, subgroup-2pass (the tier with dq in a backward pass of its own, not folded into the
     /// dk/dv pass), portable-f16, subgroup-f16 (the tier with f16 tiles in workgroup memory; with `--dtype f16`
-    /// every tier has them), cooperative (the forward on 16×16 f16 cooperative matrices, where the adapter offers
-    /// them), burn, naive. Default: on wgpu each tier the adapter runs, then burn and naive; on the
+    /// every tier has them), cooperative and cooperative-8 (the forward on 16×16 or 8×8 f16 cooperative matrices,
+    /// where the adapter offers them), burn, naive. Default: on wgpu each tier the adapter runs, then burn and naive; on the
     /// CPU ember, burn, naive.
     #[arg(long, value_delimiter = ',')]
     impls: Vec<String>,
@@ -101,11 +101,15 @@ pub fn bench_attention(args: BenchAttentionArgs, choice: DeviceChoice) -> Result
         let tiers = adapter.as_ref().map_or(vec!["ember"], |a| a.tiers().into_iter().map(tier_name).collect());
         args.impls = tiers.into_iter().chain(["burn", "naive"]).map(String::from).collect();
     }
-    if args.impls.iter().any(|n| n == "cooperative") && !adapter.as_ref().is_some_and(|a| a.cooperative_attention()) {
-        let name = adapter.as_ref().map_or("the CPU", |a| a.name.as_str());
-        bail!(
-            "--impls cooperative: {name} offers no 16×16 f16 → f32 cooperative matrices (wgpu EXPERIMENTAL_COOPERATIVE_MATRIX)"
-        );
+    let sides = adapter.as_ref().map_or(Vec::new(), |a| a.cooperative_sides());
+    for (impl_name, side) in [("cooperative", 16), ("cooperative-8", 8)] {
+        if args.impls.iter().any(|n| n == impl_name) && !sides.contains(&side) {
+            let name = adapter.as_ref().map_or("the CPU", |a| a.name.as_str());
+            bail!(
+                "--impls {impl_name}: {name} offers no {side}×{side}×{side} f16 → f32 cooperative matrices (wgpu \
+                 EXPERIMENTAL_COOPERATIVE_MATRIX)"
+            );
+        }
     }
     let peak = args.peak_gflops.filter(|&p| p > 0.0);
     let per_peak = peak.map_or(String::new(), |p| format!("; % peak: the rate as a percentage of {p:.0} GFLOP/s"));

@@ -94,14 +94,22 @@ impl Pass {
     }
 }
 
-/// The forward on cooperative matrices (flash_forward_coop.wgsl) for head width `d`, a multiple of 16, in workgroups
-/// of one subgroup of `threads` invocations, over inputs of `elem`.
-fn cooperative_forward(d: usize, threads: u32, elem: DType) -> Wgsl {
-    assert!(d.is_multiple_of(16), "the cooperative-matrix forward takes head widths that are multiples of 16, not {d}");
+/// The forward on n×n cooperative matrices (flash_forward_coop.wgsl) for head width `d`, a multiple of n, in
+/// workgroups of one subgroup of `threads` ≥ n invocations, over inputs of `elem`.
+fn cooperative_forward(n: u32, d: usize, threads: u32, elem: DType) -> Wgsl {
+    assert!(n == 8 || n == 16, "cooperative matrices of side {n}: WGSL has 8×8 and 16×16");
+    assert!(
+        d.is_multiple_of(n as usize),
+        "the {n}×{n} cooperative forward takes head widths that are multiples of {n}, not {d}"
+    );
+    assert!(threads >= n, "the {n}×{n} cooperative forward needs subgroups of at least {n} lanes, not {threads}");
     let values = vec![
         ("threads", threads.to_string()),
+        ("n", n.to_string()),
+        ("nn", (n * n).to_string()),
+        ("mat", format!("coop_mat{n}x{n}")),
         ("d", d.to_string()),
-        ("tile", (16 * d).to_string()),
+        ("tile", (n as usize * d).to_string()),
         ("types", types(elem, true)),
     ];
     Wgsl { name: "flash_forward_coop", text: include_str!("../../../../shaders/flash_forward_coop.wgsl"), values }
@@ -300,11 +308,11 @@ impl FlashOps for CubeBackend {
             decode(&q, DECODE_FLOAT.into(), &[&k, &v], words, half, [&o, &lse]);
         } else if tq <= DECODE_ROWS {
             decode(&q, DECODE_FLOAT.into(), &[&k, &v], info(&params, &qs, ks[1], ks[2]), half, [&o, &lse]);
-        } else if params.tuning.cooperative {
+        } else if let Some(n) = params.tuning.cooperative {
             let (hkv, tk) = (ks[1], ks[2]);
             let threads = q.client.properties().hardware.plane_size_max;
-            let kernel = cooperative_forward(d, threads, dtype);
-            let count = (((hq / hkv * tq) as u32).div_ceil(16), (b * hkv) as u32);
+            let kernel = cooperative_forward(n, d, threads, dtype);
+            let count = (((hq / hkv * tq) as u32).div_ceil(n), (b * hkv) as u32);
             launch(&q, kernel, threads, count, &[&q, &k, &v, &o, &lse], &info(&params, &qs, hkv, tk));
         } else {
             let workgroup_bytes = q.client.properties().hardware.max_shared_memory_size;
@@ -467,13 +475,15 @@ mod tests {
 
     /// The cooperative-matrix forward is valid WGSL for naga with its capabilities (wgpu's
     /// EXPERIMENTAL_COOPERATIVE_MATRIX and SHADER_F16) and compiles to SPIR-V, the form Vulkan drivers with
-    /// VK_KHR_cooperative_matrix run, for every head width it takes and both input types, on any machine: the
-    /// adapters that run it (crates/kernels/tests/flash.rs) are GPUs, not lavapipe.
+    /// VK_KHR_cooperative_matrix run, for both sides, every head width it takes and both input types, on any
+    /// machine; crates/kernels/tests/flash.rs runs it where an adapter offers the matrices (Mesa 26's lavapipe
+    /// included, through scripts/lavapipe-26.sh).
     #[test]
     fn cooperative_forward_is_valid_and_compiles_to_spir_v() {
         use naga::valid::Capabilities;
-        for (d, elem) in [(64, DType::F32), (64, DType::F16), (128, DType::F32), (256, DType::F16)] {
-            let source = cooperative_forward(d, 32, elem).source().complete();
+        let cases = [(16, 64, DType::F32), (16, 64, DType::F16), (16, 128, DType::F32), (16, 256, DType::F16)];
+        for (n, d, elem) in cases.into_iter().chain([(8, 8, DType::F32), (8, 72, DType::F16)]) {
+            let source = cooperative_forward(n, d, 32, elem).source().complete();
             let capabilities = Capabilities::COOPERATIVE_MATRIX | Capabilities::SHADER_FLOAT16;
             let (module, info) = validated(&source, capabilities, &format!("d {d}, {elem:?}"));
             let options = naga::back::spv::Options { lang_version: (1, 6), ..Default::default() };
