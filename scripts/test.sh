@@ -50,13 +50,15 @@ if ! "$venv/bin/python" -c "import openai, prometheus_client" 2>/dev/null; then
 fi
 export EMBER_OPENAI_PYTHON="$venv/bin/python"
 cargo test --workspace --features ember/mpi "$@" -- --include-ignored
-# The cooperative-matrix attention forward executed, not only validated: under Mesa 26's lavapipe, which offers
-# 8×8 f16 cooperative matrices on a CPU (scripts/lavapipe-26.sh fetches it once), where the test fails rather than
-# skips without them.
+# The cooperative-matrix kernels (the attention forward, the GEMM) executed, not only validated: under Mesa 26's
+# lavapipe, which offers 8×8 f16 cooperative matrices on a CPU (scripts/lavapipe-26.sh fetches it once), where their
+# tests fail rather than skip without them.
 if [ $# -eq 0 ]; then
   scripts/lavapipe-26.sh prepare
-  flash=$(cargo test -p ember-kernels --test flash --no-run 2>&1 | grep -oE "[^ (]+/deps/flash-[0-9a-f]+" | head -1)
-  EMBER_REQUIRE_COOPERATIVE=1 scripts/lavapipe-26.sh run "$flash" cooperative_matrix --include-ignored
+  for test in flash gemm; do
+    binary=$(cargo test -p ember-kernels --test $test --no-run 2>&1 | grep -oE "[^ (]+/deps/$test-[0-9a-f]+" | head -1)
+    EMBER_REQUIRE_COOPERATIVE=1 scripts/lavapipe-26.sh run "$binary" cooperative --include-ignored
+  done
 fi
 # Ember's CPU kernels at each level below the CPU's (EMBER_CPU_LEVEL; docs/performance.md): the unit tests compare
 # every fused kernel with its reference at that level too.

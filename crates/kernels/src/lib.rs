@@ -12,6 +12,7 @@ pub mod attention;
 mod cpu;
 pub mod cross_entropy;
 pub mod flash;
+pub mod gemm;
 pub mod linear;
 mod math;
 pub mod memory;
