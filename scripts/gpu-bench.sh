@@ -57,9 +57,10 @@ torch_device="${EMBER_BENCH_TORCH_DEVICE:-cuda}"
 # attention measurement (a child process: device start, shader compilation, autotuning, timing, the reference check)
 # takes about 5 s.
 if [ "$quick" = 1 ]; then
-  t_devices=60 t_attention=300 t_f16=300 t_pytorch=300 t_train=300 t_decode=300 budget=0
+  t_devices=60 t_attention=300 t_f16=300 t_gemm=300 t_pytorch=300 t_train=300 t_decode=300 budget=0
 else
-  t_devices=30 t_attention=90 t_attention_main=130 t_dq=60 t_f16=50 t_pytorch=60 t_train=40 t_gpt2=100 t_decode=80
+  t_devices=30 t_attention=90 t_attention_main=130 t_dq=60 t_f16=50 t_gemm=40 t_pytorch=60 t_train=40 t_gpt2=100
+  t_decode=80
   budget="${EMBER_BENCH_BUDGET:-570}"
 fi
 
@@ -314,6 +315,36 @@ if [ "$gpu" = 1 ]; then
   if [ "$quick" = 1 ] && grep -q "failed:" "$file"; then fail "a measurement failed in $(basename "$file")"; fi
 else
   skip "no GPU adapter"
+fi
+end
+
+# --- gemm ------------------------------------------------------------------------------------------------------
+
+# Matrix products alone: Burn's matmul (f32, f16) and Ember's cooperative-matrix GEMM on wgpu, torch.matmul (f32
+# with TF32 off, bf16, f16) on the same GPU; % peak of the f16 tensor peak (EMBER_BENCH_PEAK_F16_GFLOPS).
+peak16="${EMBER_BENCH_PEAK_F16_GFLOPS:-}"
+if [ -z "$peak16" ] && command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -E 'H200|H100 80GB HBM3' >/dev/null; then
+  peak16=989000 # dense FP16/BF16 tensor, NVIDIA's H100 / H200 SXM datasheet
+fi
+if [ "$quick" = 1 ]; then
+  gemm=(--shapes 64x64x64,100x37x300 --iters 1 --calls 1)
+else
+  gemm=(--shapes 1024x1024x1024,4096x4096x4096,8192x768x2304,8192x768x3072,8192x3072x768 --iters 5 --calls 4)
+fi
+[ -z "$peak16" ] || gemm+=(--peak-gflops "$peak16")
+begin gemm
+file="$out/gemm.md"
+heading "$file" "Matrix products on the GPU" \
+  "C = A B. Burn's matmul in f32 and f16 and Ember's cooperative-matrix GEMM (f16 operands, f32 accumulators) on wgpu, where the adapter offers the matrices; then torch.matmul in f32 (TF32 off), bf16 and f16. The percentages are of the dense f16 tensor peak."
+if [ "$gpu" = 1 ]; then
+  run "$t_gemm" "$file" ember --device wgpu bench gemm "${gemm[@]}" && expect "$file" '\| burn f32 \| [0-9.]+ ' "timed burn f32 row"
+else
+  skip "no GPU adapter"
+fi
+if torch_ok; then
+  run "$t_gemm" "$file" "$py" scripts/reference/matmul.py --device "$torch_device" "${gemm[@]}" || true
+else
+  printf 'PyTorch skipped: %s.\n\n' "$torch_why" >>"$file"
 fi
 end
 

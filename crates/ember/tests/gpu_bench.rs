@@ -52,6 +52,10 @@ fn the_quick_gpu_benchmark_fills_every_table() {
             assert!(figure(table, &row) > 0.0, "{row} has no forward time:\n{f16}");
         }
     }
+    let gemm = read("gemm.md");
+    for shape in ["64×64×64", "100×37×300"] {
+        assert!(figure(&gemm, &format!("| {shape} | burn f32 | ")) > 0.0, "{shape}:\n{gemm}");
+    }
     for table in ["train-llama-tiny-auto.md", "train-llama-tiny-auto-f16.md", "train-gpt2-124m.md"] {
         assert!(figure(&read(table), "ember median: ") > 0.0, "{table}");
     }
@@ -64,7 +68,7 @@ fn the_quick_gpu_benchmark_fills_every_table() {
     assert!(half.contains(", f16, ") && figure(half, ember) > 0.0, "Ember decoding in f16:\n{decode}");
 
     let summary = read("summary.md");
-    for section in ["devices", "attention", "train", "decode"] {
+    for section in ["devices", "attention", "gemm", "train", "decode"] {
         assert!(summary.contains(&format!("| {section} | ok |")), "{section} did not pass:\n{summary}");
     }
     assert!(summary.contains("ember --device wgpu bench attention"), "the commands are listed:\n{summary}");

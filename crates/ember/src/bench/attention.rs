@@ -182,9 +182,9 @@ pub fn bench_attention(args: BenchAttentionArgs, choice: DeviceChoice) -> Result
 
 /// Milliseconds per call: the median and the minimum over the timed repetitions.
 #[derive(Clone, Copy)]
-struct Timing {
-    median: f64,
-    min: f64,
+pub(super) struct Timing {
+    pub median: f64,
+    pub min: f64,
 }
 
 /// One configuration's figures: forward and forward+backward times, the largest allocation of the forward alone and
@@ -256,7 +256,8 @@ fn measure_one(args: &BenchAttentionArgs, one: &str, choice: DeviceChoice) -> Re
         Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(params::float_dtype(args.dtype))
     };
     let (q, k, v) = (x(&device), x(&device), x(&device));
-    let forward = time(args, &device, || ember_kernels::attention(q.clone(), k.clone(), v.clone(), &spec))?;
+    let forward =
+        time((args.iters, args.calls), &device, || ember_kernels::attention(q.clone(), k.clone(), v.clone(), &spec))?;
     let largest = || device_memory(&device).map_or(0, |m| m.largest_allocation);
     let forward_bytes = largest();
     let output = ember_kernels::attention(q.clone(), k.clone(), v.clone(), &spec);
@@ -268,7 +269,7 @@ fn measure_one(args: &BenchAttentionArgs, one: &str, choice: DeviceChoice) -> Re
         let grads = ember_kernels::attention(q.clone(), k.clone(), v.clone(), &spec).sum().backward();
         q.grad(&grads).expect("a gradient")
     };
-    let backward = time(args, &device, dq)?;
+    let backward = time((args.iters, args.calls), &device, dq)?;
     let all_bytes = largest();
     let inputs = [last_head(&q)?, last_head(&k)?, last_head(&v)?];
     let backward_error = sampled_error(&inputs, &last_head(&dq())?, Pass::Backward, d);
@@ -336,10 +337,10 @@ fn sampled_error([q, k, v]: &[Vec<f32>; 3], got: &[f32], pass: Pass, d: usize) -
     worst
 }
 
-/// Per-call milliseconds of `run`: two untimed calls (shader compilation, autotuning), then `args.iters` repetitions
-/// of `args.calls` calls queued back to back, their results kept until one device sync ends the repetition.
-fn time<const D: usize>(
-    args: &BenchAttentionArgs,
+/// Per-call milliseconds of `run`: two untimed calls (shader compilation, autotuning), then `iters` repetitions of
+/// `calls` calls queued back to back, their results kept until one device sync ends the repetition.
+pub(super) fn time<const D: usize>(
+    (iters, calls): (usize, usize),
     device: &Device,
     mut run: impl FnMut() -> Tensor<D>,
 ) -> Result<Timing> {
@@ -347,9 +348,9 @@ fn time<const D: usize>(
     let warm: Vec<_> = (0..2).map(|_| run()).collect();
     sync()?;
     drop(warm);
-    let calls = args.calls.max(1);
-    let mut ms = Vec::with_capacity(args.iters.max(1));
-    for _ in 0..args.iters.max(1) {
+    let calls = calls.max(1);
+    let mut ms = Vec::with_capacity(iters.max(1));
+    for _ in 0..iters.max(1) {
         let start = Instant::now();
         let kept: Vec<_> = (0..calls).map(|_| run()).collect();
         sync()?;

@@ -5,6 +5,7 @@ mod attention;
 mod context;
 mod convert;
 mod decode;
+mod gemm;
 mod kernel;
 mod kv;
 mod memory;
@@ -35,6 +36,8 @@ pub enum BenchCommand {
     Kernel(kernel::BenchKernelArgs),
     /// Attention kernels: Ember's, the naive path and Burn's built-in, forward and backward.
     Attention(attention::BenchAttentionArgs),
+    /// Matrix products: Burn's matmul in f32 and f16 against Ember's cooperative-matrix GEMM.
+    Gemm(gemm::BenchGemmArgs),
     /// Softmax against linear attention as the context grows: seconds per training step and per decoded token.
     Context(context::BenchContextArgs),
     /// A trained model converted to MLA at several latent widths: KV bytes against loss.
@@ -51,6 +54,7 @@ pub fn bench(command: BenchCommand, device: DeviceChoice, collective: Rc<dyn Col
         BenchCommand::Kv(args) => kv::bench_kv(args, device),
         BenchCommand::Kernel(args) => kernel::bench_kernel(args, device),
         BenchCommand::Attention(args) => attention::bench_attention(args, device),
+        BenchCommand::Gemm(args) => gemm::bench_gemm(args, device),
         BenchCommand::Context(args) => context::bench_context(args, device),
         BenchCommand::Convert(args) => convert::bench_convert(args, device),
         BenchCommand::Weights(args) => weights::bench_weights(args, device),
