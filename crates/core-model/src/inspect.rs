@@ -16,6 +16,9 @@ struct Layer {
     norm: u128,
     /// Per-head q/k norms of a self-attention (Gemma 3, Qwen3).
     qk_norm: u128,
+    /// Multi-head attention over another sequence (an encoder–decoder's cross-attention): q, k, v and o projections
+    /// as MHA's self-attention has them, whatever `attention` is.
+    cross_attention: u128,
 }
 
 fn layer(c: &ModelConfig) -> Layer {
@@ -24,11 +27,10 @@ fn layer(c: &ModelConfig) -> Layer {
     let mul = |a: u128, b: u128| a.saturating_mul(b);
     let b = |x: u128, on: bool| if on { x } else { 0 };
     let linear = |i: u128, o: u128, bias: bool| mul(i, o).saturating_add(b(o, bias));
+    let qkv = mul(h.saturating_add(mul(2, n(c.kv_heads()))), dh);
+    let mha = linear(d, qkv, c.qkv_bias()).saturating_add(linear(mul(h, dh), d, c.bias));
     let attention = match c.attention {
-        AttentionKind::Mha => {
-            let qkv = mul(h.saturating_add(mul(2, n(c.kv_heads()))), dh);
-            linear(d, qkv, c.qkv_bias()).saturating_add(linear(mul(h, dh), d, c.bias))
-        }
+        AttentionKind::Mha => mha,
         AttentionKind::Mla => {
             let (dc, dr, qb) = (n(c.mla_latent_dim.unwrap_or(0)), n(c.mla_rope_dim.unwrap_or(0)), c.qkv_bias());
             // Queries from x, or through W_DQ and its RMSNorm (the bias then W_DQ's).
@@ -58,6 +60,7 @@ fn layer(c: &ModelConfig) -> Layer {
         ffn: mul(linear(d, f, c.bias), gates).saturating_add(linear(f, d, c.bias)),
         norm: d.saturating_add(b(d, c.bias && c.norm == NormKind::LayerNorm)),
         qk_norm: b(mul(2, dh), c.qk_norm),
+        cross_attention: mha,
     }
 }
 
@@ -96,14 +99,9 @@ pub fn param_counts(c: &ModelConfig) -> Vec<(&'static str, u128)> {
 pub fn seq2seq_param_counts(s: &Seq2SeqConfig) -> Vec<(&'static str, u128)> {
     let c = &s.model;
     let n = |x: usize| x as u128;
-    let (d, h, g, dh) = (n(c.d_model), n(c.n_heads), n(c.kv_heads()), n(c.head_dim()));
+    let d = n(c.d_model);
     let mul = |a: u128, b: u128| a.saturating_mul(b);
-    let linear = |i: u128, o: u128, bias: bool| mul(i, o).saturating_add(if bias { o } else { 0 });
     let x = layer(c);
-    let cross =
-        [linear(d, mul(h, dh), c.qkv_bias()), linear(d, mul(2 * g, dh), c.qkv_bias()), linear(mul(h, dh), d, c.bias)]
-            .into_iter()
-            .fold(0, u128::saturating_add);
     let sublayers = |count: u128, extra: u128| {
         [x.attention, x.qk_norm, x.ffn, extra, mul(mul(count, norms_per_sublayer(c)), x.norm)]
             .into_iter()
@@ -114,7 +112,7 @@ pub fn seq2seq_param_counts(s: &Seq2SeqConfig) -> Vec<(&'static str, u128)> {
         ("source embedding", mul(v_src, d)),
         ("target embedding", if s.share_embeddings { 0 } else { mul(v_tgt, d) }),
         ("encoder", mul(n(s.encoder_layers), sublayers(2, 0))),
-        ("decoder", mul(n(s.decoder_layers), sublayers(3, cross))),
+        ("decoder", mul(n(s.decoder_layers), sublayers(3, x.cross_attention))),
         ("final norms", if c.norm_placement == NormPlacement::Post { 0 } else { mul(2, x.norm) }),
         ("output projection", if c.tie_embeddings { 0 } else { mul(v_tgt, d) }),
         ("logits bias", if s.logits_bias { v_tgt } else { 0 }),

@@ -71,8 +71,10 @@ fn encoder_decoder(s: &Seq2SeqConfig, args: &InspectArgs) {
     let per_layer = kv_elements_per_token_layer(&decoder);
     println!("decoder caches at {e} bytes per element: 2·g·d_h = {per_layer} elements per token per layer");
     println!("  per token            {}", bytes(kv_cache_bytes(&decoder, 1, 1, e)));
-    println!("  self-attention  {b} × {t} target tokens {}", bytes(kv_cache_bytes(&decoder, b, t, e)));
-    println!("  cross-attention {b} × {t} source tokens {}", bytes(kv_cache_bytes(&decoder, b, t, e)));
+    // Keys and values of t target tokens (self-attention) and of t source tokens (cross-attention): the same size.
+    let cache = bytes(kv_cache_bytes(&decoder, b, t, e));
+    println!("  self-attention  {b} × {t} target tokens {cache}");
+    println!("  cross-attention {b} × {t} source tokens {cache}");
 }
 
 /// A layer's shape: width, heads (MHA, GQA, MQA or MLA), FFN, positions and norms.

@@ -131,16 +131,20 @@ fn check_as(case: &Case, draws: &mut Draws, (device, tuned): &(Device, Imp), dty
         let error = max_abs_diff_tensors(flash[i].clone(), reference[i].clone());
         let bound = match &naive {
             None => TOLERANCE,
-            Some(naive) => {
-                let scale = values(reference[i].clone()).iter().fold(1.0f32, |m, x| m.max(x.abs()));
-                2.0 * max_abs_diff_tensors(naive[i].clone(), reference[i].clone()) + HALF_SLACK * scale
-            }
+            Some(naive) => half_bound(naive[i].clone(), reference[i].clone()),
         };
         let at = (case, tuned, device, dtype);
         assert!(error.is_finite() && error <= bound, "{name}: max abs error {error:e} > {bound:e} in {at:?}");
         worst = worst.max(error / bound);
     }
     worst
+}
+
+/// The f16 bound: twice the error of `naive` (naive attention in f16 on the kernels' device) against `reference`,
+/// plus [`HALF_SLACK`] of the largest |reference| (at least 1).
+fn half_bound(naive: Tensor<4>, reference: Tensor<4>) -> f32 {
+    let scale = values(reference.clone()).iter().fold(1.0f32, |m, x| m.max(x.abs()));
+    2.0 * max_abs_diff_tensors(naive, reference) + HALF_SLACK * scale
 }
 
 /// The forward alone: the kernels' o against the reference's (f32 on the CPU, on the same values of the inputs) with
@@ -154,8 +158,7 @@ fn check_forward(case: &Case, draws: &mut Draws, (device, tuned): &(Device, Imp)
     };
     let reference = output(imp("naive"), &Device::flex(), FloatDType::F32);
     let error = max_abs_diff_tensors(output(*tuned, device, dtype), reference.clone());
-    let naive = max_abs_diff_tensors(output(imp("naive"), device, FloatDType::F16), reference.clone());
-    let bound = 2.0 * naive + HALF_SLACK * values(reference).iter().fold(1.0f32, |m, x| m.max(x.abs()));
+    let bound = half_bound(output(imp("naive"), device, FloatDType::F16), reference);
     let at = (case, tuned, device, dtype);
     assert!(error.is_finite() && error <= bound, "o: max abs error {error:e} > {bound:e} in {at:?}");
     error / bound

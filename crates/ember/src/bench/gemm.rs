@@ -75,8 +75,7 @@ pub fn bench_gemm(args: BenchGemmArgs, choice: DeviceChoice) -> Result<()> {
             row("burn f16", time(sizes, &device, || a16.clone().matmul(b16.clone()))?);
         }
         if let Some(side) = side {
-            let reference =
-                a.clone().cast(FloatDType::F16).cast(FloatDType::F32).matmul(b16.clone().cast(FloatDType::F32));
+            let reference = a16.clone().cast(FloatDType::F32).matmul(b16.clone().cast(FloatDType::F32));
             let error =
                 (cooperative_matmul(a.clone(), b.clone(), side) - reference.clone()).abs().max().into_scalar::<f32>();
             let scale = reference.abs().max().into_scalar::<f32>().max(1.0);

@@ -153,8 +153,10 @@ fn marian(dir: &Path, device: &Device) -> Result<Translator, TranslationError> {
         bos: ids.decoder_start,
         eos: ids.eos,
     };
-    let path = [dir.join("generation_config.json"), dir.join("config.json")].into_iter().find(|p| p.is_file());
-    let path = path.unwrap_or_else(|| dir.join("config.json"));
+    let path = match dir.join("generation_config.json") {
+        own if own.is_file() => own,
+        _ => dir.join("config.json"),
+    };
     let text = ember_core_model::files::read_to_string(&path).map_err(io(&path))?;
     let generation = generation::read(&text, config.tgt_vocab).map_err(|e| bad(&path, e))?;
     if let Some(forced) = generation.forced_eos.filter(|&id| id != ids.eos) {
