@@ -70,6 +70,13 @@ def save_tiny(model, out, vocab, length=12, greedy=0):
     print(out, "logits", tuple(logits.shape), "max |logit|", float(logits.abs().max()))
 
 
+def gguf_model(gguf_path):
+    """The tokenizer and the f32 model transformers makes of a GGUF file (its weights dequantized)."""
+    folder, name = os.path.split(os.path.abspath(gguf_path))
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    return tok, AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+
+
 def main(out_dir, gguf_path):
     torch.manual_seed(0)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=4,
@@ -84,9 +91,7 @@ def main(out_dir, gguf_path):
     save_tiny(llama, os.path.join(out_dir, "llama-tiny"), 96)
     families(out_dir)
 
-    folder, name = os.path.split(os.path.abspath(gguf_path))
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    tok, model = gguf_model(gguf_path)
     records = []
     for prompt in PROMPTS:
         ids = tok(prompt, return_tensors="pt").input_ids

@@ -52,11 +52,25 @@ pub struct Output {
     pub logprobs: Option<usize>,
 }
 
-/// A validated completion request.
+/// The most prompts one completion request may hold (a list of strings or of token lists).
+pub const MAX_PROMPTS: usize = 64;
+
+/// A completion prompt: text, or token ids as the model's tokenizer numbers them.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// A validated completion request: its prompts (each answered by `n` choices, numbered prompt · n + choice), the
+/// generation each asks for (whose `prompt` is left empty), and with `echo` the prompt given back before the
+/// completion, its tokens' log-probabilities too when `logprobs` is set.
 #[derive(Debug)]
 pub struct Completion {
+    pub prompts: Vec<Prompt>,
     pub request: GenerationRequest,
     pub output: Output,
+    pub echo: bool,
 }
 
 /// A validated chat completion request: its messages (keys in the request's order, for the chat template) and the
@@ -86,9 +100,9 @@ const SHARED_FIELDS: [&str; 14] = [
     "user",
 ];
 
-/// A completion request's own fields; any field neither here nor shared (`echo`, `best_of`, `suffix`, `logit_bias`,
-/// ...) is refused by name rather than ignored.
-const COMPLETION_FIELDS: [&str; 2] = ["prompt", "logprobs"];
+/// A completion request's own fields; any field neither here nor shared (`best_of`, `suffix`, `logit_bias`, ...) is
+/// refused by name rather than ignored.
+const COMPLETION_FIELDS: [&str; 3] = ["prompt", "logprobs", "echo"];
 
 /// A chat completion request's own fields; any other (`tools`, `response_format`, ...) is refused by name.
 const CHAT_FIELDS: [&str; 4] = ["messages", "max_completion_tokens", "logprobs", "top_logprobs"];
@@ -129,10 +143,12 @@ fn fresh_seed() -> u64 {
 
 /// The generation both endpoints ask for, with `prompt`; `max_tokens` is read from the first of `length_keys`
 /// present. The logprobs fields, which differ between the endpoints, are left to the caller.
+/// A length of 0 is taken only when `score_only` (a completion that echoes its prompt).
 fn generation_request(
     obj: &Map<String, Value>,
     prompt: String,
     length_keys: &[&'static str],
+    score_only: bool,
 ) -> Result<(GenerationRequest, Output), ApiError> {
     let number = |key: &'static str| -> Result<Option<f64>, ApiError> {
         match obj.get(key) {
@@ -161,8 +177,11 @@ fn generation_request(
         }
     }
     let (key, max_tokens) = max_tokens;
-    if !(1..=100_000).contains(&max_tokens) {
-        return Err(ApiError::invalid(key, format!("{key} must be between 1 and 100000")));
+    if max_tokens == 0 && !score_only {
+        return Err(ApiError::invalid(key, format!("{key} must be at least 1 (0 only scores the prompt, with echo)")));
+    }
+    if max_tokens > 100_000 {
+        return Err(ApiError::invalid(key, format!("{key} must be at most 100000")));
     }
     let temperature = number("temperature")?.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
@@ -242,14 +261,45 @@ fn top_count(obj: &Map<String, Value>, key: &'static str) -> Result<Option<usize
 /// Parses and checks a `POST /v1/completions` body against the served model `model_id`.
 pub fn parse_completion(body: &[u8], model_id: &str) -> Result<Completion, ApiError> {
     let obj = object(body, model_id, &COMPLETION_FIELDS)?;
-    let prompt = match obj.get("prompt") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),
-        _ => return Err(ApiError::invalid("prompt", "prompt must be a string (or a list of one string)")),
+    let prompts = prompts(obj.get("prompt"))?;
+    let echo = match obj.get("echo") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        _ => return Err(ApiError::invalid("echo", "echo must be a boolean")),
     };
-    let (request, mut output) = generation_request(&obj, prompt, &["max_tokens"])?;
+    let (request, mut output) = generation_request(&obj, String::new(), &["max_tokens"], echo)?;
     output.logprobs = top_count(&obj, "logprobs")?;
-    Ok(Completion { request, output })
+    if prompts.len() * output.n > MAX_PROMPTS {
+        return Err(ApiError::invalid("prompt", format!("prompts × n must be at most {MAX_PROMPTS}")));
+    }
+    Ok(Completion { prompts, request, output, echo })
+}
+
+/// A completion's `prompt`: a string, token ids, or a list of either (at most [`MAX_PROMPTS`]).
+fn prompts(value: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            "prompt",
+            format!("prompt must be a string, a list of token ids, or a list of up to {MAX_PROMPTS} of either"),
+        )
+    };
+    let tokens = |ids: &[Value]| -> Option<Prompt> {
+        let ids = ids.iter().map(|id| id.as_u64().and_then(|id| u32::try_from(id).ok()));
+        ids.collect::<Option<Vec<u32>>>().map(Prompt::Tokens)
+    };
+    let one = |v: &Value| match v {
+        Value::String(s) => Some(Prompt::Text(s.clone())),
+        Value::Array(ids) => tokens(ids),
+        _ => None,
+    };
+    match value {
+        Some(Value::String(s)) => Ok(vec![Prompt::Text(s.clone())]),
+        Some(Value::Array(a)) if a.first().is_some_and(Value::is_number) => Ok(vec![tokens(a).ok_or_else(bad)?]),
+        Some(Value::Array(a)) if (1..=MAX_PROMPTS).contains(&a.len()) => {
+            a.iter().map(|v| one(v).ok_or_else(bad)).collect()
+        }
+        _ => Err(bad()),
+    }
 }
 
 /// Parses and checks a `POST /v1/chat/completions` body against the served model `model_id`: every field is one
@@ -257,7 +307,8 @@ pub fn parse_completion(body: &[u8], model_id: &str) -> Result<Completion, ApiEr
 /// are joined).
 pub fn parse_chat(body: &[u8], model_id: &str) -> Result<Chat, ApiError> {
     let obj = object(body, model_id, &CHAT_FIELDS)?;
-    let (request, mut output) = generation_request(&obj, String::new(), &["max_completion_tokens", "max_tokens"])?;
+    let (request, mut output) =
+        generation_request(&obj, String::new(), &["max_completion_tokens", "max_tokens"], false)?;
     output.logprobs = match (obj.get("logprobs"), top_count(&obj, "top_logprobs")?) {
         (None | Some(Value::Null | Value::Bool(false)), None) => None,
         (None | Some(Value::Null | Value::Bool(false)), Some(_)) => {
@@ -343,18 +394,36 @@ mod tests {
         assert_eq!(err(br#"{"prompt":"x","max_tokens":0}"#).param, Some("max_tokens"));
         assert_eq!(err(br#"{"prompt":"x","top_k":0}"#).param, Some("top_k"));
         assert_eq!(err(br#"{"prompt":"x","n":17}"#).param, Some("n"));
-        let echo = err(br#"{"prompt":"x","echo":true}"#);
-        assert_eq!(echo.code, Some("unsupported_parameter"));
-        assert!(echo.message.starts_with("`echo` is not supported"), "{}", echo.message);
+        let suffix = err(br#"{"prompt":"x","suffix":"y"}"#);
+        assert_eq!(suffix.code, Some("unsupported_parameter"));
+        assert!(suffix.message.starts_with("`suffix` is not supported"), "{}", suffix.message);
         assert_eq!(err(br#"{"prompt":"x","logprobs":21}"#).param, Some("logprobs"));
         assert_eq!(err(br#"{"prompt":"x","presence_penalty":2.5}"#).param, Some("presence_penalty"));
         assert_eq!(err(br#"{"prompt":"x","repetition_penalty":-1}"#).param, Some("repetition_penalty"));
         let tuned = parse_completion(br#"{"prompt":"x","top_k":5,"repetition_penalty":1.3}"#, "m").unwrap();
         assert_eq!((tuned.request.sampling.top_k, tuned.request.sampling.repetition_penalty), (Some(5), 1.3));
         assert_eq!(err(br#"{"prompt":5}"#).param, Some("prompt"));
+        assert_eq!(err(br#"{"prompt":[]}"#).param, Some("prompt"));
+        assert_eq!(err(br#"{"prompt":[1,-2]}"#).param, Some("prompt"));
+        assert_eq!(err(br#"{"prompt":["a",[1],3]}"#).param, Some("prompt"));
+        assert_eq!(err(br#"{"prompt":["a","b","c","d","e"],"n":16}"#).param, Some("prompt"));
+        assert_eq!(err(br#"{"prompt":"x","echo":1}"#).param, Some("echo"));
         let body = err(br#"{"prompt":"x","top_p":0}"#).body();
         assert_eq!(body["error"]["type"], "invalid_request_error");
         assert_eq!(body["error"]["param"], "top_p");
+    }
+
+    /// A prompt is text or token ids, alone or in a list; `echo` gives the prompt back, and with it `max_tokens` 0
+    /// scores the prompt without generating.
+    #[test]
+    fn completions_take_token_prompts_lists_and_echo() {
+        let parse = |body: &str| parse_completion(body.as_bytes(), "m").unwrap();
+        assert_eq!(parse(r#"{"prompt":[5,6]}"#).prompts, [Prompt::Tokens(vec![5, 6])]);
+        let many = parse(r#"{"prompt":["a",[7]],"echo":true,"max_tokens":0,"logprobs":1}"#);
+        assert_eq!(many.prompts, [Prompt::Text("a".into()), Prompt::Tokens(vec![7])]);
+        assert_eq!((many.echo, many.request.max_new_tokens, many.output.logprobs), (true, 0, Some(1)));
+        let zero = parse_completion(br#"{"prompt":"x","max_tokens":0}"#, "m").unwrap_err();
+        assert!(zero.message.contains("0 only scores the prompt, with echo"), "{}", zero.message);
     }
 
     #[test]

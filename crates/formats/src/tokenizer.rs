@@ -286,7 +286,12 @@ pub fn parse(bytes: &[u8]) -> Result<Tokenizer, String> {
 /// Token ids of `text`, with the tokens the tokenizer's post-processor adds (a SentencePiece model's BOS); a
 /// character a character-level vocabulary lacks (whose tokenizer has no unknown token) is named in the error.
 pub fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, TokenizerError> {
-    let encoding = tokenizer.encode(text, true).map_err(|e| {
+    encode_with(tokenizer, text, true)
+}
+
+/// [`encode`], adding the tokenizer's special tokens (a BOS) only when `special`.
+pub fn encode_with(tokenizer: &Tokenizer, text: &str, special: bool) -> Result<Vec<u32>, TokenizerError> {
+    let encoding = tokenizer.encode(text, special).map_err(|e| {
         let characters = tokenizer.get_vocab(false).keys().all(|token| token.chars().count() == 1);
         let missing = text.chars().find(|c| tokenizer.token_to_id(&c.to_string()).is_none()).filter(|_| characters);
         match missing {

@@ -183,6 +183,18 @@ impl<'a> Decoder<'a> {
         logits.into_data().convert::<f32>().try_to_vec::<f32>().expect("f32 logits")
     }
 
+    /// Logits [T × V] after each of `ids`, the whole prompt run into an empty store (or recomputed).
+    fn prompt_logits(&mut self, ids: &[u32]) -> Vec<f32> {
+        let logits = match self.cache.as_mut() {
+            None => self.model.forward(row(ids, &self.device)),
+            Some(cache) => {
+                cache.clear();
+                self.model.forward_step_all(row(ids, &self.device), cache.as_mut())
+            }
+        };
+        logits.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 logits")
+    }
+
     /// The store, when the next step is exactly one new token that fits the context (so it can join a batch).
     fn batchable(&mut self, ids: &[u32], seen: usize) -> Option<&mut dyn KvCache> {
         let block = self.model.block_size();
@@ -249,6 +261,8 @@ pub struct Sequence<'a> {
     /// With Some(k), each token's log-probability and k alternatives are kept for [`Self::take_logprob`].
     top_logprobs: Option<usize>,
     logprob: Option<TokenLogprob>,
+    /// The next-token logits, when scoring the prompt has computed them.
+    pending: Option<Vec<f32>>,
 }
 
 impl<'a> Sequence<'a> {
@@ -272,7 +286,20 @@ impl<'a> Sequence<'a> {
         device: &Device,
         store: impl FnOnce(&[u32]) -> Option<Box<dyn KvCache>>,
     ) -> Result<Self, GenerateError> {
-        let ids = prompt_ids(tokenizer, &request.prompt, model.block_size(), model.config().vocab())?;
+        let ids = tokenizer::encode(tokenizer, &request.prompt).map_err(GenerateError::Prompt)?;
+        Self::with_ids(model, tokenizer, request, ids, device, store)
+    }
+
+    /// [`Self::with_store`] for a prompt given as token ids (the request's text is not read).
+    pub fn with_ids(
+        model: &'a CausalLm,
+        tokenizer: &'a Tokenizer,
+        request: &GenerationRequest,
+        ids: Vec<u32>,
+        device: &Device,
+        store: impl FnOnce(&[u32]) -> Option<Box<dyn KvCache>>,
+    ) -> Result<Self, GenerateError> {
+        check_prompt(&ids, model.block_size(), model.config().vocab())?;
         let decoder = Decoder::with_store(model, store(&ids), device);
         let reused = decoder.cached();
         Ok(Self {
@@ -294,7 +321,26 @@ impl<'a> Sequence<'a> {
             finished: if request.max_new_tokens == 0 { Some(Finish::Length) } else { None },
             top_logprobs: None,
             logprob: None,
+            pending: None,
         })
+    }
+
+    /// Runs the whole prompt (recomputing any cached prefix) and returns the log-probability of each prompt token
+    /// after the first given those before it, with `top` alternatives; the first step then samples from the last
+    /// row without running the model again.
+    pub fn score_prompt(&mut self, top: usize) -> Vec<TokenLogprob> {
+        let logits = self.decoder.prompt_logits(&self.ids[..self.prompt_len]);
+        let v = logits.len() / self.prompt_len;
+        let rows: Vec<&[f32]> = logits.chunks_exact(v).collect();
+        let scored = (1..self.prompt_len).map(|t| logprobs(rows[t - 1], self.ids[t], top)).collect();
+        (self.seen, self.reused) = (self.prompt_len, 0);
+        self.pending = Some(rows[self.prompt_len - 1].to_vec());
+        scored
+    }
+
+    /// The prompt's first token id.
+    pub fn first_token(&self) -> u32 {
+        self.ids[0]
     }
 
     /// Keeps each generated token's log-probability and `top` alternatives (None: keeps nothing).
@@ -334,7 +380,10 @@ impl<'a> Sequence<'a> {
         if self.finished.is_some() {
             return Ok(String::new());
         }
-        let logits = self.decoder.next_logits(&self.ids, self.seen);
+        let logits = match self.pending.take() {
+            Some(logits) => logits,
+            None => self.decoder.next_logits(&self.ids, self.seen),
+        };
         self.step_with(logits)
     }
 
@@ -411,6 +460,12 @@ pub fn prompt_ids(
     vocab: usize,
 ) -> Result<Vec<u32>, GenerateError> {
     let ids = tokenizer::encode(tokenizer, prompt).map_err(GenerateError::Prompt)?;
+    check_prompt(&ids, context, vocab)?;
+    Ok(ids)
+}
+
+/// A prompt's ids are not empty, fit a context of `context` tokens and lie inside a vocabulary of `vocab`.
+fn check_prompt(ids: &[u32], context: usize, vocab: usize) -> Result<(), GenerateError> {
     if ids.is_empty() {
         return Err(GenerateError::EmptyPrompt);
     }
@@ -420,7 +475,7 @@ pub fn prompt_ids(
     if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
         return Err(GenerateError::TokenPastVocabulary { id, vocab });
     }
-    Ok(ids)
+    Ok(())
 }
 
 /// Generates up to `max_new_tokens` after the prompt, calling `on_text` with each newly final piece of text.

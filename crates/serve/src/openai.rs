@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-pub use ember_formats::openai::{ApiError, Chat, Completion, Output, parse_chat, parse_completion};
+pub use ember_formats::openai::{ApiError, Chat, Completion, Output, Prompt, parse_chat, parse_completion};
 
 use crate::generate::{Finish, GenerateError};
 
@@ -21,12 +21,12 @@ pub fn finish_reason(finish: Finish) -> &'static str {
     }
 }
 
-/// A generated token's logprobs with the tokens as text.
+/// A token's logprobs with the tokens as text; an echoed prompt's first token has none (null in the response).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenText {
     pub token: String,
-    pub logprob: f32,
-    pub top: Vec<(String, f32)>,
+    pub logprob: Option<f32>,
+    pub top: Option<Vec<(String, f32)>>,
 }
 
 /// The API a response speaks.
@@ -98,19 +98,20 @@ impl Api {
                     "tokens": tokens.iter().map(|t| &t.token).collect::<Vec<_>>(),
                     "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
                     "top_logprobs": tokens.iter()
-                        .map(|t| t.top.iter().map(|(s, lp)| (s.clone(), json!(lp))).collect::<serde_json::Map<_, _>>())
+                        .map(|t| t.top.as_ref().map(|top| {
+                            top.iter().map(|(s, lp)| (s.clone(), json!(lp))).collect::<serde_json::Map<_, _>>()
+                        }))
                         .collect::<Vec<_>>(),
                     "text_offset": offsets.collect::<Vec<_>>(),
                 })
             }
             Api::Chat => {
-                let entry =
-                    |token: &str, logprob: f32| json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()});
+                let entry = |token: &str, logprob: Option<f32>| json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()});
                 let content: Vec<Value> = tokens
                     .iter()
                     .map(|t| {
                         let mut e = entry(&t.token, t.logprob);
-                        e["top_logprobs"] = t.top.iter().map(|(s, lp)| entry(s, *lp)).collect();
+                        e["top_logprobs"] = t.top.iter().flatten().map(|(s, lp)| entry(s, Some(*lp))).collect();
                         e
                     })
                     .collect();

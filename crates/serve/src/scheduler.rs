@@ -21,17 +21,22 @@ use crate::sampling::TokenLogprob;
 use ember_formats::request::GenerationRequest;
 
 /// A request for one completion, choice `choice` of its response; its events go back on `events`, tagged with the
-/// choice. With `logprobs`, every token comes with its log-probability and that many alternatives.
+/// choice. The prompt is the request's text, or `tokens` when given. With `logprobs`, every token comes with its
+/// log-probability and that many alternatives; with `echo`, the prompt's tokens first.
 pub struct Job {
     pub request: GenerationRequest,
+    pub tokens: Option<Vec<u32>>,
     pub choice: usize,
     pub logprobs: Option<usize>,
+    pub echo: bool,
     pub events: UnboundedSender<(usize, Event)>,
 }
 
 /// What a job's client hears.
 #[derive(Debug)]
 pub enum Event {
+    /// The prompt, given back before any token (`echo`): its first token, and with logprobs those of the others.
+    Prompt { first: u32, logprobs: Option<Vec<TokenLogprob>> },
     /// A generated token: the text that became final with it (possibly none) and, when asked for, its logprobs.
     Token { text: String, logprob: Option<TokenLogprob> },
     /// The end: why, and the token counts.
@@ -95,8 +100,19 @@ pub fn run(
         }
         while active.len() < max_batch.max(1) {
             let Some(job) = waiting.pop_front() else { break };
-            match Sequence::with_store(model, tokenizer, &job.request, device, store) {
-                Ok(sequence) => {
+            let sequence = match job.tokens {
+                Some(ids) => Sequence::with_ids(model, tokenizer, &job.request, ids, device, store),
+                None => Sequence::with_store(model, tokenizer, &job.request, device, store),
+            };
+            match sequence {
+                Ok(mut sequence) => {
+                    if job.echo {
+                        let logprobs = job.logprobs.map(|top| sequence.score_prompt(top));
+                        let prompt = Event::Prompt { first: sequence.first_token(), logprobs };
+                        if job.events.send((job.choice, prompt)).is_err() {
+                            continue;
+                        }
+                    }
                     metrics.prompt_reuse(sequence.prompt_tokens(), sequence.reused_tokens());
                     active.push(Active {
                         sequence: sequence.with_logprobs(job.logprobs),

@@ -3,16 +3,13 @@
 //! (a chat rendered through the model's template), admitted or turned away (429) by the number of sequences running
 //! and queued, and handed as one [`Job`] per choice to the scheduler, which owns the model on its own thread.
 
-use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, OnceLock};
-use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use axum::body::{Body, Bytes, HttpBody};
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use axum::http::{Method, StatusCode};
@@ -21,19 +18,20 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use ember_formats::chat::{ChatError, ChatTemplate, RenderContext};
 use ember_formats::tokenizer;
-use http_body::Frame;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::{Value, json};
 use tokenizers::Tokenizer;
-use tokio::sync::mpsc::{self as channel, UnboundedReceiver};
+use tokio::sync::mpsc as channel;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
-use crate::generate::Finish;
+use crate::generate;
+
+mod reply;
 use crate::metrics::Metrics;
-use crate::openai::{self, Api, ApiError, ChoiceBody, Output, TokenText};
-use crate::sampling::TokenLogprob;
-use crate::scheduler::{Event, Job};
+use crate::openai::{self, Api, ApiError, Output, Prompt};
+use crate::scheduler::Job;
 use ember_formats::request::GenerationRequest;
+use reply::{Choice, EventStream, Reply};
 
 /// What `/v1/chat/completions` needs of the model: its chat template and the special tokens the template names.
 pub struct ChatPrompt {
@@ -162,6 +160,7 @@ pub fn router(app: Arc<App>) -> Result<Router, String> {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/tokenize", post(tokenize))
+        .route("/tokenizer_info", get(tokenizer_info))
         .route("/detokenize", post(detokenize))
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(app.clone(), authorize));
@@ -303,17 +302,39 @@ async fn read_body(body: Body, options: &Options) -> Result<Bytes, ApiError> {
     }
 }
 
-/// `POST /tokenize` `{"prompt": TEXT}` → the token ids, as generation encodes the prompt.
+/// `POST /tokenize` `{"prompt": TEXT, "add_special_tokens": BOOL}` → the token ids, as generation encodes the prompt
+/// (without the tokenizer's BOS when `add_special_tokens` is false).
 async fn tokenize(State(app): Shared, body: Body) -> Response {
     let result = async {
         let served = app.loaded()?;
         let json = parse_json(&read_body(body, &app.options).await?)?;
         let prompt = json["prompt"].as_str().ok_or_else(|| ApiError::invalid("prompt", "prompt must be a string"))?;
-        let ids =
-            tokenizer::encode(&served.tokenizer, prompt).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+        let special = match &json["add_special_tokens"] {
+            Value::Null => true,
+            Value::Bool(b) => *b,
+            _ => return Err(ApiError::invalid("add_special_tokens", "add_special_tokens must be a boolean")),
+        };
+        let ids = tokenizer::encode_with(&served.tokenizer, prompt, special)
+            .map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
         Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": served.context}))
     };
     reply(result.await)
+}
+
+/// `GET /tokenizer_info`: the special tokens, chat template and context, as vLLM describes its tokenizer (what
+/// lm-evaluation-harness's remote tokenizer reads).
+async fn tokenizer_info(State(app): Shared) -> Response {
+    reply(app.loaded().map(|served| {
+        let ends = generate::end_tokens(&served.tokenizer);
+        let end = ends.first().and_then(|&id| tokenizer::decode(&served.tokenizer, &[id]).ok());
+        let chat = served.chat.as_ref();
+        json!({
+            "eos_token": chat.map(|c| c.eos_token.clone()).or(end),
+            "bos_token": chat.map(|c| c.bos_token.clone()),
+            "chat_template": chat.map(|c| c.template.source()),
+            "model_max_length": served.context,
+        })
+    }))
 }
 
 /// `POST /detokenize` `{"tokens": [ids]}` → the text.
@@ -368,22 +389,63 @@ fn chat_request(body: &[u8], id: &str, served: &Served) -> Result<(GenerationReq
     Ok((GenerationRequest { prompt: rendered, ..chat.request }, chat.output))
 }
 
-/// Parses, admits and runs a request: `n` jobs (choice i seeded with seed + i), answered whole or streamed. The
-/// first event decides the status, so that a prompt the model cannot take is still a 4xx when streaming.
+/// One prompt of a request: the generation, the prompt as token ids when given so, and with `echo` its text to give
+/// back.
+struct Prompted {
+    request: GenerationRequest,
+    tokens: Option<Vec<u32>>,
+    echo: Option<String>,
+}
+
+/// A completion request's prompts, each with the request's settings.
+fn completion_prompts(body: &[u8], id: &str, served: &Served) -> Result<(Vec<Prompted>, Output), ApiError> {
+    let completion = openai::parse_completion(body, id)?;
+    let prompts = completion.prompts.into_iter().map(|prompt| {
+        let (text, tokens) = match prompt {
+            Prompt::Text(text) => (text, None),
+            Prompt::Tokens(ids) => (String::new(), Some(ids)),
+        };
+        let echo = completion.echo.then(|| match &tokens {
+            Some(ids) => tokenizer::decode(&served.tokenizer, ids).unwrap_or_default(),
+            None => text.clone(),
+        });
+        Prompted { request: GenerationRequest { prompt: text, ..completion.request.clone() }, tokens, echo }
+    });
+    Ok((prompts.collect(), completion.output))
+}
+
+/// Parses, admits and runs a request: `n` jobs per prompt (choice prompt · n + i seeded with seed + i), answered
+/// whole or streamed. The first event decides the status, so that a prompt the model cannot take is still a 4xx when
+/// streaming.
 async fn run_request(app: Arc<App>, body: Body, api: Api) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let served = app.loaded()?;
     let body = read_body(body, &app.options).await?;
-    let (request, output) = match api {
-        Api::Completions => openai::parse_completion(&body, &app.id).map(|c| (c.request, c.output))?,
-        Api::Chat => chat_request(&body, &app.id, served)?,
+    let (prompts, output) = match api {
+        Api::Completions => completion_prompts(&body, &app.id, served)?,
+        Api::Chat => {
+            let (request, output) = chat_request(&body, &app.id, served)?;
+            (vec![Prompted { request, tokens: None, echo: None }], output)
+        }
     };
-    let admission = app.admit(output.n)?;
+    let admission = app.admit(prompts.len() * output.n)?;
     let (events, received) = channel::unbounded_channel();
-    for choice in 0..output.n {
-        let request = GenerationRequest { seed: request.seed.wrapping_add(choice as u64), ..request.clone() };
-        let job = Job { request, choice, logprobs: output.logprobs, events: events.clone() };
-        app.jobs.send(job).map_err(|_| ApiError::status(503, "the server is shutting down"))?;
+    let mut choices = Vec::new();
+    for prompt in prompts {
+        for i in 0..output.n {
+            let request =
+                GenerationRequest { seed: prompt.request.seed.wrapping_add(i as u64), ..prompt.request.clone() };
+            let job = Job {
+                request,
+                tokens: prompt.tokens.clone(),
+                choice: choices.len(),
+                logprobs: output.logprobs,
+                echo: prompt.echo.is_some(),
+                events: events.clone(),
+            };
+            app.jobs.send(job).map_err(|_| ApiError::status(503, "the server is shutting down"))?;
+            choices.push(Choice::new(prompt.echo.clone(), i == 0));
+        }
     }
     let mut response = Reply {
         id: api.id(app.next_id.fetch_add(1, Ordering::Relaxed)),
@@ -394,8 +456,7 @@ async fn run_request(app: Arc<App>, body: Body, api: Api) -> Result<Response, Ap
         deadline: tokio::time::Instant::from_std(arrived + app.options.deadline),
         arrived,
         first_token: None,
-        choices: (0..output.n).map(|_| Choice::default()).collect(),
-        prompt_tokens: 0,
+        choices,
         _admission: admission,
         app: app.clone(),
     };
@@ -407,190 +468,4 @@ async fn run_request(app: Arc<App>, body: Body, api: Api) -> Result<Response, Ap
     tokio::spawn(response.stream(first, frames));
     let headers = [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")];
     Ok((headers, Body::new(EventStream(body))).into_response())
-}
-
-/// What one choice has produced so far.
-#[derive(Default)]
-struct Choice {
-    text: String,
-    logprobs: Vec<TokenText>,
-    finish: Option<Finish>,
-    first_token: Option<Instant>,
-    completion_tokens: usize,
-}
-
-/// A response being generated: the events of its choices, folded into a whole response or stream chunks.
-struct Reply {
-    app: Arc<App>,
-    api: Api,
-    id: String,
-    created: u64,
-    output: Output,
-    /// Released before `events` closes, so that a freed sequence is never still counted.
-    _admission: Admission,
-    events: UnboundedReceiver<(usize, Event)>,
-    deadline: tokio::time::Instant,
-    arrived: Instant,
-    first_token: Option<Instant>,
-    choices: Vec<Choice>,
-    prompt_tokens: usize,
-}
-
-impl Reply {
-    /// The next event: an error as an [`ApiError`], and the deadline as a 504.
-    async fn next(&mut self) -> Result<(usize, Event), ApiError> {
-        match tokio::time::timeout_at(self.deadline, self.events.recv()).await {
-            Err(_) => Err(ApiError::status(
-                504,
-                format!("generation passed the request deadline of {:?}", self.app.options.deadline),
-            )),
-            Ok(None) => Err(ApiError::status(500, "generation ended without a result")),
-            Ok(Some((_, Event::Error(e)))) => Err(e.into()),
-            Ok(Some(event)) => Ok(event),
-        }
-    }
-
-    fn finished(&self) -> bool {
-        self.choices.iter().all(|c| c.finish.is_some())
-    }
-
-    /// Records `event` of choice `index` (text, logprobs, metrics) and returns the new text and logprobs.
-    fn record(&mut self, index: usize, event: Event) -> (String, Vec<TokenText>) {
-        let metrics = &self.app.metrics;
-        let choice = &mut self.choices[index];
-        match event {
-            Event::Token { text, logprob } => {
-                let now = Instant::now();
-                if self.first_token.is_none() {
-                    self.first_token = Some(now);
-                    metrics.first_token(now.duration_since(self.arrived).as_secs_f64());
-                }
-                choice.first_token.get_or_insert(now);
-                choice.text.push_str(&text);
-                let served = self.app.served.get().expect("a generation runs on a loaded model");
-                let logprobs: Vec<TokenText> =
-                    logprob.map(|lp| token_text(&served.tokenizer, lp)).into_iter().collect();
-                choice.logprobs.extend(logprobs.iter().cloned());
-                (text, logprobs)
-            }
-            Event::Done { finish, prompt_tokens, completion_tokens } => {
-                metrics.tokens(prompt_tokens, completion_tokens);
-                if let Some(first) = choice.first_token.filter(|_| completion_tokens > 1) {
-                    metrics.per_token(first.elapsed().as_secs_f64() / (completion_tokens - 1) as f64);
-                }
-                choice.finish = Some(finish);
-                choice.completion_tokens = completion_tokens;
-                self.prompt_tokens = prompt_tokens;
-                (String::new(), Vec::new())
-            }
-            Event::Error(_) => unreachable!("next() turns errors into ApiError"),
-        }
-    }
-
-    fn usage(&self) -> Value {
-        openai::usage(self.prompt_tokens, self.choices.iter().map(|c| c.completion_tokens).sum())
-    }
-
-    /// Waits for every choice and answers with the whole response.
-    async fn whole(mut self, first: (usize, Event)) -> Result<Value, ApiError> {
-        let (index, event) = first;
-        self.record(index, event);
-        while !self.finished() {
-            let (index, event) = self.next().await?;
-            self.record(index, event);
-        }
-        let logprobs = self.output.logprobs.is_some();
-        let choices: Vec<ChoiceBody> = (self.choices.iter().enumerate())
-            .map(|(index, c)| ChoiceBody {
-                index,
-                text: &c.text,
-                logprobs: logprobs.then_some(c.logprobs.as_slice()),
-                offset: 0,
-                finish: c.finish,
-            })
-            .collect();
-        let mut body = self.api.body(&self.id, &self.app.id, self.created, &choices, false);
-        body["usage"] = self.usage();
-        Ok(body)
-    }
-
-    /// Sends the response as server-sent events into `frames`: a chat's role chunks, a chunk per token (or per
-    /// piece of text), each choice's finish, the usage when asked for, and `[DONE]`. It stops when the client
-    /// leaves (`frames` closes), which drops the event receiver and so frees the sequences.
-    async fn stream(mut self, first: (usize, Event), frames: channel::Sender<Bytes>) {
-        let send = |data: String| {
-            let frames = frames.clone();
-            async move { frames.send(Bytes::from(format!("data: {data}\n\n"))).await.is_ok() }
-        };
-        for index in 0..self.output.n {
-            if let Some(chunk) = self.api.first_chunk(&self.id, &self.app.id, self.created, index)
-                && !send(chunk.to_string()).await
-            {
-                return;
-            }
-        }
-        let mut event: Result<(usize, Event), ApiError> = Ok(first);
-        loop {
-            let (index, event_now) = match event {
-                Ok(e) => e,
-                Err(e) => {
-                    // OpenAI's way of failing a stream already under way.
-                    send(e.body().to_string()).await;
-                    return;
-                }
-            };
-            let offset = self.choices[index].text.len();
-            let (text, logprobs) = self.record(index, event_now);
-            let finish = self.choices[index].finish;
-            if !text.is_empty() || !logprobs.is_empty() || finish.is_some() {
-                let choice = ChoiceBody {
-                    index,
-                    text: &text,
-                    logprobs: self.output.logprobs.map(|_| logprobs.as_slice()),
-                    offset,
-                    finish,
-                };
-                if !send(self.api.body(&self.id, &self.app.id, self.created, &[choice], true).to_string()).await {
-                    return;
-                }
-            }
-            if self.finished() {
-                break;
-            }
-            event = self.next().await;
-        }
-        if self.output.include_usage {
-            let mut last = self.api.body(&self.id, &self.app.id, self.created, &[], true);
-            last["usage"] = self.usage();
-            if !send(last.to_string()).await {
-                return;
-            }
-        }
-        send("[DONE]".into()).await;
-    }
-}
-
-/// A token's logprobs with its text and its alternatives' as the tokenizer decodes each alone.
-fn token_text(tokenizer: &Tokenizer, lp: TokenLogprob) -> TokenText {
-    let text = |id: u32| tokenizer::decode(tokenizer, &[id]).unwrap_or_default();
-    TokenText {
-        token: text(lp.id),
-        logprob: lp.logprob,
-        top: lp.top.into_iter().map(|(id, p)| (text(id), p)).collect(),
-    }
-}
-
-/// A streamed response body: the frames [`Reply::stream`] sends.
-struct EventStream(channel::Receiver<Bytes>);
-
-impl HttpBody for EventStream {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.0.poll_recv(cx).map(|data| data.map(|bytes| Ok(Frame::data(bytes))))
-    }
 }

@@ -33,7 +33,7 @@ fn job(choice: usize, prompt: &str, tokens: usize, events: &UnboundedSender<(usi
         sampling: Sampling::greedy(),
         ..GenerationRequest::default()
     };
-    Job { request, choice, logprobs: Some(0), events: events.clone() }
+    Job { request, tokens: None, choice, logprobs: Some(0), echo: false, events: events.clone() }
 }
 
 /// Runs `jobs` to the end with batches of `max_batch` on `kv`; every event sent, in order.
@@ -78,6 +78,7 @@ fn outcomes(events: &[(usize, Event)], choices: usize) -> Vec<(String, Option<(F
             Event::Token { text, .. } => out[*choice].0.push_str(text),
             Event::Done { finish, completion_tokens, .. } => out[*choice].1 = Some((*finish, *completion_tokens)),
             Event::Error(e) => panic!("choice {choice}: {e}"),
+            Event::Prompt { .. } => panic!("choice {choice}: no job asked for its prompt back"),
         }
     }
     out
