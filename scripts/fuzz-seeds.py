@@ -194,6 +194,11 @@ seed("openai_request", "minimal.json", json.dumps({"prompt": ["Hello"], "n": 1, 
 seed("openai_request", "chat.json", json.dumps({"model": "ember", "messages": [
     {"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
     "max_completion_tokens": 8, "stream": True}))
+seed("openai_request", "schema.json", json.dumps({"prompt": [[1, 2]], "echo": True, "max_tokens": 0, "response_format": {
+    "type": "json_schema", "json_schema": {"name": "p", "schema": {"$defs": {"n": {"type": ["integer", "null"]}},
+    "type": "object", "properties": {"a": {"$ref": "#/$defs/n"}, "b": {"type": "string", "maxLength": 3,
+    "format": "date"}, "c": {"type": "array", "items": {"enum": ["x", 1]}}}, "required": ["a"]}}}}))
+seed("openai_request", "regex.json", json.dumps({"prompt": "x", "structured_outputs": {"regex": "(ab|c){2,}[^\\n]?"}}))
 
 # --- chat templates: SmolLM2's and the feature-rich ones of the transformers fixture ------------------------------
 fixture = json.loads((root / "crates/formats/tests/fixtures/chat_templates.json").read_text())

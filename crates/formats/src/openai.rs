@@ -62,6 +62,19 @@ pub enum Prompt {
     Tokens(Vec<u32>),
 }
 
+/// What the generated text must be (`response_format`, or vLLM's `structured_outputs`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Format {
+    /// Any JSON object.
+    JsonObject,
+    /// JSON valid against this schema (its keys in the request's order).
+    JsonSchema(Json),
+    /// Text the regular expression matches, whole.
+    Regex(String),
+    /// One of these strings.
+    Choice(Vec<String>),
+}
+
 /// A validated completion request: its prompts (each answered by `n` choices, numbered prompt · n + choice), the
 /// generation each asks for (whose `prompt` is left empty), and with `echo` the prompt given back before the
 /// completion, its tokens' log-probabilities too when `logprobs` is set.
@@ -71,6 +84,7 @@ pub struct Completion {
     pub request: GenerationRequest,
     pub output: Output,
     pub echo: bool,
+    pub format: Option<Format>,
 }
 
 /// A validated chat completion request: its messages (keys in the request's order, for the chat template) and the
@@ -80,11 +94,14 @@ pub struct Chat {
     pub messages: Json,
     pub request: GenerationRequest,
     pub output: Output,
+    pub format: Option<Format>,
 }
 
 /// The fields both endpoints implement: the model, the sampling settings and the shape of the response.
-const SHARED_FIELDS: [&str; 14] = [
+const SHARED_FIELDS: [&str; 16] = [
     "model",
+    "response_format",
+    "structured_outputs",
     "max_tokens",
     "temperature",
     "top_p",
@@ -104,7 +121,7 @@ const SHARED_FIELDS: [&str; 14] = [
 /// refused by name rather than ignored.
 const COMPLETION_FIELDS: [&str; 3] = ["prompt", "logprobs", "echo"];
 
-/// A chat completion request's own fields; any other (`tools`, `response_format`, ...) is refused by name.
+/// A chat completion request's own fields; any other (`tools`, `tool_choice`, ...) is refused by name.
 const CHAT_FIELDS: [&str; 4] = ["messages", "max_completion_tokens", "logprobs", "top_logprobs"];
 
 /// The roles a chat message may have.
@@ -272,7 +289,57 @@ pub fn parse_completion(body: &[u8], model_id: &str) -> Result<Completion, ApiEr
     if prompts.len() * output.n > MAX_PROMPTS {
         return Err(ApiError::invalid("prompt", format!("prompts × n must be at most {MAX_PROMPTS}")));
     }
-    Ok(Completion { prompts, request, output, echo })
+    Ok(Completion { prompts, request, output, echo, format: format(&ordered(body)?)? })
+}
+
+/// The body again as JSON that keeps its keys' order (a schema's properties, a chat's messages).
+fn ordered(body: &[u8]) -> Result<Vec<(String, Json)>, ApiError> {
+    match serde_json::from_slice(body).map_err(|e| ApiError::status(400, e.to_string()))? {
+        Json::Map(fields) => Ok(fields),
+        _ => Err(ApiError::status(400, "the body must be a JSON object")),
+    }
+}
+
+/// `response_format` (`{"type": "text" | "json_object" | "json_schema", "json_schema": {"schema": ...}}`) or vLLM's
+/// `structured_outputs` (`{"json": SCHEMA}`, `{"regex": PATTERN}` or `{"choice": [STRINGS]}`).
+fn format(fields: &[(String, Json)]) -> Result<Option<Format>, ApiError> {
+    let field = |fields: &'_ [(String, Json)], key: &str| fields.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+    let bad = |param: &'static str, what: &str| ApiError::invalid(param, format!("{param}: {what}"));
+    match (field(fields, "response_format"), field(fields, "structured_outputs")) {
+        (None | Some(Json::Null), None | Some(Json::Null)) => Ok(None),
+        (Some(Json::Map(f)), None | Some(Json::Null)) => match field(&f, "type") {
+            Some(Json::Str(t)) if t == "text" => Ok(None),
+            Some(Json::Str(t)) if t == "json_object" => Ok(Some(Format::JsonObject)),
+            Some(Json::Str(t)) if t == "json_schema" => match field(&f, "json_schema") {
+                Some(Json::Map(spec)) => match field(&spec, "schema") {
+                    Some(schema @ (Json::Map(_) | Json::Bool(_))) => Ok(Some(Format::JsonSchema(schema))),
+                    _ => Err(bad("response_format", "json_schema.schema must be a JSON schema object")),
+                },
+                _ => Err(bad("response_format", "json_schema must be an object with a schema")),
+            },
+            _ => Err(bad("response_format", "type must be \"text\", \"json_object\" or \"json_schema\"")),
+        },
+        (None | Some(Json::Null), Some(Json::Map(f))) => match f.as_slice() {
+            [(k, schema @ (Json::Map(_) | Json::Bool(_)))] if k == "json" => {
+                Ok(Some(Format::JsonSchema(schema.clone())))
+            }
+            [(k, Json::Str(pattern))] if k == "regex" => Ok(Some(Format::Regex(pattern.clone()))),
+            [(k, Json::List(choices))] if k == "choice" && !choices.is_empty() => {
+                let strings = choices.iter().map(|c| match c {
+                    Json::Str(s) if !s.is_empty() => Ok(s.clone()),
+                    _ => Err(bad("structured_outputs", "choice must be a list of non-empty strings")),
+                });
+                Ok(Some(Format::Choice(strings.collect::<Result<_, _>>()?)))
+            }
+            [(k, _)] if k == "grammar" => {
+                Err(bad("structured_outputs", "grammar (GBNF) is not supported; give json, regex or choice"))
+            }
+            _ => Err(bad("structured_outputs", "must hold one of json (a schema), regex (a string), choice (strings)")),
+        },
+        (Some(_), None | Some(Json::Null)) => Err(bad("response_format", "must be an object")),
+        (None | Some(Json::Null), Some(_)) => Err(bad("structured_outputs", "must be an object")),
+        (Some(_), Some(_)) => Err(bad("response_format", "give response_format or structured_outputs, not both")),
+    }
 }
 
 /// A completion's `prompt`: a string, token ids, or a list of either (at most [`MAX_PROMPTS`]).
@@ -318,8 +385,8 @@ pub fn parse_chat(body: &[u8], model_id: &str) -> Result<Chat, ApiError> {
         _ => return Err(ApiError::invalid("logprobs", "logprobs must be a boolean")),
     };
     // The messages again with their keys in the request's order, as the template's tojson shows them.
-    let ordered: Json = serde_json::from_slice(body).map_err(|e| ApiError::status(400, e.to_string()))?;
-    let Json::Map(fields) = ordered else { return Err(ApiError::status(400, "the body must be a JSON object")) };
+    let fields = ordered(body)?;
+    let format = format(&fields)?;
     let Some((_, Json::List(messages))) = fields.into_iter().find(|(k, _)| k == "messages") else {
         return Err(ApiError::invalid("messages", "messages must be a list of {role, content} objects"));
     };
@@ -327,7 +394,7 @@ pub fn parse_chat(body: &[u8], model_id: &str) -> Result<Chat, ApiError> {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
     let messages = messages.into_iter().enumerate().map(|(i, m)| message(i, m)).collect::<Result<_, _>>()?;
-    Ok(Chat { messages: Json::List(messages), request, output })
+    Ok(Chat { messages: Json::List(messages), request, output, format })
 }
 
 /// Message `i` with its role checked and its content as one string.

@@ -322,6 +322,66 @@ pub fn vocab_size(tokenizer: &Tokenizer) -> usize {
     tokenizer.get_vocab_size(true)
 }
 
+/// Special tokens that end a text: end-of-text / end-of-turn markers of GPT-2, Llama, ChatML and Gemma.
+pub fn end_tokens(tokenizer: &Tokenizer) -> Vec<u32> {
+    const ENDS: [&str; 6] = ["<|endoftext|>", "</s>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<eos>"];
+    tokenizer
+        .get_added_tokens_decoder()
+        .into_iter()
+        .filter(|(_, t)| t.special && ENDS.contains(&t.content.as_str()))
+        .map(|(id, _)| id)
+        .collect()
+}
+
+/// The bytes each token id stands for in decoded text, by id; None for special tokens (they write no text) and ids
+/// the tokenizer does not have. Byte-level BPE maps its characters back through GPT-2's byte alphabet;
+/// SentencePiece-style vocabularies write `▁` for a space and `<0xNN>` for a fallback byte; others are their text.
+pub fn token_bytes(tokenizer: &Tokenizer) -> Vec<Option<Vec<u8>>> {
+    use tokenizers::DecoderWrapper;
+    let decoder = tokenizer.get_decoder();
+    let byte_level = matches!(decoder, Some(DecoderWrapper::ByteLevel(_)));
+    let sentencepiece = matches!(decoder, Some(DecoderWrapper::Metaspace(_) | DecoderWrapper::Sequence(_)));
+    let alphabet: HashMap<char, u8> = gpt2_bytes().into_iter().enumerate().map(|(b, c)| (c, b as u8)).collect();
+    let special: Vec<u32> =
+        tokenizer.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect();
+    (0..vocab_size(tokenizer) as u32)
+        .map(|id| {
+            let token = tokenizer.id_to_token(id).filter(|_| !special.contains(&id))?;
+            if tokenizer.get_added_tokens_decoder().contains_key(&id) {
+                return Some(token.into_bytes());
+            }
+            if byte_level {
+                return token.chars().map(|c| alphabet.get(&c).copied()).collect();
+            }
+            if sentencepiece {
+                let hex = token.strip_prefix("<0x").and_then(|t| t.strip_suffix('>'));
+                if let Some(byte) = hex.filter(|h| h.len() == 2).and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    return Some(vec![byte]);
+                }
+                return Some(token.replace('▁', " ").into_bytes());
+            }
+            Some(token.into_bytes())
+        })
+        .collect()
+}
+
+/// GPT-2's byte alphabet: the character byte-level BPE writes for each byte (printable Latin-1 as itself, the other
+/// bytes as the characters from U+0100 on, in order).
+fn gpt2_bytes() -> Vec<char> {
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let mut next = 256;
+    (0..256u32)
+        .map(|b| {
+            if printable(b) {
+                char::from_u32(b).expect("Latin-1")
+            } else {
+                next += 1;
+                char::from_u32(next - 1).expect("below U+0200")
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,6 +396,22 @@ mod tests {
         assert_eq!(decode(&tok, &ids).unwrap(), "hear me\n");
         assert_eq!(encode(&tok, "\n").unwrap(), vec![0]); // '\n' sorts first
         assert!(encode(&tok, "Z").is_err(), "a character outside the vocabulary is an error");
+    }
+
+    /// The bytes of a text's tokens, joined, are the text: through GPT-2's byte alphabet (accents and CJK split over
+    /// byte tokens) and for characters; special tokens write none.
+    #[test]
+    fn token_bytes_spell_the_text() {
+        let text = "Grüße, 東京 — café.\n".repeat(10);
+        for tok in [train_bpe(&text, 300).unwrap(), train_char(&text).unwrap()] {
+            let bytes = token_bytes(&tok);
+            let ids = encode(&tok, "東京 café — Grüße").unwrap();
+            let spelled: Vec<u8> = ids.iter().flat_map(|&id| bytes[id as usize].clone().unwrap()).collect();
+            assert_eq!(String::from_utf8(spelled).unwrap(), "東京 café — Grüße");
+        }
+        let bpe = train_bpe_lines(text.lines(), 300, &["<|endoftext|>"]).unwrap();
+        let end = bpe.token_to_id("<|endoftext|>").unwrap();
+        assert_eq!(token_bytes(&bpe)[end as usize], None);
     }
 
     #[test]

@@ -4,14 +4,13 @@
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_core_model::cache::KvCache;
-use ember_core_model::config::AttentionKernel;
 use ember_core_model::tokenizer::{self, TokenizerError};
-use ember_core_model::{CausalLm, ModelConfig, Rng};
-use serde::{Deserialize, Serialize};
+use ember_core_model::{CausalLm, Rng};
 use tokenizers::Tokenizer;
 
-use crate::kv::{Bits, ContiguousCache, PagePool, PagedCache, QuantizedCache, StateCache};
-use crate::sampling::{History, TokenLogprob, logprobs, sample};
+use crate::constrain::{Constraint, allowed};
+use crate::kv::spec::KvSpec;
+use crate::sampling::{History, TokenLogprob, logprobs, sample, sample_among};
 use ember_formats::request::GenerationRequest;
 
 #[derive(Debug, thiserror::Error)]
@@ -29,96 +28,6 @@ pub enum GenerateError {
     TokenPastVocabulary { id: u32, vocab: usize },
     #[error(transparent)]
     Decode(TokenizerError),
-}
-
-/// Where keys and values live between steps.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KvKind {
-    /// No cache: every step recomputes the whole context.
-    None,
-    /// One growing buffer per layer.
-    #[default]
-    Contiguous,
-    /// Fixed pages through a page table.
-    Paged,
-    /// int8 with a scale per group.
-    Int8,
-    /// int4 with a scale per group.
-    Int4,
-    /// No keys: the fixed recurrent state of linear attention (`attention_kernel = "linear"` or `"favor"`).
-    State,
-}
-
-impl KvKind {
-    /// The store a model decodes from unless told otherwise: its recurrent state when its attention is a feature
-    /// map's, one growing buffer of keys and values when it is softmax.
-    pub fn for_model(config: &ModelConfig) -> Self {
-        if config.attention_kernel == AttentionKernel::Softmax { KvKind::Contiguous } else { KvKind::State }
-    }
-}
-
-/// A KV store and its parameters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KvSpec {
-    pub kind: KvKind,
-    /// Tokens per page (paged).
-    pub page_size: usize,
-    /// Values per scale (int8, int4).
-    pub group: usize,
-}
-
-impl KvSpec {
-    /// Checks the parameters against a model: a paged store's page holds 1 to `block_size` tokens (a larger one
-    /// would be allocated whole for nothing; other stores have no pages), a scale covers at least one value, a
-    /// recurrent state needs linear attention.
-    pub fn check(&self, config: &ModelConfig) -> Result<(), String> {
-        let context = config.block_size;
-        if self.kind == KvKind::State && config.attention_kernel == AttentionKernel::Softmax {
-            return Err("--kv-cache state holds linear attention's recurrent state; this model's attention is \
-                        softmax, which needs its keys (contiguous, paged, int8, int4)"
-                .into());
-        }
-        if self.page_size == 0 || self.group == 0 {
-            return Err("--page-size and --kv-group must be at least 1".into());
-        }
-        if self.kind == KvKind::Paged && self.page_size > context {
-            return Err(format!(
-                "--page-size {} is larger than the model's context of {context} tokens",
-                self.page_size
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl From<KvKind> for KvSpec {
-    fn from(kind: KvKind) -> Self {
-        Self { kind, page_size: 16, group: 32 }
-    }
-}
-
-/// Tokens a contiguous store grows by.
-const CHUNK: usize = 256;
-
-impl std::str::FromStr for KvKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        ember_formats::config::from_name(s)
-    }
-}
-
-impl KvSpec {
-    pub fn build(self) -> Option<Box<dyn KvCache>> {
-        match self.kind {
-            KvKind::None => None,
-            KvKind::Contiguous => Some(Box::new(ContiguousCache::new(CHUNK))),
-            KvKind::Paged => Some(Box::new(PagedCache::new(PagePool::new(self.page_size)))),
-            KvKind::Int8 => Some(Box::new(QuantizedCache::new(Bits::Int8, self.group))),
-            KvKind::Int4 => Some(Box::new(QuantizedCache::new(Bits::Int4, self.group))),
-            KvKind::State => Some(Box::<StateCache>::default()),
-        }
-    }
 }
 
 /// What one generation produced and how long it took.
@@ -210,17 +119,6 @@ impl<'a> Decoder<'a> {
     }
 }
 
-/// Special tokens that end a text: end-of-text / end-of-turn markers of GPT-2, Llama, ChatML and Gemma.
-pub fn end_tokens(tokenizer: &Tokenizer) -> Vec<u32> {
-    const ENDS: [&str; 6] = ["<|endoftext|>", "</s>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<eos>"];
-    tokenizer
-        .get_added_tokens_decoder()
-        .into_iter()
-        .filter(|(_, t)| t.special && ENDS.contains(&t.content.as_str()))
-        .map(|(id, _)| id)
-        .collect()
-}
-
 /// Token ids as a batch of one row [1, T].
 fn row(ids: &[u32], device: &Device) -> Tensor<2, Int> {
     let data = TensorData::new(ids.iter().map(|&i| i as i64).collect::<Vec<_>>(), [1, ids.len()]);
@@ -263,6 +161,8 @@ pub struct Sequence<'a> {
     logprob: Option<TokenLogprob>,
     /// The next-token logits, when scoring the prompt has computed them.
     pending: Option<Vec<f32>>,
+    /// The grammar the text must follow, if any.
+    constraint: Option<Constraint>,
 }
 
 impl<'a> Sequence<'a> {
@@ -314,7 +214,7 @@ impl<'a> Sequence<'a> {
             history: History::new(&ids, ids.len()),
             ids,
             rng: Rng::new(request.seed),
-            ends: end_tokens(tokenizer),
+            ends: tokenizer::end_tokens(tokenizer),
             hold: request.stop.iter().map(|s| s.len().saturating_sub(1)).max().unwrap_or(0),
             emitted: 0,
             text: String::new(),
@@ -322,7 +222,13 @@ impl<'a> Sequence<'a> {
             top_logprobs: None,
             logprob: None,
             pending: None,
+            constraint: None,
         })
+    }
+
+    /// Draws only tokens `constraint` allows, and ends when its text is complete.
+    pub fn with_constraint(self, constraint: Option<Constraint>) -> Self {
+        Self { constraint, ..self }
     }
 
     /// Runs the whole prompt (recomputing any cached prefix) and returns the log-probability of each prompt token
@@ -400,7 +306,16 @@ impl<'a> Sequence<'a> {
     /// Completes a step whose logits were computed elsewhere (a batched forward pass over [`Self::batchable`]).
     pub fn step_with(&mut self, logits: Vec<f32>) -> Result<String, GenerateError> {
         self.seen = self.ids.len();
-        let next = sample(&logits, &self.request.sampling, &self.history, &mut self.rng);
+        let Some(next) = self.draw(&logits) else {
+            // The grammar allows nothing more (a text it cannot end within the vocabulary).
+            self.finished = Some(Finish::Stop);
+            self.detokenize(true)?;
+            return Ok(self.text.get(self.emitted..).unwrap_or_default().to_string());
+        };
+        if let Some(constraint) = &mut self.constraint {
+            constraint.advance(next);
+        }
+        let complete = self.constraint.as_ref().is_some_and(Constraint::is_final);
         if self.ends.contains(&next) {
             self.finished = Some(Finish::Stop);
             self.detokenize(true)?;
@@ -409,7 +324,7 @@ impl<'a> Sequence<'a> {
             self.ids.push(next);
             self.history.push(next, true);
             let checked = self.text.len();
-            let last = self.new_tokens() >= self.request.max_new_tokens;
+            let last = complete || self.new_tokens() >= self.request.max_new_tokens;
             self.detokenize(last)?;
             // A stop string not in the text before must end in what was just added.
             let mut from = checked.saturating_sub(self.hold);
@@ -418,6 +333,8 @@ impl<'a> Sequence<'a> {
             }
             if let Some(at) = self.request.stop.iter().filter_map(|s| self.text[from..].find(s.as_str())).min() {
                 self.text.truncate(from + at);
+                self.finished = Some(Finish::Stop);
+            } else if complete {
                 self.finished = Some(Finish::Stop);
             } else if last {
                 self.finished = Some(Finish::Length);
@@ -435,6 +352,28 @@ impl<'a> Sequence<'a> {
 }
 
 impl Sequence<'_> {
+    /// The next token as the sampling settings draw it from `logits`, among the tokens the constraint allows (None
+    /// when it allows none): a draw from the sampler's distribution q, kept when allowed, else a draw from q
+    /// conditioned on the allowed set A. That is exactly q restricted to A — P(y) = q(y) + (1 − q(A)) · q(y) / q(A)
+    /// = q(y) / q(A) — and the mask is computed only when the first draw is refused. When top-k / top-p leave no
+    /// allowed token (q(A) = 0), the draw is from the allowed tokens with top-k / top-p applied after the mask.
+    fn draw(&mut self, logits: &[f32]) -> Option<u32> {
+        let (settings, history) = (&self.request.sampling, &self.history);
+        let first = sample(logits, settings, history, &mut self.rng);
+        let Some(constraint) = &self.constraint else { return Some(first) };
+        if constraint.allows(first) {
+            return Some(first);
+        }
+        let mask = constraint.mask();
+        let among = |id: u32| allowed(&mask, id as usize);
+        if let Some(next) = sample_among(logits, settings, history, &mut self.rng, among) {
+            return Some(next);
+        }
+        let masked: Vec<f32> =
+            (logits.iter().enumerate()).map(|(id, &z)| if among(id as u32) { z } else { f32::NEG_INFINITY }).collect();
+        sample_among(&masked, settings, history, &mut self.rng, among)
+    }
+
     /// Appends the text the tokens after `read` complete, decoding only the window from `prefix`: the decode of
     /// `ids[prefix..]` less that of `ids[prefix..read]`, so each step costs the window, not the whole output. Text
     /// ending in a character still incomplete (decoded as U+FFFD) waits for the tokens that finish it, unless `last`
@@ -511,7 +450,12 @@ pub fn generate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ember_core_model::Build;
+    use crate::constrain::{self, Compiled, Vocabulary};
+    use crate::kv::spec::KvKind;
+    use ember_core_model::{Build, ModelConfig};
+    use ember_formats::openai::Format;
+    use ember_formats::request::Sampling;
+    use std::sync::Arc;
 
     /// Text streamed from the incremental decode is exactly the decode of every generated token at once, through
     /// characters split over byte tokens (an emoji, a musical symbol, CJK) and across held-back stop-string bytes; a
@@ -563,16 +507,33 @@ mod tests {
         assert!(past.starts_with("the prompt encodes to token id 5, past the model's vocabulary of 5"), "{past}");
     }
 
-    /// Only a paged store has pages: a model whose context is shorter than a page decodes with every other store,
-    /// and a paged store is refused naming both sizes.
+    /// With logits z = (0, 1, 2) over "a", "b", "c" and only "a" or "b" allowed, the first token is drawn from the
+    /// sampler's distribution restricted to them: softmax(z) gives P(a) = 1 / (1 + e) among the two (within 4σ over
+    /// 4,000 draws); greedy takes "b"; with top-k 1 no candidate is allowed and the draw falls back to the best
+    /// allowed token.
     #[test]
-    fn the_page_size_binds_only_a_paged_store() {
-        let config = ModelConfig::gpt(20, 1, 2, 8, 8);
-        for kind in [KvKind::None, KvKind::Contiguous, KvKind::Int8, KvKind::Int4] {
-            assert_eq!(KvSpec::from(kind).check(&config), Ok(()), "{kind:?}");
-        }
-        let refused = KvSpec::from(KvKind::Paged).check(&config);
-        assert_eq!(refused, Err("--page-size 16 is larger than the model's context of 8 tokens".into()));
-        assert_eq!(KvSpec { page_size: 8, ..KvKind::Paged.into() }.check(&config), Ok(()));
+    fn constrained_draws_follow_the_restricted_distribution() {
+        let tokenizer = tokenizer::train_char("abc").unwrap();
+        let device = Device::flex();
+        let model = CausalLm::new(&ModelConfig::gpt(3, 1, 2, 8, 16), &mut Rng::new(1), &device);
+        let compiled = Compiled::new(constrain::compile(&Format::Choice(vec!["a".into(), "b".into()])).unwrap());
+        let vocabulary = Arc::new(Vocabulary::new(&tokenizer, 3));
+        let first = |sampling: Sampling, seed: u64| {
+            let request =
+                GenerationRequest { prompt: "c".into(), max_new_tokens: 4, seed, sampling, ..Default::default() };
+            let constraint = Constraint::new(compiled.clone(), vocabulary.clone());
+            let sequence = Sequence::new(&model, &tokenizer, &request, KvKind::None.into(), &device).unwrap();
+            let mut sequence = sequence.with_constraint(Some(constraint));
+            let text = sequence.step_with(vec![0.0, 1.0, 2.0]).unwrap();
+            assert!(sequence.finished().is_some(), "a choice is complete after one token");
+            text
+        };
+        let n = 4000;
+        let a = (0..n).filter(|&seed| first(Sampling { temperature: 1.0, ..Sampling::default() }, seed) == "a").count();
+        let (p, want) = (a as f64 / n as f64, 1.0 / (1.0 + 1f64.exp()));
+        let sigma = (want * (1.0 - want) / n as f64).sqrt();
+        assert!((p - want).abs() < 4.0 * sigma, "P(a) = {p}, expected {want} ± {}", 4.0 * sigma);
+        assert_eq!(first(Sampling::greedy(), 0), "b");
+        assert_eq!(first(Sampling { temperature: 1.0, top_k: Some(1), ..Sampling::default() }, 0), "b");
     }
 }

@@ -3,6 +3,7 @@
 //! the readers of configs and request bodies produce.
 
 pub mod beam;
+pub mod constrain;
 pub mod generate;
 pub mod http;
 pub mod kv;
@@ -13,4 +14,5 @@ pub mod scheduler;
 pub mod server;
 
 pub use ember_formats::request::{GenerationRequest, Sampling};
-pub use generate::{Decoder, Finish, GenerateError, GenerationStats, KvKind, KvSpec, Sequence, generate, prompt_ids};
+pub use generate::{Decoder, Finish, GenerateError, GenerationStats, Sequence, generate, prompt_ids};
+pub use kv::spec::{KvKind, KvSpec};

@@ -47,6 +47,12 @@ pub struct Metrics {
     prefix_hits: AtomicU64,
     first_token: Mutex<Histogram>,
     per_token: Mutex<Histogram>,
+    /// Grammars compiled for structured output, and the microseconds that took.
+    grammars: AtomicU64,
+    grammar_micros: AtomicU64,
+    /// Token masks computed for grammar states (the scheduler's running totals), and their microseconds.
+    pub masks: AtomicU64,
+    pub mask_micros: AtomicU64,
 }
 
 impl Metrics {
@@ -65,6 +71,12 @@ impl Metrics {
     pub fn prompt_reuse(&self, tokens: usize, reused: usize) {
         self.prefix_queried.fetch_add(tokens as u64, Ordering::Relaxed);
         self.prefix_hits.fetch_add(reused as u64, Ordering::Relaxed);
+    }
+
+    /// A grammar compiled in `seconds`.
+    pub fn grammar(&self, seconds: f64) {
+        self.grammars.fetch_add(1, Ordering::Relaxed);
+        self.grammar_micros.fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
     }
 
     /// Seconds from a request's arrival to its first generated token.
@@ -101,6 +113,21 @@ impl Metrics {
         ];
         for (name, help, value) in counters {
             line(format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Ordering::Relaxed)));
+        }
+        let seconds = [
+            (
+                "ember_grammars_compiled",
+                "Grammars compiled for structured output.",
+                &self.grammars,
+                &self.grammar_micros,
+            ),
+            ("ember_grammar_masks", "Token masks computed for grammar states.", &self.masks, &self.mask_micros),
+        ];
+        for (name, help, count, micros) in seconds {
+            let (count, total) = (count.load(Ordering::Relaxed), micros.load(Ordering::Relaxed) as f64 / 1e6);
+            line(format!("# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total {count}"));
+            line(format!("# HELP {name}_seconds_total Time spent on them.\n# TYPE {name}_seconds_total counter"));
+            line(format!("{name}_seconds_total {total}"));
         }
         let gauges = [
             (

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-pub use ember_formats::openai::{ApiError, Chat, Completion, Output, Prompt, parse_chat, parse_completion};
+pub use ember_formats::openai::{ApiError, Chat, Completion, Format, Output, Prompt, parse_chat, parse_completion};
 
 use crate::generate::{Finish, GenerateError};
 

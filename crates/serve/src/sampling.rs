@@ -76,6 +76,19 @@ impl History {
 /// softmax(z / temperature) restricted to the `top_k` largest logits and then to the smallest set whose probability
 /// reaches `top_p`.
 pub fn sample(logits: &[f32], settings: &Sampling, history: &History, rng: &mut Rng) -> u32 {
+    sample_among(logits, settings, history, rng, |_| true).expect("every token is allowed")
+}
+
+/// [`sample`] restricted to the tokens `allowed` admits, after top-k and top-p have chosen the candidates: the draw
+/// is from the sampler's own distribution conditioned on an allowed token (greedy: the largest allowed logit). None
+/// when no candidate is allowed.
+pub fn sample_among(
+    logits: &[f32],
+    settings: &Sampling,
+    history: &History,
+    rng: &mut Rng,
+    allowed: impl Fn(u32) -> bool,
+) -> Option<u32> {
     let mut z: Vec<f64> = logits.iter().map(|&x| x as f64).collect();
     let theta = settings.repetition_penalty;
     if theta != 1.0 {
@@ -94,11 +107,13 @@ pub fn sample(logits: &[f32], settings: &Sampling, history: &History, rng: &mut 
         }
     }
     if settings.temperature == 0.0 {
-        return z
-            .iter()
-            .enumerate()
-            .fold((0, f64::NEG_INFINITY), |best, (i, &v)| if v > best.1 { (i, v) } else { best })
-            .0 as u32;
+        let best = z.iter().enumerate().filter(|&(i, _)| allowed(i as u32));
+        return best
+            .fold(None, |best: Option<(usize, f64)>, (i, &v)| match best {
+                Some((_, b)) if b >= v => best,
+                _ => Some((i, v)),
+            })
+            .map(|(i, _)| i as u32);
     }
     let mut ranking = Ranking::new(&z, settings.top_k.unwrap_or(z.len()));
     let z_max = z[ranking.at(0)];
@@ -115,18 +130,30 @@ pub fn sample(logits: &[f32], settings: &Sampling, history: &History, rng: &mut 
             }
         }
     }
-    let kept_total =
-        if kept == ranking.order.len() { total } else { (0..kept).map(|rank| weight(ranking.at(rank))).sum() };
+    let every = (0..kept).all(|rank| allowed(ranking.order[rank] as u32));
+    let kept_total = if kept == ranking.order.len() && every {
+        total
+    } else {
+        ranking.order[..kept].iter().filter(|&&i| allowed(i as u32)).map(|&i| weight(i)).sum()
+    };
+    if kept_total == 0.0 {
+        return None;
+    }
     let mut u = rng.uniform() * kept_total;
+    let mut last = None;
     for rank in 0..kept {
         let i = ranking.at(rank);
+        if !allowed(i as u32) {
+            continue;
+        }
         let w = weight(i);
         if u < w {
-            return i as u32;
+            return Some(i as u32);
         }
         u -= w;
+        last = Some(i as u32);
     }
-    ranking.at(kept - 1) as u32
+    last
 }
 
 /// How many of the most likely tokens are sorted before a draw: at usual temperatures they hold nearly all the

@@ -5,6 +5,7 @@
 //! that starts as an earlier one did computes only the rest.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
 
@@ -14,7 +15,9 @@ use ember_core_model::cache::KvCache;
 use tokenizers::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::generate::{Finish, GenerateError, KvKind, KvSpec, Sequence};
+use crate::constrain::{Compiled, Constraint, Vocabulary};
+use crate::generate::{Finish, GenerateError, Sequence};
+use crate::kv::spec::{KvKind, KvSpec};
 use crate::kv::{PagePool, PagedCache};
 use crate::metrics::Metrics;
 use crate::sampling::TokenLogprob;
@@ -29,6 +32,8 @@ pub struct Job {
     pub choice: usize,
     pub logprobs: Option<usize>,
     pub echo: bool,
+    /// The grammar the text must follow (`response_format`), if any.
+    pub constraint: Option<Arc<Compiled>>,
     pub events: UnboundedSender<(usize, Event)>,
 }
 
@@ -80,6 +85,8 @@ pub fn run(
             None => kv.build(),
         }
     };
+    // The vocabulary as a trie, built for the first constrained request.
+    let mut vocabulary: Option<Arc<Vocabulary>> = None;
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut active: Vec<Active> = Vec::new();
     let mut open = true;
@@ -114,8 +121,13 @@ pub fn run(
                         }
                     }
                     metrics.prompt_reuse(sequence.prompt_tokens(), sequence.reused_tokens());
+                    let constraint = job.constraint.map(|compiled| {
+                        let size = model.config().vocab();
+                        let vocabulary = vocabulary.get_or_insert_with(|| Arc::new(Vocabulary::new(tokenizer, size)));
+                        Constraint::new(compiled, vocabulary.clone())
+                    });
                     active.push(Active {
-                        sequence: sequence.with_logprobs(job.logprobs),
+                        sequence: sequence.with_logprobs(job.logprobs).with_constraint(constraint),
                         choice: job.choice,
                         events: job.events,
                     })
@@ -189,6 +201,11 @@ pub fn run(
         metrics.kv_bytes.store(kv_bytes as u64, Ordering::SeqCst);
         if let Some(pool) = &shared {
             metrics.cached_pages.store(pool.borrow().cached_pages(), Ordering::SeqCst);
+        }
+        if let Some(vocabulary) = &vocabulary {
+            let (masks, micros) = vocabulary.masks();
+            metrics.masks.store(masks, Ordering::SeqCst);
+            metrics.mask_micros.store(micros, Ordering::SeqCst);
         }
         for (events, choice, event) in last_events {
             // A client that has gone needs no last event.

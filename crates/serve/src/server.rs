@@ -3,9 +3,10 @@
 //! (a chat rendered through the model's template), admitted or turned away (429) by the number of sequences running
 //! and queued, and handed as one [`Job`] per choice to the scheduler, which owns the model on its own thread.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
@@ -24,11 +25,11 @@ use tokenizers::Tokenizer;
 use tokio::sync::mpsc as channel;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
-use crate::generate;
+use crate::constrain::{self, Compiled};
 
 mod reply;
 use crate::metrics::Metrics;
-use crate::openai::{self, Api, ApiError, Output, Prompt};
+use crate::openai::{self, Api, ApiError, Format, Output, Prompt};
 use crate::scheduler::Job;
 use ember_formats::request::GenerationRequest;
 use reply::{Choice, EventStream, Reply};
@@ -96,7 +97,12 @@ pub struct App {
     /// Sequences admitted and not yet finished (running or queued).
     admitted: AtomicUsize,
     next_id: AtomicU64,
+    /// Grammars compiled for earlier requests, with their masks, by what they were compiled from.
+    grammars: Mutex<HashMap<String, Arc<Compiled>>>,
 }
+
+/// The most compiled grammars the server keeps; past it the cache starts again.
+const MAX_GRAMMARS: usize = 64;
 
 impl App {
     /// A server for the model `id` that sends its jobs to `jobs`; it answers 503 until [`App::ready`].
@@ -109,7 +115,31 @@ impl App {
             options,
             admitted: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
+            grammars: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The compiled grammar of `format`, from the cache when an earlier request asked for the same; a format that
+    /// cannot be compiled is a 400 naming its part.
+    fn grammar(&self, format: &Format) -> Result<Arc<Compiled>, ApiError> {
+        let key = format!("{format:?}");
+        if let Some(compiled) = self.grammars.lock().expect("the grammar cache").get(&key) {
+            return Ok(compiled.clone());
+        }
+        let param = if matches!(format, Format::JsonObject | Format::JsonSchema(_)) {
+            "response_format"
+        } else {
+            "structured_outputs"
+        };
+        let started = Instant::now();
+        let compiled = Compiled::new(constrain::compile(format).map_err(|e| ApiError::invalid(param, e))?);
+        self.metrics.grammar(started.elapsed().as_secs_f64());
+        let mut grammars = self.grammars.lock().expect("the grammar cache");
+        if grammars.len() >= MAX_GRAMMARS {
+            grammars.clear();
+        }
+        grammars.insert(key, compiled.clone());
+        Ok(compiled)
     }
 
     /// The model has loaded: requests are served from now on.
@@ -325,7 +355,7 @@ async fn tokenize(State(app): Shared, body: Body) -> Response {
 /// lm-evaluation-harness's remote tokenizer reads).
 async fn tokenizer_info(State(app): Shared) -> Response {
     reply(app.loaded().map(|served| {
-        let ends = generate::end_tokens(&served.tokenizer);
+        let ends = tokenizer::end_tokens(&served.tokenizer);
         let end = ends.first().and_then(|&id| tokenizer::decode(&served.tokenizer, &[id]).ok());
         let chat = served.chat.as_ref();
         json!({
@@ -368,7 +398,11 @@ async fn chat_completions(State(app): Shared, body: Body) -> Response {
 
 /// A chat request's generation, its prompt the model's template rendered over the messages (with the assistant's
 /// turn opened). The template's own refusal (`raise_exception`) is a 400.
-fn chat_request(body: &[u8], id: &str, served: &Served) -> Result<(GenerationRequest, Output), ApiError> {
+fn chat_request(
+    body: &[u8],
+    id: &str,
+    served: &Served,
+) -> Result<(GenerationRequest, Output, Option<Format>), ApiError> {
     let chat = openai::parse_chat(body, id)?;
     let Some(prompt) = &served.chat else {
         return Err(ApiError::status(
@@ -386,7 +420,7 @@ fn chat_request(body: &[u8], id: &str, served: &Served) -> Result<(GenerationReq
         ChatError::Refused(message) => ApiError::invalid("messages", message),
         other => ApiError::invalid("messages", other.to_string()),
     })?;
-    Ok((GenerationRequest { prompt: rendered, ..chat.request }, chat.output))
+    Ok((GenerationRequest { prompt: rendered, ..chat.request }, chat.output, chat.format))
 }
 
 /// One prompt of a request: the generation, the prompt as token ids when given so, and with `echo` its text to give
@@ -397,8 +431,11 @@ struct Prompted {
     echo: Option<String>,
 }
 
+/// A request's prompts, the shape of its response, and the format its text must follow.
+type Parsed = (Vec<Prompted>, Output, Option<Format>);
+
 /// A completion request's prompts, each with the request's settings.
-fn completion_prompts(body: &[u8], id: &str, served: &Served) -> Result<(Vec<Prompted>, Output), ApiError> {
+fn completion_prompts(body: &[u8], id: &str, served: &Served) -> Result<Parsed, ApiError> {
     let completion = openai::parse_completion(body, id)?;
     let prompts = completion.prompts.into_iter().map(|prompt| {
         let (text, tokens) = match prompt {
@@ -411,7 +448,7 @@ fn completion_prompts(body: &[u8], id: &str, served: &Served) -> Result<(Vec<Pro
         });
         Prompted { request: GenerationRequest { prompt: text, ..completion.request.clone() }, tokens, echo }
     });
-    Ok((prompts.collect(), completion.output))
+    Ok((prompts.collect(), completion.output, completion.format))
 }
 
 /// Parses, admits and runs a request: `n` jobs per prompt (choice prompt · n + i seeded with seed + i), answered
@@ -421,13 +458,14 @@ async fn run_request(app: Arc<App>, body: Body, api: Api) -> Result<Response, Ap
     let arrived = Instant::now();
     let served = app.loaded()?;
     let body = read_body(body, &app.options).await?;
-    let (prompts, output) = match api {
+    let (prompts, output, format) = match api {
         Api::Completions => completion_prompts(&body, &app.id, served)?,
         Api::Chat => {
-            let (request, output) = chat_request(&body, &app.id, served)?;
-            (vec![Prompted { request, tokens: None, echo: None }], output)
+            let (request, output, format) = chat_request(&body, &app.id, served)?;
+            (vec![Prompted { request, tokens: None, echo: None }], output, format)
         }
     };
+    let constraint = format.map(|f| app.grammar(&f)).transpose()?;
     let admission = app.admit(prompts.len() * output.n)?;
     let (events, received) = channel::unbounded_channel();
     let mut choices = Vec::new();
@@ -441,6 +479,7 @@ async fn run_request(app: Arc<App>, body: Body, api: Api) -> Result<Response, Ap
                 choice: choices.len(),
                 logprobs: output.logprobs,
                 echo: prompt.echo.is_some(),
+                constraint: constraint.clone(),
                 events: events.clone(),
             };
             app.jobs.send(job).map_err(|_| ApiError::status(503, "the server is shutting down"))?;

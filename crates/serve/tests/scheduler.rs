@@ -9,10 +9,11 @@ use std::sync::mpsc;
 use burn::tensor::Device;
 use ember_core_model::{Build, CausalLm, ModelConfig, Rng};
 use ember_formats::tokenizer;
-use ember_serve::generate::{Finish, KvKind, KvSpec};
+use ember_serve::generate::Finish;
 use ember_serve::metrics::Metrics;
 use ember_serve::scheduler::{self, Batching, Event, Job};
 use ember_serve::{GenerationRequest, Sampling};
+use ember_serve::{KvKind, KvSpec};
 use tokenizers::Tokenizer;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
@@ -33,7 +34,7 @@ fn job(choice: usize, prompt: &str, tokens: usize, events: &UnboundedSender<(usi
         sampling: Sampling::greedy(),
         ..GenerationRequest::default()
     };
-    Job { request, tokens: None, choice, logprobs: Some(0), echo: false, events: events.clone() }
+    Job { request, tokens: None, choice, logprobs: Some(0), echo: false, constraint: None, events: events.clone() }
 }
 
 /// Runs `jobs` to the end with batches of `max_batch` on `kv`; every event sent, in order.

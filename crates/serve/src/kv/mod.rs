@@ -5,6 +5,7 @@
 pub mod contiguous;
 pub mod paged;
 pub mod quantized;
+pub mod spec;
 pub mod state;
 
 pub use contiguous::ContiguousCache;
