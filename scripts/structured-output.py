@@ -2,7 +2,8 @@
 """Structured output through the official `openai` client against `ember serve`, checked with `jsonschema`: five
 schemas (nested objects, enums, formats, nullable unions, $defs and $ref) × N prompts, each answered whole and
 streamed (the deltas joined), every reply parsed and validated (formats checked too); `json_object` replies parsed;
-then decoding speed with and without a schema at concurrency 1, and the server's own count and mean time of grammar
+tool calls with tool_choice required, named and none (each call's arguments valid against its function's schema, the
+streamed deltas reassembled equal to the whole reply); then decoding speed with and without a schema at concurrency 1, and the server's own count and mean time of grammar
 compilations and token masks (/metrics). Prints a JSON summary; exits 1 on any failure.
 
     python3 scripts/structured-output.py HOST:PORT [--prompts 50] [--speed 10]
@@ -101,6 +102,63 @@ def check(schema, text):
     return f"invalid ({errors[0]}): {text!r}" if errors else None
 
 
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city.",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                                     "unit": {"enum": ["celsius", "fahrenheit"]}},
+                    "required": ["city", "unit"]}}},
+    {"type": "function", "function": {"name": "get_time", "description": "The local time in a time zone.",
+     "parameters": {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 40}},
+                    "required": ["timezone"]}}},
+]
+
+
+def call_tools(client, subject, choice, stream):
+    """The tool calls of one reply (name, arguments text) and its text content."""
+    kwargs = dict(model=MODEL, max_tokens=120, temperature=0.7, seed=len(subject), tools=TOOLS, tool_choice=choice,
+                  parallel_tool_calls=False,
+                  messages=[{"role": "user", "content": f"What is the weather where {subject} lives, in Lisbon?"}])
+    if not stream:
+        message = client.chat.completions.create(**kwargs).choices[0].message
+        return [(c.function.name, c.function.arguments) for c in message.tool_calls or []], message.content
+    calls, content = {}, ""
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for choice_delta in chunk.choices:
+            content += choice_delta.delta.content or ""
+            for call in choice_delta.delta.tool_calls or []:
+                entry = calls.setdefault(call.index, ["", ""])
+                entry[0] += call.function.name or ""
+                entry[1] += call.function.arguments or ""
+    return [tuple(calls[i]) for i in sorted(calls)], content or None
+
+
+def tools(client, prompts):
+    """tool_choice required, named and none over `prompts` prompts, whole and streamed: the calls and their
+    arguments checked against the functions' schemas, and the streamed deltas against the whole reply."""
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    named = {"type": "function", "function": {"name": "get_time"}}
+    summary, failures = {}, []
+    for label, choice in (("required", "required"), ("named", named), ("none", "none")):
+        entry = summary.setdefault(label, {"replies": 0, "with_calls": 0, "valid_calls": 0, "streamed_equal": 0})
+        for subject in SUBJECTS[:prompts]:
+            whole, _ = call_tools(client, subject, choice, False)
+            streamed, _ = call_tools(client, subject, choice, True)
+            entry["replies"] += 1
+            entry["with_calls"] += bool(whole)
+            entry["streamed_equal"] += streamed == whole
+            valid = bool(whole) and all(
+                name in schemas and (label != "named" or name == "get_time") and check(schemas[name], args) is None
+                for name, args in whole)
+            entry["valid_calls"] += valid
+            if label == "none" and whole:
+                failures.append(f"tools none / {subject}: called {whole}")
+            if label != "none" and not valid:
+                failures.append(f"tools {label} / {subject}: {whole}")
+            if streamed != whole:
+                failures.append(f"tools {label} / {subject}: streamed {streamed} against whole {whole}")
+    return summary, failures
+
+
 def speed(client, schema, prompts, max_tokens):
     """Generated tokens/s of sequential requests, with and without the schema."""
     rates = {}
@@ -153,6 +211,8 @@ def main():
         except json.JSONDecodeError:
             failures.append(f"json_object / {subject}: {text!r}")
     summary["json_object"] = objects
+    summary["tools"], tool_failures = tools(client, args.prompts)
+    failures += tool_failures
     if args.speed:
         summary["tokens_per_s"] = speed(client, SCHEMAS["person"], args.speed, 120)
         summary["tokens_per_s"]["ratio"] = summary["tokens_per_s"]["schema"] / summary["tokens_per_s"]["free"]

@@ -13,9 +13,9 @@ slicing, tojson with its options, strftime_now, raise_exception, bos_token/eos_t
 without the generation prompt; the templates are written into the fixture.
 
 real: the real templates of llama.cpp's collection (models/templates/*.jinja in the llama-cpp-python 0.3.36 sdist;
-scripts/prepare-data.sh chat-templates fetches them, as they are third-party files and not committed) over three chats
-(a user turn; a system prompt and two turns; a system prompt, a tool result and a user turn) with the generation
-prompt; only the rendered strings are written, keyed by file name. A template that fails in transformers is recorded
+scripts/prepare-data.sh chat-templates fetches them, as they are third-party files and not committed) over four chats
+(a user turn; a system prompt and two turns; a system prompt, a tool result and a user turn; a tool call and its
+result, with the request's tools) with the generation prompt; only the rendered strings are written, keyed by file name. A template that fails in transformers is recorded
 with its error, so Ember must fail it too.
 
 Needs transformers and jinja2 (pip install transformers jinja2; gguf to read a template from a GGUF file).
@@ -124,6 +124,12 @@ def render_case(template, messages, add_generation_prompt):
         return {"refused": str(e)}
 
 
+# The tools of the "tool calls" chat, as a request's `tools` lists them.
+REAL_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+                   "required": ["city"]}}}]
+
 REAL_CHATS = {
     "user": [{"role": "user", "content": "Hello! What is 2 + 2?"}],
     "system and turns": [
@@ -138,7 +144,24 @@ REAL_CHATS = {
         {"role": "tool", "content": "{\"temperature\": 18}"},
         {"role": "user", "content": "Thanks. Summarise."},
     ],
+    # OpenAI's form: the call's arguments a JSON string (Ember, as vLLM, parses it into the object templates expect).
+    "tool calls": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"C\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 18}"},
+    ],
 }
+
+
+def as_template_sees(messages):
+    """OpenAI messages with each tool call's arguments parsed from their JSON string."""
+    out = json.loads(json.dumps(messages))
+    for m in out:
+        for call in m.get("tool_calls") or []:
+            if isinstance(call["function"].get("arguments"), str):
+                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+    return out
 
 
 def fixture(out, gguf=None):
@@ -173,15 +196,17 @@ def real(templates, out):
         cases = {}
         for chat, messages in REAL_CHATS.items():
             try:
+                tools = REAL_TOOLS if chat == "tool calls" else None
                 text = chat_template_utils.render_jinja_template(
-                    conversations=[messages], chat_template=path.read_text(), add_generation_prompt=True,
-                    bos_token="<|bos|>", eos_token="<|eos|>")[0][0]
+                    conversations=[as_template_sees(messages)], chat_template=path.read_text(), tools=tools,
+                    add_generation_prompt=True, bos_token="<|bos|>", eos_token="<|eos|>")[0][0]
                 cases[chat] = {"rendered": text}
             except Exception as e:  # what transformers refuses, Ember must refuse too
                 cases[chat] = {"error": f"{type(e).__name__}: {e}"}
         renders[path.name] = cases
     fixture = {"transformers": transformers.__version__, "jinja2": jinja2.__version__, "now": NOW.isoformat(),
-               "bos_token": "<|bos|>", "eos_token": "<|eos|>", "chats": REAL_CHATS, "renders": renders}
+               "bos_token": "<|bos|>", "eos_token": "<|eos|>", "chats": REAL_CHATS, "tools": REAL_TOOLS,
+               "renders": renders}
     with open(out, "w", encoding="utf-8") as f:
         json.dump(fixture, f, ensure_ascii=False, indent=1)
         f.write("\n")

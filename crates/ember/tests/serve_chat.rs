@@ -53,7 +53,11 @@ fn chat_completions_render_the_template_and_refuse_what_they_cannot_do() {
         assert!(body.contains(says), "{body}");
     };
     refused(json!({"messages": [{"role": "system", "content": "Be brief."}]}), 400, "No system messages, please.");
-    refused(json!({"messages": [{"role": "user", "content": user}], "tools": []}), 400, "`tools` is not supported");
+    refused(
+        json!({"messages": [{"role": "user", "content": user}], "functions": []}),
+        400,
+        "`functions` is not supported",
+    );
     refused(json!({"messages": [{"role": "wizard", "content": user}]}), 400, "role \\\"wizard\\\" is not one of");
     refused(json!({"messages": "hello"}), 400, "messages must be a list");
     let (status, _) = server.request("GET", "/v1/chat/completions", None);

@@ -1,6 +1,7 @@
 //! Structured output in `ember serve`: `response_format` (JSON objects, JSON schemas) and `structured_outputs`
 //! (regex, choice) constrain what is generated, whole and streamed; what cannot be compiled is a 400 naming the part;
-//! SmolLM2 answers five schemas through the official `openai` client, every reply valid under `jsonschema`.
+//! SmolLM2 answers five schemas and calls tools through the official `openai` client, every reply valid under
+//! `jsonschema`.
 
 mod common;
 
@@ -78,7 +79,9 @@ fn formats_that_cannot_be_compiled_are_refused_by_name() {
 
 /// SmolLM2-135M-Instruct answers five JSON schemas (nested objects, enums, formats, nullable unions, $defs) through
 /// the official `openai` client, whole and streamed, and `json_object`: every reply parses and validates under
-/// `jsonschema` with formats checked (scripts/structured-output.py; docs/benchmarks.md has the 50-prompt run).
+/// `jsonschema` with formats checked; with tools, `required` and a named function give calls valid against the
+/// function's schema, `none` gives none, and streamed deltas reassemble to the whole reply's calls
+/// (scripts/structured-output.py; docs/benchmarks.md has the 50-prompt run).
 #[test]
 #[ignore = "needs the SmolLM2 GGUF and a Python with openai and jsonschema in EMBER_OPENAI_PYTHON (scripts/test.sh)"]
 fn smollm2_answers_json_schemas_through_the_openai_client() {
@@ -94,4 +97,8 @@ fn smollm2_answers_json_schemas_through_the_openai_client() {
     for name in ["person", "product", "event", "review", "order"] {
         assert_eq!(summary[name]["valid"], 8, "{name}: {summary}");
     }
+    for choice in ["required", "named"] {
+        assert_eq!(summary["tools"][choice]["valid_calls"], 4, "{choice}: {summary}");
+    }
+    assert_eq!(summary["tools"]["none"]["with_calls"], 0, "{summary}");
 }

@@ -41,6 +41,27 @@ pub enum Json {
     Map(Vec<(String, Json)>),
 }
 
+impl Json {
+    /// The value written compactly, keys in their order (as serde_json writes each string and number).
+    pub fn to_compact(&self) -> String {
+        match self {
+            Json::Null => "null".into(),
+            Json::Bool(b) => b.to_string(),
+            Json::Int(n) => n.to_string(),
+            Json::Float(f) => serde_json::to_string(f).unwrap_or_else(|_| "null".into()),
+            Json::Str(s) => serde_json::to_string(s).expect("a string serializes"),
+            Json::List(items) => format!("[{}]", items.iter().map(Json::to_compact).collect::<Vec<_>>().join(",")),
+            Json::Map(entries) => {
+                let members: Vec<String> = entries
+                    .iter()
+                    .map(|(k, v)| format!("{}:{}", Json::Str(k.clone()).to_compact(), v.to_compact()))
+                    .collect();
+                format!("{{{}}}", members.join(","))
+            }
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for Json {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct JsonVisitor;
@@ -193,6 +214,8 @@ pub struct RenderContext<'a> {
     pub add_generation_prompt: bool,
     /// The time `strftime_now` formats.
     pub now: chrono::NaiveDateTime,
+    /// The request's tools (a JSON list of `{"type": "function", "function": ...}`), None without.
+    pub tools: Option<&'a Json>,
 }
 
 /// A chat template, checked when it is loaded.
@@ -247,7 +270,7 @@ impl ChatTemplate {
         // transformers passes `tools` and `documents` as None when a request has none.
         let globals = minijinja::context! {
             messages => Value::from(messages),
-            tools => Value::from(()),
+            tools => context.tools.map_or(Value::from(()), Value::from),
             documents => Value::from(()),
             bos_token => context.bos_token,
             eos_token => context.eos_token,
@@ -292,7 +315,19 @@ impl ChatTemplate {
         // Jinja's undefined has length 0, and `none` is not iterable; minijinja errs on the one and iterates the other.
         env.add_filter("length", length);
         env.add_filter("count", length);
-        env.add_test("iterable", |v: &Value| !v.is_none() && !v.is_undefined() && v.try_iter().is_ok());
+        // Jinja's undefined is iterable (over nothing), as templates' `type is iterable` checks rely on.
+        env.add_test("iterable", |v: &Value| v.is_undefined() || (!v.is_none() && v.try_iter().is_ok()));
+        // `string` is Python's str(): a dict or list as its repr.
+        env.add_filter("string", |value: &Value| -> Result<String, Error> {
+            let mut text = String::new();
+            match value.kind() {
+                ValueKind::Seq | ValueKind::Map | ValueKind::Number | ValueKind::None | ValueKind::Bool => {
+                    python_repr(&mut text, value)?
+                }
+                _ => text.push_str(&value.to_string()),
+            }
+            Ok(text)
+        });
         env.set_formatter(|out, state, value| match value.kind() {
             ValueKind::Seq | ValueKind::Map | ValueKind::Number => {
                 let mut text = String::new();
@@ -353,7 +388,8 @@ mod tests {
     use super::*;
 
     fn context() -> RenderContext<'static> {
-        RenderContext { bos_token: "<s>", eos_token: "</s>", add_generation_prompt: true, now: Default::default() }
+        let now = Default::default();
+        RenderContext { bos_token: "<s>", eos_token: "</s>", add_generation_prompt: true, now, tools: None }
     }
 
     #[test]

@@ -132,6 +132,7 @@ pub fn chat_template(bytes: &[u8]) {
         eos_token: "</s>",
         add_generation_prompt: true,
         now: chrono::NaiveDateTime::default(),
+        tools: None,
     };
     let _ = template.render(&messages, &context);
 }

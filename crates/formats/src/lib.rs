@@ -23,6 +23,7 @@ pub mod safetensors;
 pub mod schema;
 pub mod spm;
 pub mod tokenizer;
+pub mod tools;
 pub mod tsv;
 
 pub use config::{Invalid, ModelConfig};

@@ -5,6 +5,7 @@ use serde_json::{Map, Value, json};
 
 use crate::chat::Json;
 use crate::request::{GenerationRequest, Sampling};
+use crate::tools::{self, Tools};
 
 /// An error as OpenAI reports it: an HTTP status and `{"error": {message, type, param, code}}`.
 #[derive(Debug, PartialEq)]
@@ -95,6 +96,8 @@ pub struct Chat {
     pub request: GenerationRequest,
     pub output: Output,
     pub format: Option<Format>,
+    /// The functions the reply may call (None without tools, or with `tool_choice: "none"`).
+    pub tools: Option<Tools>,
 }
 
 /// The fields both endpoints implement: the model, the sampling settings and the shape of the response.
@@ -121,8 +124,9 @@ const SHARED_FIELDS: [&str; 16] = [
 /// refused by name rather than ignored.
 const COMPLETION_FIELDS: [&str; 3] = ["prompt", "logprobs", "echo"];
 
-/// A chat completion request's own fields; any other (`tools`, `tool_choice`, ...) is refused by name.
-const CHAT_FIELDS: [&str; 4] = ["messages", "max_completion_tokens", "logprobs", "top_logprobs"];
+/// A chat completion request's own fields; any other (`functions`, `audio`, ...) is refused by name.
+const CHAT_FIELDS: [&str; 7] =
+    ["messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"];
 
 /// The roles a chat message may have.
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
@@ -387,6 +391,10 @@ pub fn parse_chat(body: &[u8], model_id: &str) -> Result<Chat, ApiError> {
     // The messages again with their keys in the request's order, as the template's tojson shows them.
     let fields = ordered(body)?;
     let format = format(&fields)?;
+    let tools = tools::parse(&fields).map_err(|e| ApiError::invalid(e.param, e.message))?;
+    if tools.is_some() && format.is_some() {
+        return Err(ApiError::invalid("response_format", "response_format and tools cannot be combined"));
+    }
     let Some((_, Json::List(messages))) = fields.into_iter().find(|(k, _)| k == "messages") else {
         return Err(ApiError::invalid("messages", "messages must be a list of {role, content} objects"));
     };
@@ -394,7 +402,7 @@ pub fn parse_chat(body: &[u8], model_id: &str) -> Result<Chat, ApiError> {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
     let messages = messages.into_iter().enumerate().map(|(i, m)| message(i, m)).collect::<Result<_, _>>()?;
-    Ok(Chat { messages: Json::List(messages), request, output, format })
+    Ok(Chat { messages: Json::List(messages), request, output, format, tools })
 }
 
 /// Message `i` with its role checked and its content as one string.
@@ -406,11 +414,20 @@ fn message(i: usize, message: Json) -> Result<Json, ApiError> {
         Some(Json::Str(role)) => return Err(bad(format!("role {role:?} is not one of {}", ROLES.join(", ")))),
         _ => return Err(bad("has no role".into())),
     }
+    // An assistant turn that called tools: its calls' arguments as objects, its content possibly null.
+    if let Some((_, calls)) = entries.iter_mut().find(|(k, _)| k == "tool_calls") {
+        tools::calls_as_objects(calls).map_err(|e| bad(format!("tool_calls: {e}")))?;
+        if !entries.iter().any(|(k, _)| k == "content") {
+            entries.push(("content".into(), Json::Null));
+        }
+    }
+    let calls = entries.iter().any(|(k, _)| k == "tool_calls");
     let Some(content) = entries.iter_mut().find(|(k, _)| k == "content").map(|(_, v)| v) else {
         return Err(bad("has no content".into()));
     };
     match content {
         Json::Str(_) => {}
+        Json::Null if calls => {}
         Json::List(parts) => {
             let mut text = String::new();
             for part in parts.iter() {
@@ -514,9 +531,21 @@ mod tests {
             Json::Map(vec![("content".into(), Json::Str("ab".into())), ("role".into(), Json::Str("user".into()))])
         );
         let err = |body: &[u8]| parse_chat(body, "m").unwrap_err();
-        let tools = err(br#"{"messages":[{"role":"user","content":"x"}],"tools":[]}"#);
-        assert_eq!((tools.status, tools.code), (400, Some("unsupported_parameter")));
-        assert!(tools.message.starts_with("`tools` is not supported"), "{}", tools.message);
+        let functions = err(br#"{"messages":[{"role":"user","content":"x"}],"functions":[]}"#);
+        assert_eq!((functions.status, functions.code), (400, Some("unsupported_parameter")));
+        assert!(functions.message.starts_with("`functions` is not supported"), "{}", functions.message);
+        let both = err(br#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"},
+            "tools":[{"type":"function","function":{"name":"f"}}]}"#);
+        assert_eq!(both.param, Some("response_format"));
+        let called = parse_chat(
+            br#"{"messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"id":"c","type":"function",
+                "function":{"name":"f","arguments":"{\"a\": 1}"}}]},{"role":"tool","tool_call_id":"c","content":"2"}]}"#,
+            "m",
+        )
+        .unwrap();
+        let Json::List(turns) = &called.messages else { panic!("a list") };
+        let Json::Map(assistant) = &turns[1] else { panic!("an object") };
+        assert_eq!(assistant.iter().find(|(k, _)| k == "content").map(|(_, v)| v), Some(&Json::Null));
         assert_eq!(err(br#"{"messages":[]}"#).param, Some("messages"));
         assert!(err(br#"{"messages":[{"role":"wizard","content":"x"}]}"#).message.contains("role \"wizard\""));
         assert!(err(br#"{"messages":[{"role":"user"}]}"#).message.contains("has no content"));

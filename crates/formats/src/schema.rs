@@ -35,21 +35,27 @@ const MAX_DIGITS: u32 = 15;
 /// The grammar of the JSON texts `schema` accepts; an error names the schema location it cannot compile
 /// (`properties.age.minimum: ...`).
 pub fn grammar(schema: &Json) -> Result<Grammar, String> {
-    let mut c = Compiler { g: Builder::default(), root: schema, refs: Vec::new(), any: None, ws: None };
-    let start = c.schema(schema, "")?;
-    c.g.build(start).map_err(|e| format!("the schema: {e}"))
+    let mut g = Builder::default();
+    let start = rule(&mut g, schema)?;
+    g.build(start).map_err(|e| format!("the schema: {e}"))
+}
+
+/// The rules of the JSON texts `schema` accepts, added to `g` (to sit inside a larger grammar).
+pub fn rule(g: &mut Builder, schema: &Json) -> Result<RuleId, String> {
+    Compiler { g, root: schema, refs: Vec::new(), any: None, ws: None }.schema(schema, "")
 }
 
 /// The grammar of any JSON object (`response_format: {"type": "json_object"}`).
 pub fn any_object() -> Grammar {
-    let mut c = Compiler { g: Builder::default(), root: &Json::Null, refs: Vec::new(), any: None, ws: None };
+    let mut g = Builder::default();
+    let mut c = Compiler { g: &mut g, root: &Json::Null, refs: Vec::new(), any: None, ws: None };
     let any = c.any_value();
     let object = c.object_of(&[], Some(any));
-    c.g.build(object).expect("the JSON grammar is well formed")
+    g.build(object).expect("the JSON grammar is well formed")
 }
 
 struct Compiler<'a> {
-    g: Builder,
+    g: &'a mut Builder,
     root: &'a Json,
     /// `$ref` targets already compiled (or being compiled), by their reference.
     refs: Vec<(String, RuleId)>,
@@ -203,7 +209,7 @@ impl<'a> Compiler<'a> {
             Some(Json::Map(props)) => {
                 for (name, schema) in props {
                     let value = self.schema(schema, &format!("{}.{name}", at_key("properties")))?;
-                    let key = compact(&Json::Str(name.clone())).into_bytes();
+                    let key = Json::Str(name.clone()).to_compact().into_bytes();
                     properties.push(Property { key, value, required: required.contains(&name.as_str()) });
                 }
             }
@@ -211,7 +217,7 @@ impl<'a> Compiler<'a> {
         }
         if let Some(missing) = required
             .iter()
-            .find(|r| !properties.iter().any(|p| p.key == compact(&Json::Str(r.to_string())).into_bytes()))
+            .find(|r| !properties.iter().any(|p| p.key == Json::Str(r.to_string()).to_compact().into_bytes()))
         {
             return Err(format!("{}: {missing:?} has no schema in properties", at_key("required")));
         }
@@ -297,7 +303,7 @@ impl<'a> Compiler<'a> {
                 format!(
                     "{}: {} is not supported (date, time, date-time, uuid, email, ipv4)",
                     at_key("format"),
-                    compact(format)
+                    format.to_compact()
                 )
             })?),
             (None, None) => None,
@@ -308,7 +314,7 @@ impl<'a> Compiler<'a> {
                 return Err(format!("{}: lengths beside a pattern or format are not supported", at_key("maxLength")));
             }
             let quote = self.g.literal(b"\"");
-            let body = regex::rule(&mut self.g, &pattern, true).map_err(|e| format!("{}: {e}", at_key("pattern")))?;
+            let body = regex::rule(self.g, &pattern, true).map_err(|e| format!("{}: {e}", at_key("pattern")))?;
             return Ok(self.g.seq(vec![quote, body, quote]));
         }
         Ok(self.json_string(min, max))
@@ -343,7 +349,7 @@ impl<'a> Compiler<'a> {
 
     /// A JSON string of `min` to `max` characters (an escape counts as one).
     fn json_string(&mut self, min: u32, max: Option<u32>) -> RuleId {
-        let plain = regex::rule(&mut self.g, "[^\"\\\\\\x00-\\x1f]", true).expect("a valid class");
+        let plain = regex::rule(self.g, "[^\"\\\\\\x00-\\x1f]", true).expect("a valid class");
         let backslash = self.g.literal(b"\\");
         let simple = self.g.byte(ByteSet::of(*b"\"\\/bfnrt"));
         let u = self.g.literal(b"u");
@@ -377,7 +383,7 @@ impl<'a> Compiler<'a> {
 
     /// A JSON value exactly as serde_json writes it compactly.
     fn json_literal(&mut self, value: &Json) -> RuleId {
-        self.g.literal(compact(value).as_bytes())
+        self.g.literal(value.to_compact().as_bytes())
     }
 
     /// Nothing, a space, or a newline and up to 20 spaces or tabs (compiled once).
@@ -447,23 +453,6 @@ fn pointer_in<'j>(root: &'j Json, pointer: &str) -> Option<&'j Json> {
             _ => None,
         }
     })
-}
-
-/// A JSON value written compactly (keys in their order), as a model would write the literal.
-fn compact(json: &Json) -> String {
-    match json {
-        Json::Null => "null".into(),
-        Json::Bool(b) => b.to_string(),
-        Json::Int(n) => n.to_string(),
-        Json::Float(f) => serde_json::to_string(f).unwrap_or_else(|_| "null".into()),
-        Json::Str(s) => serde_json::to_string(s).expect("a string serializes"),
-        Json::List(items) => format!("[{}]", items.iter().map(compact).collect::<Vec<_>>().join(",")),
-        Json::Map(entries) => {
-            let members: Vec<String> =
-                entries.iter().map(|(k, v)| format!("{}:{}", compact(&Json::Str(k.clone())), compact(v))).collect();
-            format!("{{{}}}", members.join(","))
-        }
-    }
 }
 
 /// A JSON Schema `pattern` (which matches anywhere in the string) as a whole-string pattern.

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 pub use ember_formats::openai::{ApiError, Chat, Completion, Format, Output, Prompt, parse_chat, parse_completion};
 
 use crate::generate::{Finish, GenerateError};
+use crate::tools::Call;
 
 impl From<GenerateError> for ApiError {
     fn from(e: GenerateError) -> Self {
@@ -43,6 +44,8 @@ pub enum Api {
 pub struct ChoiceBody<'a> {
     pub index: usize,
     pub text: &'a str,
+    /// The tool calls parsed from the reply (chat only; empty: none).
+    pub calls: &'a [Call],
     pub logprobs: Option<&'a [TokenText]>,
     /// Where the tokens' text starts in the choice's whole text (completions' `text_offset`).
     pub offset: usize,
@@ -60,7 +63,7 @@ impl Api {
 
     /// A response (`chunk` false) holding `choices`, or one stream chunk.
     pub fn body(self, id: &str, model: &str, created: u64, choices: &[ChoiceBody], chunk: bool) -> Value {
-        let choices: Vec<Value> = choices.iter().map(|c| self.choice(c, chunk)).collect();
+        let choices: Vec<Value> = choices.iter().map(|c| self.choice(id, c, chunk)).collect();
         let object = match (self, chunk) {
             (Api::Completions, _) => "text_completion",
             (Api::Chat, false) => "chat.completion",
@@ -69,17 +72,39 @@ impl Api {
         json!({"id": id, "object": object, "created": created, "model": model, "choices": choices})
     }
 
-    fn choice(self, c: &ChoiceBody, chunk: bool) -> Value {
-        let finish = c.finish.map(finish_reason);
+    fn choice(self, id: &str, c: &ChoiceBody, chunk: bool) -> Value {
+        let calls = !c.calls.is_empty();
+        let finish = c.finish.map(|f| if calls && f == Finish::Stop { "tool_calls" } else { finish_reason(f) });
         let logprobs = c.logprobs.map_or(Value::Null, |tokens| self.logprobs(tokens, c.offset));
+        let tool_calls: Vec<Value> = (c.calls.iter().enumerate())
+            .map(|(i, call)| {
+                json!({"index": i, "id": format!("call_{id}_{}_{i}", c.index), "type": "function",
+                       "function": {"name": call.name, "arguments": call.arguments}})
+            })
+            .collect();
         match (self, chunk) {
             (Api::Completions, _) => {
                 json!({"text": c.text, "index": c.index, "logprobs": logprobs, "finish_reason": finish})
             }
-            (Api::Chat, false) => json!({"index": c.index, "message": {"role": "assistant", "content": c.text},
-                                         "logprobs": logprobs, "finish_reason": finish}),
+            (Api::Chat, false) => {
+                let mut message = json!({"role": "assistant", "content": c.text});
+                if calls {
+                    message["tool_calls"] = tool_calls.into();
+                    if c.text.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                }
+                json!({"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": finish})
+            }
             (Api::Chat, true) => {
-                let delta = if c.text.is_empty() && finish.is_some() { json!({}) } else { json!({"content": c.text}) };
+                let mut delta = if c.text.is_empty() && (finish.is_some() || calls) {
+                    json!({})
+                } else {
+                    json!({"content": c.text})
+                };
+                if calls {
+                    delta["tool_calls"] = tool_calls.into();
+                }
                 json!({"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
         }

@@ -18,6 +18,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use ember_formats::chat::{ChatError, ChatTemplate, RenderContext};
+use ember_formats::grammar::Grammar;
 use ember_formats::tokenizer;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::{Value, json};
@@ -26,6 +27,7 @@ use tokio::sync::mpsc as channel;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::constrain::{self, Compiled};
+use crate::tools::{Family, Plan};
 
 mod reply;
 use crate::metrics::Metrics;
@@ -122,17 +124,31 @@ impl App {
     /// The compiled grammar of `format`, from the cache when an earlier request asked for the same; a format that
     /// cannot be compiled is a 400 naming its part.
     fn grammar(&self, format: &Format) -> Result<Arc<Compiled>, ApiError> {
-        let key = format!("{format:?}");
+        let param = match format {
+            Format::JsonObject | Format::JsonSchema(_) => "response_format",
+            _ => "structured_outputs",
+        };
+        self.cached(format!("{format:?}"), param, || constrain::compile(format))
+    }
+
+    /// The grammar a reply must follow for `plan`'s tools: None unless a call is required or named.
+    fn tool_grammar(&self, plan: &Plan) -> Result<Option<Arc<Compiled>>, ApiError> {
+        let Some(grammar) = plan.grammar() else { return Ok(None) };
+        self.cached(format!("{plan:?}"), "tools", || grammar).map(Some)
+    }
+
+    /// The grammar cached under `key`, else compiled (an error is a 400 naming `param`) and cached.
+    fn cached(
+        &self,
+        key: String,
+        param: &'static str,
+        compile: impl FnOnce() -> Result<Grammar, String>,
+    ) -> Result<Arc<Compiled>, ApiError> {
         if let Some(compiled) = self.grammars.lock().expect("the grammar cache").get(&key) {
             return Ok(compiled.clone());
         }
-        let param = if matches!(format, Format::JsonObject | Format::JsonSchema(_)) {
-            "response_format"
-        } else {
-            "structured_outputs"
-        };
         let started = Instant::now();
-        let compiled = Compiled::new(constrain::compile(format).map_err(|e| ApiError::invalid(param, e))?);
+        let compiled = Compiled::new(compile().map_err(|e| ApiError::invalid(param, e))?);
         self.metrics.grammar(started.elapsed().as_secs_f64());
         let mut grammars = self.grammars.lock().expect("the grammar cache");
         if grammars.len() >= MAX_GRAMMARS {
@@ -398,11 +414,7 @@ async fn chat_completions(State(app): Shared, body: Body) -> Response {
 
 /// A chat request's generation, its prompt the model's template rendered over the messages (with the assistant's
 /// turn opened). The template's own refusal (`raise_exception`) is a 400.
-fn chat_request(
-    body: &[u8],
-    id: &str,
-    served: &Served,
-) -> Result<(GenerationRequest, Output, Option<Format>), ApiError> {
+fn chat_request(body: &[u8], id: &str, served: &Served) -> Result<Parsed, ApiError> {
     let chat = openai::parse_chat(body, id)?;
     let Some(prompt) = &served.chat else {
         return Err(ApiError::status(
@@ -410,17 +422,25 @@ fn chat_request(
             "this model has no chat template (ember serve --chat-template FILE gives it one); use /v1/completions",
         ));
     };
+    // Tools: listed by a template that renders them, else described in the system message.
+    let plan = chat.tools.map(|tools| Arc::new(Plan { family: Family::of(prompt.template.source()), tools }));
+    let messages = match &plan {
+        Some(plan) if !plan.family.renders_tools() => plan.with_description(&chat.messages),
+        _ => chat.messages,
+    };
     let context = RenderContext {
         bos_token: &prompt.bos_token,
         eos_token: &prompt.eos_token,
         add_generation_prompt: true,
         now: chrono::Local::now().naive_local(),
+        tools: plan.as_ref().filter(|p| p.family.renders_tools()).map(|p| &p.tools.list),
     };
-    let rendered = prompt.template.render(&chat.messages, &context).map_err(|e| match e {
+    let rendered = prompt.template.render(&messages, &context).map_err(|e| match e {
         ChatError::Refused(message) => ApiError::invalid("messages", message),
         other => ApiError::invalid("messages", other.to_string()),
     })?;
-    Ok((GenerationRequest { prompt: rendered, ..chat.request }, chat.output, chat.format))
+    let request = GenerationRequest { prompt: rendered, ..chat.request };
+    Ok((vec![Prompted { request, tokens: None, echo: None }], chat.output, chat.format, plan))
 }
 
 /// One prompt of a request: the generation, the prompt as token ids when given so, and with `echo` its text to give
@@ -431,8 +451,8 @@ struct Prompted {
     echo: Option<String>,
 }
 
-/// A request's prompts, the shape of its response, and the format its text must follow.
-type Parsed = (Vec<Prompted>, Output, Option<Format>);
+/// A request's prompts, the shape of its response, the format its text must follow, and its tools.
+type Parsed = (Vec<Prompted>, Output, Option<Format>, Option<Arc<Plan>>);
 
 /// A completion request's prompts, each with the request's settings.
 fn completion_prompts(body: &[u8], id: &str, served: &Served) -> Result<Parsed, ApiError> {
@@ -448,7 +468,7 @@ fn completion_prompts(body: &[u8], id: &str, served: &Served) -> Result<Parsed, 
         });
         Prompted { request: GenerationRequest { prompt: text, ..completion.request.clone() }, tokens, echo }
     });
-    Ok((prompts.collect(), completion.output, completion.format))
+    Ok((prompts.collect(), completion.output, completion.format, None))
 }
 
 /// Parses, admits and runs a request: `n` jobs per prompt (choice prompt · n + i seeded with seed + i), answered
@@ -458,14 +478,15 @@ async fn run_request(app: Arc<App>, body: Body, api: Api) -> Result<Response, Ap
     let arrived = Instant::now();
     let served = app.loaded()?;
     let body = read_body(body, &app.options).await?;
-    let (prompts, output, format) = match api {
+    let (prompts, output, format, tools) = match api {
         Api::Completions => completion_prompts(&body, &app.id, served)?,
-        Api::Chat => {
-            let (request, output, format) = chat_request(&body, &app.id, served)?;
-            (vec![Prompted { request, tokens: None, echo: None }], output, format)
-        }
+        Api::Chat => chat_request(&body, &app.id, served)?,
     };
-    let constraint = format.map(|f| app.grammar(&f)).transpose()?;
+    let constraint = match (&format, &tools) {
+        (Some(format), _) => Some(app.grammar(format)?),
+        (None, Some(plan)) => app.tool_grammar(plan)?,
+        (None, None) => None,
+    };
     let admission = app.admit(prompts.len() * output.n)?;
     let (events, received) = channel::unbounded_channel();
     let mut choices = Vec::new();
@@ -496,6 +517,7 @@ async fn run_request(app: Arc<App>, body: Body, api: Api) -> Result<Response, Ap
         arrived,
         first_token: None,
         choices,
+        tools,
         _admission: admission,
         app: app.clone(),
     };

@@ -19,6 +19,7 @@ use crate::generate::Finish;
 use crate::openai::{self, Api, ApiError, ChoiceBody, Output, TokenText};
 use crate::sampling::TokenLogprob;
 use crate::scheduler::Event;
+use crate::tools::{Call, Plan};
 
 /// What one choice has produced so far.
 #[derive(Default)]
@@ -56,6 +57,8 @@ pub(super) struct Reply {
     pub(super) arrived: Instant,
     pub(super) first_token: Option<Instant>,
     pub(super) choices: Vec<Choice>,
+    /// A chat's tools: replies are parsed for calls, and streamed whole once they end.
+    pub(super) tools: Option<Arc<Plan>>,
 }
 
 impl Reply {
@@ -122,6 +125,17 @@ impl Reply {
         }
     }
 
+    /// A reply's text and tool calls: with tools, the text around the calls parsed out of it.
+    fn calls(&self, reply: &str) -> (String, Vec<Call>) {
+        match &self.tools {
+            Some(plan) => {
+                let (text, calls) = plan.parse(reply);
+                (text.unwrap_or_default(), calls)
+            }
+            None => (reply.to_string(), Vec::new()),
+        }
+    }
+
     fn usage(&self) -> Value {
         let prompt_tokens = self.choices.iter().filter(|c| c.first_of_prompt).map(|c| c.prompt_tokens).sum();
         openai::usage(prompt_tokens, self.choices.iter().map(|c| c.completion_tokens).sum())
@@ -136,10 +150,12 @@ impl Reply {
             self.record(index, event);
         }
         let logprobs = self.output.logprobs.is_some();
-        let choices: Vec<ChoiceBody> = (self.choices.iter().enumerate())
-            .map(|(index, c)| ChoiceBody {
+        let parsed: Vec<(String, Vec<Call>)> = self.choices.iter().map(|c| self.calls(&c.text)).collect();
+        let choices: Vec<ChoiceBody> = (self.choices.iter().zip(&parsed).enumerate())
+            .map(|(index, (c, (text, calls)))| ChoiceBody {
                 index,
-                text: &c.text,
+                text,
+                calls,
                 logprobs: logprobs.then_some(c.logprobs.as_slice()),
                 offset: 0,
                 finish: c.finish,
@@ -176,12 +192,23 @@ impl Reply {
                 }
             };
             let offset = self.choices[index].text.len();
-            let (text, logprobs) = self.record(index, event_now);
+            let (mut text, mut logprobs) = self.record(index, event_now);
             let finish = self.choices[index].finish;
+            // With tools, a reply goes out whole when it ends: its text and calls in one delta.
+            let mut calls = Vec::new();
+            if self.tools.is_some() {
+                if finish.is_none() {
+                    (text, logprobs) = (String::new(), Vec::new());
+                } else {
+                    (text, calls) = self.calls(&self.choices[index].text);
+                    logprobs = self.choices[index].logprobs.clone();
+                }
+            }
             if !text.is_empty() || !logprobs.is_empty() || finish.is_some() {
                 let choice = ChoiceBody {
                     index,
                     text: &text,
+                    calls: &calls,
                     logprobs: self.output.logprobs.map(|_| logprobs.as_slice()),
                     offset,
                     finish,
