@@ -19,6 +19,11 @@ pub trait KvCache {
     fn bytes(&self) -> usize;
     /// Forgets everything (a new sequence, or a context shift that re-fills it).
     fn clear(&mut self);
+    /// Keeps only the first `len` tokens (speculative decoding drops the drafts the model rejected); false, leaving
+    /// the store as it was, when the store cannot roll back (the default).
+    fn truncate(&mut self, _len: usize) -> bool {
+        false
+    }
     /// Appends this step's entries of `layer` and returns everything that layer holds, [B, n, len + T_new, w] each.
     fn append(&mut self, layer: usize, entries: [Tensor<4>; 2]) -> [Tensor<4>; 2];
 

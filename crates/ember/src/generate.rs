@@ -49,6 +49,10 @@ pub struct GenerateArgs {
     seed: Option<u64>,
     #[command(flatten)]
     kv: KvFlags,
+    /// Speculative decoding by prompt lookup: check up to N drafted tokens (what followed the last tokens' latest
+    /// earlier occurrence in the context) in one forward pass; greedy text is unchanged (0 is off; greedy only).
+    #[arg(long, default_value_t = 0)]
+    prompt_lookup: usize,
     /// Print load time and prompt / generation speed to stderr.
     #[arg(long)]
     stats: bool,
@@ -77,7 +81,15 @@ pub fn generate(args: GenerateArgs, choice: DeviceChoice) -> Result<()> {
     };
     request.validate()?;
     let kv = args.kv.spec(run.model.config())?;
-    let g = print_sample(&run.model, &run.tokenizer, &request, kv, &placement.device)?;
+    let g = print_sample(&run.model, &run.tokenizer, &request, kv, &placement.device, args.prompt_lookup)?;
+    if args.stats && g.drafted > 0 {
+        eprintln!(
+            "prompt lookup: {} of {} drafted tokens accepted ({:.1} %)",
+            g.accepted,
+            g.drafted,
+            100.0 * g.accepted as f64 / g.drafted as f64
+        );
+    }
     if args.stats {
         eprintln!(
             "loaded in {load_seconds:.2} s; prompt {} tokens in {:.3} s ({:.1} tokens/s, until the first new token); \
@@ -101,11 +113,12 @@ pub fn print_sample(
     request: &GenerationRequest,
     kv: KvSpec,
     device: &Device,
+    lookup: usize,
 ) -> Result<GenerationStats> {
     let mut out = std::io::stdout();
     write!(out, "{}", request.prompt)?;
     out.flush()?;
-    let generation = ember_serve::generate(model, tok, request, kv, device, |piece| {
+    let generation = ember_serve::generate(model, tok, request, kv, device, lookup, |piece| {
         let _ = write!(out, "{piece}");
         let _ = out.flush();
     })?;

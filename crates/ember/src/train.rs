@@ -197,7 +197,7 @@ fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn C
     if !args.no_sample {
         let inner = device.clone();
         let model = trainer.model.valid();
-        print_sample(&model, &tok, &config.sample, KvKind::for_model(model.config()).into(), &inner)?;
+        print_sample(&model, &tok, &config.sample, KvKind::for_model(model.config()).into(), &inner, 0)?;
     }
     Ok(())
 }

@@ -11,6 +11,7 @@ use tokenizers::Tokenizer;
 use crate::constrain::{Constraint, allowed};
 use crate::kv::spec::KvSpec;
 use crate::sampling::{History, TokenLogprob, logprobs, sample, sample_among};
+use crate::speculate;
 use ember_formats::request::GenerationRequest;
 
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +43,9 @@ pub struct GenerationStats {
     pub decode_seconds: f64,
     /// The KV store's bytes at the end.
     pub kv_bytes: usize,
+    /// Speculative decoding: tokens drafted, and those the model kept.
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 /// The next-token logits of a sequence, computed with a KV store or by recomputation.
@@ -102,6 +106,28 @@ impl<'a> Decoder<'a> {
             }
         };
         logits.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 logits")
+    }
+
+    /// Logits after each of `ids[seen..]` and then each of `drafts`, run through the store in one forward pass, and
+    /// the store's length before; None without a store or when they would not fit the context.
+    fn verify(&mut self, ids: &[u32], seen: usize, drafts: &[u32]) -> Option<(usize, Vec<Vec<f32>>)> {
+        let block = self.model.block_size();
+        let cache = self.cache.as_mut().filter(|c| c.len() + ids.len() - seen + drafts.len() <= block)?;
+        let before = cache.len();
+        // A store that rolls back keeps its own length; one that cannot says so.
+        if !cache.truncate(before) {
+            return None;
+        }
+        let input: Vec<u32> = ids[seen..].iter().chain(drafts).copied().collect();
+        let logits = self.model.forward_step_all(row(&input, &self.device), cache.as_mut());
+        let v = logits.dims()[2];
+        let flat = logits.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 logits");
+        Some((before, flat.chunks_exact(v).map(<[f32]>::to_vec).collect()))
+    }
+
+    /// Rolls the store back to its first `len` tokens; false when it cannot.
+    fn truncate(&mut self, len: usize) -> bool {
+        self.cache.as_mut().is_some_and(|c| c.truncate(len))
     }
 
     /// The store, when the next step is exactly one new token that fits the context (so it can join a batch).
@@ -293,6 +319,42 @@ impl<'a> Sequence<'a> {
         self.step_with(logits)
     }
 
+    /// Greedy speculative decoding: the next token and the `drafts` after it checked in one forward pass. Each draft
+    /// the model would itself have chosen greedily is kept, then the model's own next token, so the text is exactly
+    /// plain greedy decoding's; the store rolls back past the rejected drafts. Falls back to [`Self::step`] when it
+    /// does not apply (sampling, a constraint, no drafts, a store that cannot roll back, the context full). Returns
+    /// the text made final and how many drafts were kept.
+    pub fn step_drafted(&mut self, drafts: &[u32]) -> Result<(String, usize), GenerateError> {
+        let applies = self.request.sampling.temperature == 0.0
+            && self.constraint.is_none()
+            && self.pending.is_none()
+            && self.ids.len() == self.seen + 1;
+        let verified = if applies && !drafts.is_empty() && self.finished.is_none() {
+            self.decoder.verify(&self.ids, self.seen, drafts)
+        } else {
+            None
+        };
+        let Some((before, rows)) = verified else { return self.step().map(|text| (text, 0)) };
+        let (mut text, mut used) = (String::new(), 0);
+        for (i, row) in rows.into_iter().enumerate() {
+            text.push_str(&self.step_with(row)?);
+            used += 1;
+            let kept = drafts.get(i).is_some_and(|&d| self.ids.last() == Some(&d));
+            if self.finished.is_some() || !kept {
+                break;
+            }
+        }
+        // The store keeps the inputs whose logits were used (verify ran only over a store that rolls back); the
+        // last token chosen is not in it yet.
+        self.decoder.truncate(before + used);
+        Ok((text, used - 1))
+    }
+
+    /// The tokens so far, prompt included.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
     /// For batched decoding: the token to run next and the store it goes into, when this sequence is past its
     /// prompt and its next step is one token.
     pub fn batchable(&mut self) -> Option<(u32, &mut dyn KvCache)> {
@@ -417,20 +479,26 @@ fn check_prompt(ids: &[u32], context: usize, vocab: usize) -> Result<(), Generat
     Ok(())
 }
 
-/// Generates up to `max_new_tokens` after the prompt, calling `on_text` with each newly final piece of text.
+/// Generates up to `max_new_tokens` after the prompt, calling `on_text` with each newly final piece of text. With
+/// `lookup` drafts of up to that many tokens (prompt lookup: what followed the latest earlier occurrence of the last
+/// tokens) are checked in one forward pass per step, which leaves greedy text unchanged.
 pub fn generate(
     model: &CausalLm,
     tokenizer: &Tokenizer,
     request: &GenerationRequest,
     kv: KvSpec,
     device: &Device,
+    lookup: usize,
     mut on_text: impl FnMut(&str),
 ) -> Result<GenerationStats, GenerateError> {
     let mut sequence = Sequence::new(model, tokenizer, request, kv, device)?;
     let started = std::time::Instant::now();
     let mut prompt_seconds = None;
+    let (mut drafted, mut accepted) = (0, 0);
     while sequence.finished().is_none() {
-        let piece = sequence.step()?;
+        let drafts = if prompt_seconds.is_some() { speculate::lookup(sequence.ids(), lookup) } else { Vec::new() };
+        let (piece, kept) = sequence.step_drafted(&drafts)?;
+        (drafted, accepted) = (drafted + drafts.len(), accepted + kept);
         prompt_seconds.get_or_insert_with(|| started.elapsed().as_secs_f64());
         if !piece.is_empty() {
             on_text(&piece);
@@ -444,18 +512,16 @@ pub fn generate(
         prompt_seconds,
         decode_seconds: started.elapsed().as_secs_f64() - prompt_seconds,
         kv_bytes: sequence.kv_bytes(),
+        drafted,
+        accepted,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::constrain::{self, Compiled, Vocabulary};
     use crate::kv::spec::KvKind;
     use ember_core_model::{Build, ModelConfig};
-    use ember_formats::openai::Format;
-    use ember_formats::request::Sampling;
-    use std::sync::Arc;
 
     /// Text streamed from the incremental decode is exactly the decode of every generated token at once, through
     /// characters split over byte tokens (an emoji, a musical symbol, CJK) and across held-back stop-string bytes; a
@@ -505,35 +571,5 @@ mod tests {
         assert!(matches!(long, Err(GenerateError::PromptTooLong { tokens: 6, context: 4 })));
         let past = prompt_ids(&tokenizer, "af", 8, 5).unwrap_err().to_string();
         assert!(past.starts_with("the prompt encodes to token id 5, past the model's vocabulary of 5"), "{past}");
-    }
-
-    /// With logits z = (0, 1, 2) over "a", "b", "c" and only "a" or "b" allowed, the first token is drawn from the
-    /// sampler's distribution restricted to them: softmax(z) gives P(a) = 1 / (1 + e) among the two (within 4σ over
-    /// 4,000 draws); greedy takes "b"; with top-k 1 no candidate is allowed and the draw falls back to the best
-    /// allowed token.
-    #[test]
-    fn constrained_draws_follow_the_restricted_distribution() {
-        let tokenizer = tokenizer::train_char("abc").unwrap();
-        let device = Device::flex();
-        let model = CausalLm::new(&ModelConfig::gpt(3, 1, 2, 8, 16), &mut Rng::new(1), &device);
-        let compiled = Compiled::new(constrain::compile(&Format::Choice(vec!["a".into(), "b".into()])).unwrap());
-        let vocabulary = Arc::new(Vocabulary::new(&tokenizer, 3));
-        let first = |sampling: Sampling, seed: u64| {
-            let request =
-                GenerationRequest { prompt: "c".into(), max_new_tokens: 4, seed, sampling, ..Default::default() };
-            let constraint = Constraint::new(compiled.clone(), vocabulary.clone());
-            let sequence = Sequence::new(&model, &tokenizer, &request, KvKind::None.into(), &device).unwrap();
-            let mut sequence = sequence.with_constraint(Some(constraint));
-            let text = sequence.step_with(vec![0.0, 1.0, 2.0]).unwrap();
-            assert!(sequence.finished().is_some(), "a choice is complete after one token");
-            text
-        };
-        let n = 4000;
-        let a = (0..n).filter(|&seed| first(Sampling { temperature: 1.0, ..Sampling::default() }, seed) == "a").count();
-        let (p, want) = (a as f64 / n as f64, 1.0 / (1.0 + 1f64.exp()));
-        let sigma = (want * (1.0 - want) / n as f64).sqrt();
-        assert!((p - want).abs() < 4.0 * sigma, "P(a) = {p}, expected {want} ± {}", 4.0 * sigma);
-        assert_eq!(first(Sampling::greedy(), 0), "b");
-        assert_eq!(first(Sampling { temperature: 1.0, top_k: Some(1), ..Sampling::default() }, 0), "b");
     }
 }

@@ -12,6 +12,7 @@ pub mod openai;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;
+pub mod speculate;
 pub mod tools;
 
 pub use ember_formats::request::{GenerationRequest, Sampling};

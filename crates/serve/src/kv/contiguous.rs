@@ -81,6 +81,13 @@ impl KvCache for ContiguousCache {
         self.layers.clear();
     }
 
+    fn truncate(&mut self, len: usize) -> bool {
+        for buffer in self.layers.iter_mut().flatten().flatten() {
+            buffer.len = buffer.len.min(len);
+        }
+        true
+    }
+
     fn append(&mut self, layer: usize, entries: [Tensor<4>; 2]) -> [Tensor<4>; 2] {
         if self.layers.len() <= layer {
             self.layers.resize_with(layer + 1, || None);
