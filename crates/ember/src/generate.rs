@@ -50,7 +50,8 @@ pub struct GenerateArgs {
     #[command(flatten)]
     kv: KvFlags,
     /// Speculative decoding by prompt lookup: check up to N drafted tokens (what followed the last tokens' latest
-    /// earlier occurrence in the context) in one forward pass; greedy text is unchanged (0 is off; greedy only).
+    /// earlier occurrence in the context) in one forward pass; greedy text and sampling's distribution are unchanged
+    /// (0 is off).
     #[arg(long, default_value_t = 0)]
     prompt_lookup: usize,
     /// Print load time and prompt / generation speed to stderr.

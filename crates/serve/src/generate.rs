@@ -10,7 +10,7 @@ use tokenizers::Tokenizer;
 
 use crate::constrain::{Constraint, allowed};
 use crate::kv::spec::KvSpec;
-use crate::sampling::{History, TokenLogprob, logprobs, sample, sample_among};
+use crate::sampling::{History, TokenLogprob, logprobs, probability, sample, sample_among};
 use crate::speculate;
 use ember_formats::request::GenerationRequest;
 
@@ -319,16 +319,15 @@ impl<'a> Sequence<'a> {
         self.step_with(logits)
     }
 
-    /// Greedy speculative decoding: the next token and the `drafts` after it checked in one forward pass. Each draft
-    /// the model would itself have chosen greedily is kept, then the model's own next token, so the text is exactly
-    /// plain greedy decoding's; the store rolls back past the rejected drafts. Falls back to [`Self::step`] when it
-    /// does not apply (sampling, a constraint, no drafts, a store that cannot roll back, the context full). Returns
-    /// the text made final and how many drafts were kept.
+    /// Speculative decoding: the next token and the `drafts` after it checked in one forward pass, the store rolled
+    /// back past the drafts not kept. Greedy keeps each draft the model would itself choose, then its own next token,
+    /// so the text is plain greedy decoding's. Sampling keeps draft d with probability p(d) under the sampler's
+    /// distribution p and otherwise draws from p without d (the drafts are deterministic, so this is speculative
+    /// sampling's min(1, p/q) rule, and every token is distributed as plain sampling draws it); after all drafts are
+    /// kept, one more token is drawn from p. Falls back to [`Self::step`] when it does not apply (a constraint, no
+    /// drafts, a store that cannot roll back, the context full). Returns the text made final and the drafts kept.
     pub fn step_drafted(&mut self, drafts: &[u32]) -> Result<(String, usize), GenerateError> {
-        let applies = self.request.sampling.temperature == 0.0
-            && self.constraint.is_none()
-            && self.pending.is_none()
-            && self.ids.len() == self.seen + 1;
+        let applies = self.constraint.is_none() && self.pending.is_none() && self.ids.len() == self.seen + 1;
         let verified = if applies && !drafts.is_empty() && self.finished.is_none() {
             self.decoder.verify(&self.ids, self.seen, drafts)
         } else {
@@ -337,7 +336,19 @@ impl<'a> Sequence<'a> {
         let Some((before, rows)) = verified else { return self.step().map(|text| (text, 0)) };
         let (mut text, mut used) = (String::new(), 0);
         for (i, row) in rows.into_iter().enumerate() {
-            text.push_str(&self.step_with(row)?);
+            let settings = &self.request.sampling;
+            let next = match drafts.get(i) {
+                Some(&d) if settings.temperature > 0.0 => {
+                    let p = probability(&row, settings, &self.history, d);
+                    if self.rng.uniform() < p {
+                        Some(d)
+                    } else {
+                        sample_among(&row, settings, &self.history, &mut self.rng, |t| t != d)
+                    }
+                }
+                _ => self.draw(&row),
+            };
+            text.push_str(&self.take(next, &row)?);
             used += 1;
             let kept = drafts.get(i).is_some_and(|&d| self.ids.last() == Some(&d));
             if self.finished.is_some() || !kept {
@@ -367,8 +378,14 @@ impl<'a> Sequence<'a> {
 
     /// Completes a step whose logits were computed elsewhere (a batched forward pass over [`Self::batchable`]).
     pub fn step_with(&mut self, logits: Vec<f32>) -> Result<String, GenerateError> {
+        let next = self.draw(&logits);
+        self.take(next, &logits)
+    }
+
+    /// Completes a step with the token `next` chosen from `logits` (None: the grammar allows nothing more).
+    fn take(&mut self, next: Option<u32>, logits: &[f32]) -> Result<String, GenerateError> {
         self.seen = self.ids.len();
-        let Some(next) = self.draw(&logits) else {
+        let Some(next) = next else {
             // The grammar allows nothing more (a text it cannot end within the vocabulary).
             self.finished = Some(Finish::Stop);
             self.detokenize(true)?;
@@ -382,7 +399,7 @@ impl<'a> Sequence<'a> {
             self.finished = Some(Finish::Stop);
             self.detokenize(true)?;
         } else {
-            self.logprob = self.top_logprobs.map(|top| logprobs(&logits, next, top));
+            self.logprob = self.top_logprobs.map(|top| logprobs(logits, next, top));
             self.ids.push(next);
             self.history.push(next, true);
             let checked = self.text.len();
@@ -481,7 +498,8 @@ fn check_prompt(ids: &[u32], context: usize, vocab: usize) -> Result<(), Generat
 
 /// Generates up to `max_new_tokens` after the prompt, calling `on_text` with each newly final piece of text. With
 /// `lookup` drafts of up to that many tokens (prompt lookup: what followed the latest earlier occurrence of the last
-/// tokens) are checked in one forward pass per step, which leaves greedy text unchanged.
+/// tokens) are checked in one forward pass per step, which leaves greedy text unchanged and sampling's distribution
+/// too.
 pub fn generate(
     model: &CausalLm,
     tokenizer: &Tokenizer,

@@ -89,6 +89,60 @@ pub fn sample_among(
     rng: &mut Rng,
     allowed: impl Fn(u32) -> bool,
 ) -> Option<u32> {
+    let z = penalised(logits, settings, history);
+    if settings.temperature == 0.0 {
+        return argmax_among(&z, allowed);
+    }
+    let mut candidates = Candidates::new(&z, settings);
+    let (kept, order) = (candidates.kept, &candidates.ranking.order);
+    let every = (0..kept).all(|rank| allowed(order[rank] as u32));
+    let kept_total = if kept == order.len() && every {
+        candidates.total
+    } else {
+        order[..kept].iter().filter(|&&i| allowed(i as u32)).map(|&i| candidates.weight(i)).sum()
+    };
+    if kept_total == 0.0 {
+        return None;
+    }
+    let mut u = rng.uniform() * kept_total;
+    let mut last = None;
+    for rank in 0..kept {
+        let i = candidates.ranking.at(rank);
+        if !allowed(i as u32) {
+            continue;
+        }
+        let w = candidates.weight(i);
+        if u < w {
+            return Some(i as u32);
+        }
+        u -= w;
+        last = Some(i as u32);
+    }
+    last
+}
+
+/// The probability that [`sample`] draws `token` from `logits` (1 or 0 when greedy).
+pub fn probability(logits: &[f32], settings: &Sampling, history: &History, token: u32) -> f64 {
+    let z = penalised(logits, settings, history);
+    if settings.temperature == 0.0 {
+        return f64::from(argmax_among(&z, |_| true) == Some(token));
+    }
+    let candidates = Candidates::new(&z, settings);
+    let kept = &candidates.ranking.order[..candidates.kept];
+    if !kept.contains(&(token as usize)) {
+        return 0.0;
+    }
+    let kept_total: f64 = if candidates.kept == candidates.ranking.order.len() {
+        candidates.total
+    } else {
+        kept.iter().map(|&i| candidates.weight(i)).sum()
+    };
+    candidates.weight(token as usize) / kept_total
+}
+
+/// The logits z with the penalties of `history` applied: repetition (z / θ where z > 0, z · θ otherwise, over every
+/// token seen), frequency and presence (z_j − α_f · c_j − α_p over the generated ones).
+fn penalised(logits: &[f32], settings: &Sampling, history: &History) -> Vec<f64> {
     let mut z: Vec<f64> = logits.iter().map(|&x| x as f64).collect();
     let theta = settings.repetition_penalty;
     if theta != 1.0 {
@@ -106,54 +160,54 @@ pub fn sample_among(
             }
         }
     }
-    if settings.temperature == 0.0 {
-        let best = z.iter().enumerate().filter(|&(i, _)| allowed(i as u32));
-        return best
-            .fold(None, |best: Option<(usize, f64)>, (i, &v)| match best {
-                Some((_, b)) if b >= v => best,
-                _ => Some((i, v)),
-            })
-            .map(|(i, _)| i as u32);
-    }
-    let mut ranking = Ranking::new(&z, settings.top_k.unwrap_or(z.len()));
-    let z_max = z[ranking.at(0)];
-    let weight = |i: usize| ((z[i] - z_max) / settings.temperature).exp();
-    let total: f64 = ranking.order.iter().map(|&i| weight(i)).sum();
-    let mut kept = ranking.order.len();
-    if let Some(p) = settings.top_p {
-        let mut mass = 0.0;
-        for rank in 0..kept {
-            mass += weight(ranking.at(rank)) / total;
-            if mass >= p {
-                kept = rank + 1;
-                break;
+    z
+}
+
+/// The largest value among the ids `allowed` admits (the first of equals).
+fn argmax_among(z: &[f64], allowed: impl Fn(u32) -> bool) -> Option<u32> {
+    let best = z.iter().enumerate().filter(|&(i, _)| allowed(i as u32));
+    best.fold(None, |best: Option<(usize, f64)>, (i, &v)| match best {
+        Some((_, b)) if b >= v => best,
+        _ => Some((i, v)),
+    })
+    .map(|(i, _)| i as u32)
+}
+
+/// What a draw chooses among: the ids by rank, the first `kept` of them after top-k and top-p, weighted
+/// exp((z − z_max) / T), with `total` the weight of all top-k ids.
+struct Candidates<'a> {
+    z: &'a [f64],
+    ranking: Ranking<'a>,
+    kept: usize,
+    z_max: f64,
+    temperature: f64,
+    total: f64,
+}
+
+impl<'a> Candidates<'a> {
+    fn new(z: &'a [f64], settings: &Sampling) -> Self {
+        let mut ranking = Ranking::new(z, settings.top_k.unwrap_or(z.len()));
+        let z_max = z[ranking.at(0)];
+        let mut candidates =
+            Self { z, kept: ranking.order.len(), ranking, z_max, temperature: settings.temperature, total: 0.0 };
+        candidates.total = candidates.ranking.order.iter().map(|&i| candidates.weight(i)).sum();
+        if let Some(p) = settings.top_p {
+            let mut mass = 0.0;
+            for rank in 0..candidates.kept {
+                let i = candidates.ranking.at(rank);
+                mass += candidates.weight(i) / candidates.total;
+                if mass >= p {
+                    candidates.kept = rank + 1;
+                    break;
+                }
             }
         }
+        candidates
     }
-    let every = (0..kept).all(|rank| allowed(ranking.order[rank] as u32));
-    let kept_total = if kept == ranking.order.len() && every {
-        total
-    } else {
-        ranking.order[..kept].iter().filter(|&&i| allowed(i as u32)).map(|&i| weight(i)).sum()
-    };
-    if kept_total == 0.0 {
-        return None;
+
+    fn weight(&self, i: usize) -> f64 {
+        ((self.z[i] - self.z_max) / self.temperature).exp()
     }
-    let mut u = rng.uniform() * kept_total;
-    let mut last = None;
-    for rank in 0..kept {
-        let i = ranking.at(rank);
-        if !allowed(i as u32) {
-            continue;
-        }
-        let w = weight(i);
-        if u < w {
-            return Some(i as u32);
-        }
-        u -= w;
-        last = Some(i as u32);
-    }
-    last
 }
 
 /// How many of the most likely tokens are sorted before a draw: at usual temperatures they hold nearly all the
