@@ -21,13 +21,13 @@ fn greedy(model: &Path, prompt: &str, tokens: usize, lookup: usize, extra: &[&st
     (String::from_utf8(out.stdout).unwrap(), accepted)
 }
 
-/// A character model that repeats its corpus: with drafts of 1 to 8 tokens, the same text as plain greedy decoding,
-/// over prompts whose continuation copies the context.
+/// A character model that repeats its corpus: with drafts of 1 to 8 tokens, over the contiguous and the paged store,
+/// the same text as plain greedy decoding, over prompts whose continuation copies the context.
 #[test]
 fn prompt_lookup_leaves_greedy_text_unchanged() {
     let dir = tempfile::tempdir().unwrap();
     let (run, prompts) = tiny_model(dir.path());
-    let mut kept = 0;
+    let (mut kept, mut paged_kept) = (0, 0);
     for prompt in &prompts[..4] {
         let prompt = prompt.repeat(3);
         let (plain, _) = greedy(&run, &prompt, 24, 0, &[]);
@@ -36,12 +36,17 @@ fn prompt_lookup_leaves_greedy_text_unchanged() {
             assert_eq!(drafted, plain, "{prompt:?} with drafts of {lookup}");
             kept += accepted;
         }
+        // Pages of 4 tokens: rolling back frees the pages past the kept tokens and rewrites a page in part.
+        let paged = ["--kv-cache", "paged", "--page-size", "4"];
+        let (drafted, accepted) = greedy(&run, &prompt, 24, 5, &paged);
+        assert_eq!(drafted, plain, "{prompt:?} paged");
+        paged_kept += accepted;
     }
-    assert!(kept > 0, "some drafts were kept");
+    assert!(kept > 0 && paged_kept > 0, "some drafts were kept ({kept}), over pages too ({paged_kept})");
 }
 
-/// SmolLM2-135M-Instruct with its weights dequantized, 20 prompts (half ask it to copy a passage, half are plain):
-/// prompt lookup writes exactly plain greedy decoding's text. (With the Q4_1 blocks and 8-bit activations, a
+/// SmolLM2-135M-Instruct with its weights dequantized, 20 prompts (half ask it to copy a passage, half are plain),
+/// over the contiguous and the paged store: prompt lookup writes exactly plain greedy decoding's text. (With the Q4_1 blocks and 8-bit activations, a
 /// verification pass of four or more rows multiplies through VNNI tiles, whose float rounding differs from the
 /// one-row dots of a decoded token, so a near tie can go the other way.)
 #[test]
@@ -68,11 +73,15 @@ fn smollm2_greedy_text_is_unchanged_by_prompt_lookup() {
     assert_eq!(prompts.len(), 20);
     let model = common::smollm2();
     let mut kept = 0;
-    for prompt in &prompts {
-        let weights = ["--weights", "f32"];
-        let (reference, _) = greedy(&model, prompt, 40, 0, &weights);
-        let (drafted, accepted) = greedy(&model, prompt, 40, 6, &weights);
-        assert_eq!(drafted, reference, "{prompt:?}");
+    for (i, prompt) in prompts.iter().enumerate() {
+        // Every other prompt over pages of 4 tokens, which the drafts' rollback frees and rewrites in part.
+        let flags: &[&str] = match i % 2 {
+            0 => &["--weights", "f32"],
+            _ => &["--weights", "f32", "--kv-cache", "paged", "--page-size", "4"],
+        };
+        let (reference, _) = greedy(&model, prompt, 40, 0, flags);
+        let (drafted, accepted) = greedy(&model, prompt, 40, 6, flags);
+        assert_eq!(drafted, reference, "{prompt:?} {flags:?}");
         kept += accepted;
     }
     assert!(kept > 100, "copying prompts keep most drafts: {kept}");

@@ -282,6 +282,18 @@ impl KvCache for PagedCache {
         self.prompt.clear();
     }
 
+    /// Keeps the first `len` tokens: the pages past them go back to the pool (a page shared with another sequence
+    /// or the prefix index only loses this sequence's reference; a later write into a shared page copies it).
+    fn truncate(&mut self, len: usize) -> bool {
+        let p = self.pool.borrow().page_size;
+        let mut pool = self.pool.borrow_mut();
+        for (table, used) in self.tables.iter_mut().zip(&mut self.lens) {
+            *used = (*used).min(len);
+            table.drain(used.div_ceil(p)..).for_each(|page| pool.allocator.release(page));
+        }
+        true
+    }
+
     fn append(&mut self, layer: usize, entries: [Tensor<4>; 2]) -> [Tensor<4>; 2] {
         let (end, pools) = self.write(layer, &entries);
         let (p, table) = (self.pool.borrow().page_size, &self.tables[layer]);
