@@ -5,6 +5,8 @@ byte, at a fixed time for strftime_now.
 
     python3 scripts/reference/chat_templates.py fixture crates/formats/tests/fixtures/chat_templates.json [GGUF]
     python3 scripts/reference/chat_templates.py real data/chat-templates crates/formats/tests/fixtures/chat_templates_real.json
+    python3 scripts/reference/chat_templates.py masks data/chat-templates data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+        crates/core-model/tests/fixtures/assistant_masks.json
 
 fixture: SmolLM2-135M-Instruct's template (from its GGUF file's tokenizer.chat_template, or the copy below when no
 file is given) and templates written to use every feature transformers adds or Jinja offers that model templates
@@ -18,10 +20,15 @@ scripts/prepare-data.sh chat-templates fetches them, as they are third-party fil
 result, with the request's tools) with the generation prompt; only the rendered strings are written, keyed by file name. A template that fails in transformers is recorded
 with its error, so Ember must fail it too.
 
+masks: transformers' assistant-token masks (apply_chat_template(..., return_assistant_tokens_mask=True)) for the real
+templates that mark the assistant's text with {% generation %}, over three chats that end with the assistant's reply,
+tokenized with SmolLM2-135M-Instruct's tokenizer (from its GGUF file).
+
 Needs transformers and jinja2 (pip install transformers jinja2; gguf to read a template from a GGUF file).
 """
 import datetime
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -153,6 +160,22 @@ REAL_CHATS = {
     ],
 }
 
+# Chats that end with the assistant's turn, for training masks.
+MASK_CHATS = {
+    "one turn": [
+        {"role": "system", "content": "You are a terse assistant."},
+        {"role": "user", "content": "Name a prime."},
+        {"role": "assistant", "content": "7"},
+    ],
+    "two turns": [
+        {"role": "user", "content": "Hello! What is 2 + 2?"},
+        {"role": "assistant", "content": "4, of course."},
+        {"role": "user", "content": "And 3 × 3?"},
+        {"role": "assistant", "content": "9 — é, ü and 漢字 too."},
+    ],
+    "tool call": REAL_CHATS["tool calls"] + [{"role": "assistant", "content": "It is 18 °C in Paris."}],
+}
+
 
 def as_template_sees(messages):
     """OpenAI messages with each tool call's arguments parsed from their JSON string."""
@@ -189,6 +212,33 @@ def fixture(out, gguf=None):
     print(f"wrote {len(cases)} cases to {out}")
 
 
+def masks(templates, gguf, out):
+    """transformers' assistant-token masks (return_assistant_tokens_mask) for every template that marks the
+    assistant's text with {% generation %}, over MASK_CHATS, tokenized with SmolLM2's tokenizer."""
+    folder, name = Path(gguf).resolve().parent, Path(gguf).name
+    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    cases = []
+    for path in sorted(Path(templates).glob("*.jinja")):
+        template = path.read_text()
+        if not re.search(r"{%[-+]?\s*generation\s*[-+]?%}", template):
+            continue
+        for chat, messages in MASK_CHATS.items():
+            tools = REAL_TOOLS if chat == "tool call" else None
+            out_ = tok.apply_chat_template(as_template_sees(messages), chat_template=template, tools=tools,
+                                           tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
+                                           add_generation_prompt=False)
+            rendered = tok.apply_chat_template(as_template_sees(messages), chat_template=template, tools=tools,
+                                               tokenize=False, add_generation_prompt=False)
+            cases.append({"template": path.name, "chat": chat, "rendered": rendered,
+                          "input_ids": list(out_["input_ids"]), "assistant_masks": list(out_["assistant_masks"])})
+    fixture = {"transformers": transformers.__version__, "now": NOW.isoformat(), "bos_token": tok.bos_token or "",
+               "eos_token": tok.eos_token or "", "chats": MASK_CHATS, "tools": REAL_TOOLS, "cases": cases}
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(fixture, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"wrote {len(cases)} masks to {out}")
+
+
 def real(templates, out):
     templates = Path(templates)
     renders = {}
@@ -214,7 +264,7 @@ def real(templates, out):
 
 
 if __name__ == "__main__":
-    commands = {"fixture": fixture, "real": real}
+    commands = {"fixture": fixture, "real": real, "masks": masks}
     if len(sys.argv) < 3 or sys.argv[1] not in commands:
         sys.exit(__doc__)
     commands[sys.argv[1]](*sys.argv[2:])

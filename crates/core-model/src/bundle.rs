@@ -28,6 +28,8 @@ pub const TOKENIZER: &str = "tokenizer.json";
 pub const CHECKPOINT: &str = "checkpoint.safetensors";
 pub const METRICS: &str = "metrics.jsonl";
 pub const LOSS_PLOT: &str = "loss.svg";
+/// The tokenizer's settings and chat template, as transformers' `AutoTokenizer` reads them.
+pub const TOKENIZER_CONFIG: &str = "tokenizer_config.json";
 
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
@@ -181,12 +183,33 @@ pub fn save(run_dir: &Path, config: &ModelConfig, model: &CausalLm, tokenizer: &
     write_atomic(&run_dir.join(CONFIG), table.to_string().as_bytes())
 }
 
+/// `tokenizer_config.json` in `dir`: the chat template and its BOS and EOS tokens, for transformers (and for
+/// [`ChatFormat::from_hf_dir`] and [`load_as`], which reads the same file).
+pub fn write_chat(dir: &Path, chat: &ChatFormat, context: usize) -> Result<(), BundleError> {
+    let mut config = serde_json::json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": context,
+        "clean_up_tokenization_spaces": false,
+    });
+    for (key, token) in [("bos_token", &chat.bos_token), ("eos_token", &chat.eos_token)] {
+        if !token.is_empty() {
+            config[key] = serde_json::json!(token);
+        }
+    }
+    if let Some(template) = &chat.template {
+        config["chat_template"] = serde_json::json!(template);
+    }
+    let text = serde_json::to_string_pretty(&config).expect("JSON values serialize");
+    write_atomic(&dir.join(TOKENIZER_CONFIG), text.as_bytes())
+}
+
 /// A trained model ready to sample from: its config, weights and tokenizer.
 pub struct Bundle {
     pub config: ModelConfig,
     pub model: CausalLm,
     pub tokenizer: Tokenizer,
-    /// The chat template and special tokens the file carries (none for a run directory).
+    /// The chat template and special tokens the file carries (a run directory's `tokenizer_config.json`, where it
+    /// has one).
     pub chat: ChatFormat,
 }
 
@@ -252,7 +275,9 @@ pub fn load_as(run_dir: &Path, device: &Device, format: WeightFormat) -> Result<
     let tokenizer = tokenizer::load(&tok_path)
         .and_then(|t| tokenizer::check_fits(&t, config.vocab()).map(|_| t))
         .map_err(|cause| BundleError::Tokenizer { path: tok_path, cause })?;
-    Ok(Bundle { config, model, tokenizer, chat: ChatFormat::default() })
+    let chat = ChatFormat::from_hf_dir(run_dir)
+        .map_err(|reason| BundleError::Config { path: run_dir.join(TOKENIZER_CONFIG), reason })?;
+    Ok(Bundle { config, model, tokenizer, chat })
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ pub mod bundle;
 pub mod cache;
 pub mod causal_lm;
 pub mod convert;
+pub mod export;
 pub mod import;
 pub mod init;
 pub mod inspect;

@@ -63,17 +63,7 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
     let from_run = Source::of(&args.model)? == Source::Run;
     // `--config` must be a run config; a source run directory's is taken where it has [train].
     let setup = match &args.config {
-        Some(path) => {
-            let table = run_table(path)?;
-            if let Some(missing) = ["data", "train"].into_iter().find(|section| !table.contains_key(*section)) {
-                bail!(
-                    "{}: no [{missing}] table: --config takes a run config, whose [data] and [train] the converted \
-                     run is fine-tuned with",
-                    path.display()
-                );
-            }
-            Some(table)
-        }
+        Some(path) => Some(fine_tuning_table(path)?),
         None if from_run => Some(run_table(&args.model.join(bundle::CONFIG))?).filter(|t| t.contains_key("train")),
         None => None,
     };
@@ -127,6 +117,20 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The run config at `path` whose [data], [train] and [sample] a run directory takes, so that `ember train
+/// --resume` fine-tunes the weights it holds; without [data] or [train] it is an error.
+pub fn fine_tuning_table(path: &Path) -> Result<toml::Table> {
+    let table = run_table(path)?;
+    if let Some(missing) = ["data", "train"].into_iter().find(|section| !table.contains_key(*section)) {
+        bail!(
+            "{}: no [{missing}] table: --config takes a run config, whose [data] and [train] the run is fine-tuned \
+             with",
+            path.display()
+        );
+    }
+    Ok(table)
 }
 
 /// The TOML table of the run config at `path`.

@@ -7,6 +7,7 @@ mod config;
 mod convert;
 mod devices;
 mod eval;
+mod export;
 mod generate;
 mod inference;
 mod inspect;
@@ -47,6 +48,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Convert a Hugging Face directory or a GGUF file into an Ember run directory.
     Import(ImportArgs),
+    /// Write a model for other tools: a GGUF file (llama.cpp) or a Hugging Face directory (transformers).
+    Export(export::ExportArgs),
     /// Convert a trained model's attention: MHA / GQA → multi-head latent attention, by truncated SVD.
     Convert(convert::ConvertArgs),
     /// Print a model's parameters per part and its KV-cache size.
@@ -77,6 +80,10 @@ struct ImportArgs {
     /// by default everything is f32.
     #[arg(long)]
     quantize: Option<WeightFormat>,
+    /// A run config whose [data], [train] and [sample] the run directory takes, so that `ember train --resume`
+    /// fine-tunes the imported weights (`data.format = "chat"`: on conversations, with the model's chat template).
+    #[arg(long)]
+    config: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -134,6 +141,7 @@ fn run(cli: Cli, collective: Rc<dyn Collective>) -> Result<()> {
         Command::Train(args) => train::train(args, cli.device, collective),
         Command::Generate(args) => generate::generate(args, cli.device),
         Command::Import(args) => import(args),
+        Command::Export(args) => export::export(args),
         Command::Convert(args) => convert::convert(args),
         Command::Inspect(args) => inspect::inspect(args),
         Command::Serve(args) => serve::serve(args, cli.device),
@@ -162,12 +170,20 @@ fn import(args: ImportArgs) -> Result<()> {
         Some(other) => bail!("--quantize {other}: give a ggml format (f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1)"),
     };
     admission::admit_model_files(&args.source)?;
-    let (config, weights, tokenizer, _) = import::read(&args.source)?;
+    let setup = args.config.as_deref().map(convert::fine_tuning_table).transpose()?;
+    let (config, weights, tokenizer, chat) = import::read(&args.source)?;
     let weights = weights.convert(format).map_err(|e| anyhow::anyhow!("{}: {e}", args.source.display()))?;
     // The weights must build the model they claim to be before they are written.
     ember_core_model::CausalLm::load_packed(&config, &weights.dense, &weights.packed, &burn::tensor::Device::flex())
         .map_err(|e| anyhow::anyhow!("{}: {e}", args.source.display()))?;
     bundle::save_weights(&args.out, &config, &weights, &tokenizer)?;
+    if chat != Default::default() {
+        bundle::write_chat(&args.out, &chat, config.block_size)?;
+    }
+    if let Some(mut table) = setup {
+        table.insert("model".into(), toml::Value::try_from(&config)?);
+        bundle::write_atomic(&args.out.join(bundle::CONFIG), table.to_string().as_bytes())?;
+    }
     let params = ember_core_model::inspect::total_params(&config);
     println!(
         "imported {} ({} parameters) into {} in {:.1} s",

@@ -9,11 +9,14 @@ use clap::Args;
 use ember_core_model::bundle;
 use ember_core_model::config::Precision;
 use ember_core_model::tokenizer;
+use ember_formats::chat::{ChatFormat, ChatTemplate, Json, RenderContext};
 use ember_serve::KvKind;
 use ember_train::collective::Collective;
-use ember_train::corpus;
+use ember_train::config::DataFormat;
+use ember_train::lm::Data;
 use ember_train::token_cache::TokenCache;
 use ember_train::{Trainer, config::KNOWN_DATASETS};
+use ember_train::{chats, corpus};
 
 use crate::config::{AnyRunConfig, RunConfig};
 use crate::devices::{self, DeviceChoice};
@@ -92,10 +95,33 @@ fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn C
         devices::select_local_in(device_choice, collective.local_rank(), config.model.dtype)?;
     ranks::announce(&*collective, &description);
 
+    let chat = config.data.format == DataFormat::Chat;
+    if chat && args.resume.is_none() {
+        bail!(
+            "{}: data.format = \"chat\" fine-tunes a model that has a chat template: write its run directory with \
+             `ember import MODEL --out RUN --config {0}`, then run `ember train --resume RUN`",
+            config_path.display()
+        );
+    }
     if args.resume.is_none() {
         ensure_corpus(&config)?;
     }
-    let (tok, corpus) = match writes {
+    let seq_len = config.train.seq_len(&config.model);
+    let (tok, data): (_, Data) = match writes {
+        _ if chat => {
+            let tok = tokenizer::load(&run_dir.join(bundle::TOKENIZER))?;
+            let format = ChatFormat::from_hf_dir(&run_dir).map_err(|e| anyhow::anyhow!(e))?;
+            let chats = chats::read(&config.data.corpus, &tok, &format, config.data.val_fraction, seq_len)?;
+            if writes {
+                let learned: usize = chats.train.iter().map(|e| e.learned.iter().filter(|&&l| l).count()).sum();
+                println!(
+                    "{} conversations ({} held out), {learned} assistant tokens to learn",
+                    chats.train.len() + chats.val.len(),
+                    chats.val.len()
+                );
+            }
+            (tok, Data::Chat(chats))
+        }
         true => {
             let bar = crate::progress::tokenizing(&config.data.corpus);
             let mut shown = |done, _| bar.set_position(done);
@@ -103,20 +129,24 @@ fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn C
             let resume = args.resume.is_some();
             let prepared = corpus::prepare_reporting(&config.data, &run_dir, resume, cache.as_ref(), &mut shown);
             bar.finish_and_clear();
-            prepared?
+            let (tok, corpus) = prepared?;
+            (tok, Data::Text(corpus))
         }
         false => {
             collective.barrier(); // rank 0 has written the tokenizer and the token splits
-            corpus::load(&run_dir).map_err(|e| {
+            let (tok, corpus) = corpus::load(&run_dir).map_err(|e| {
                 anyhow::anyhow!("{e} (every rank reads the run directory rank 0 writes: put it where all can see it)")
-            })?
+            })?;
+            (tok, Data::Text(corpus))
         }
     };
-    if writes {
+    if writes && !chat {
         collective.barrier();
     }
     let vocab = tokenizer::vocab_size(&tok);
-    corpus.check_ids(vocab, &run_dir)?;
+    if let Data::Text(corpus) = &data {
+        corpus.check_ids(vocab, &run_dir)?;
+    }
     // A larger model vocabulary leaves rows unused (nanoGPT pads GPT-2's 50257 to 50304); a smaller one cannot work.
     match config.model.vocab_size {
         Some(v) if v < vocab => {
@@ -125,10 +155,28 @@ fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn C
         Some(_) => {}
         None => config.model.vocab_size = Some(vocab),
     }
-    let seq_len = config.train.seq_len(&config.model);
-    corpus.check_fits(&config.data.corpus, seq_len)?;
+    if let Data::Text(corpus) = &data {
+        corpus.check_fits(&config.data.corpus, seq_len)?;
+    }
     if devices::on_host(device_choice) {
         crate::admission::admit_training(&config.model, config.train.batch_size(), seq_len)?;
+    }
+    // A chat model's sample is its reply to the prompt as a user's message.
+    if chat {
+        let format = ChatFormat::from_hf_dir(&run_dir).map_err(|e| anyhow::anyhow!(e))?;
+        let template = ChatTemplate::new(format.template.unwrap_or_default())?;
+        let messages = Json::List(vec![Json::Map(vec![
+            ("role".into(), Json::Str("user".into())),
+            ("content".into(), Json::Str(config.sample.prompt.clone())),
+        ])]);
+        let context = RenderContext {
+            bos_token: &format.bos_token,
+            eos_token: &format.eos_token,
+            add_generation_prompt: true,
+            now: Default::default(),
+            tools: None,
+        };
+        config.sample.prompt = template.render(&messages, &context)?;
     }
     // The sample printed after training, checked before the first step rather than after the last.
     if !args.no_sample {
@@ -142,13 +190,13 @@ fn train_rank(args: TrainArgs, device_choice: DeviceChoice, collective: Rc<dyn C
     device.seed(config.train.seed.wrapping_add(rank as u64));
     let trainer = match &args.resume {
         Some(dir) if dir.join(bundle::CHECKPOINT).exists() => {
-            Trainer::resume(config.model.clone(), config.train.clone(), corpus, dir, &device)?
+            Trainer::resume(config.model.clone(), config.train.clone(), data, dir, &device)?
         }
         Some(dir) => {
             let (weights, _) = bundle::load_tensors(&dir.join(bundle::MODEL))?;
-            Trainer::new(config.model.clone(), config.train.clone(), corpus, dir, &device).with_weights(&weights)?
+            Trainer::new(config.model.clone(), config.train.clone(), data, dir, &device).with_weights(&weights)?
         }
-        None => Trainer::new(config.model.clone(), config.train.clone(), corpus, &run_dir, &device),
+        None => Trainer::new(config.model.clone(), config.train.clone(), data, &run_dir, &device),
     };
     let mut trainer = trainer.with_collective(collective.clone()).with_precision(precision);
     let params = ember_core_model::params::param_infos(&trainer.model)

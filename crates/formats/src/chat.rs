@@ -4,8 +4,10 @@
 //! request gave them.
 
 use std::fmt::Write;
+use std::ops::Range;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use minijinja::value::{Enumerator, Object, ObjectRepr, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
@@ -42,6 +44,14 @@ pub enum Json {
 }
 
 impl Json {
+    /// The value of `key` in an object.
+    pub fn get(&self, key: &str) -> Option<&Json> {
+        match self {
+            Json::Map(entries) => entries.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+
     /// The value written compactly, keys in their order (as serde_json writes each string and number).
     pub fn to_compact(&self) -> String {
         match self {
@@ -220,15 +230,27 @@ pub struct RenderContext<'a> {
 
 /// A chat template, checked when it is loaded.
 pub struct ChatTemplate {
+    /// The template as given.
     source: String,
+    /// The template as rendered: `{% generation %}` blocks as ifs that note where they start and end.
+    compiled: String,
+    /// Whether the template marks the assistant's text with `{% generation %}`.
+    marks_generation: bool,
+}
+
+/// Where a render has got to (bytes written), and the byte ranges of the `{% generation %}` blocks it has rendered.
+#[derive(Clone, Default)]
+struct Tracker {
+    written: Arc<AtomicUsize>,
+    spans: Arc<Mutex<Vec<Range<usize>>>>,
 }
 
 /// The longest rendered chat, in bytes: far above any model's context, and it bounds what a template from a model file
 /// can make a request build (a string repeated millions of times, say).
 pub const MAX_PROMPT: usize = 4 << 20;
 
-/// A buffer that refuses to grow past [`MAX_PROMPT`].
-struct Capped(Vec<u8>);
+/// A buffer that refuses to grow past [`MAX_PROMPT`], and tells its length to a [`Tracker`].
+struct Capped(Vec<u8>, Arc<AtomicUsize>);
 
 impl std::io::Write for Capped {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
@@ -236,6 +258,7 @@ impl std::io::Write for Capped {
             return Err(std::io::Error::other("the rendered chat is too long"));
         }
         self.0.extend_from_slice(bytes);
+        self.1.store(self.0.len(), Ordering::Relaxed);
         Ok(bytes.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -252,21 +275,69 @@ pub const FUEL: u64 = 10_000_000;
 
 impl ChatTemplate {
     pub fn new(source: impl Into<String>) -> Result<Self, ChatError> {
-        let template = Self { source: without_generation_tags(&source.into()) };
-        let env = template.environment(chrono::NaiveDateTime::default());
-        env.template_from_str(&template.source).map_err(|e| ChatError::Syntax(describe(&e)))?;
+        let source = source.into();
+        let (compiled, marks_generation) = tracked_generation(&source);
+        let template = Self { source, compiled, marks_generation };
+        let env = template.environment(chrono::NaiveDateTime::default(), &Tracker::default());
+        env.template_from_str(&template.compiled).map_err(|e| ChatError::Syntax(describe(&e)))?;
         Ok(template)
     }
 
-    /// The template's text (without `{% generation %}` markers).
+    /// The template's text, as given.
     pub fn source(&self) -> &str {
         &self.source
     }
 
     /// The prompt: the template rendered over `messages` (a JSON list of `{role, content, ...}` objects).
     pub fn render(&self, messages: &Json, context: &RenderContext) -> Result<String, ChatError> {
-        let env = self.environment(context.now);
-        let template = env.template_from_str(&self.source).map_err(|e| ChatError::Syntax(describe(&e)))?;
+        self.render_tracked(messages, context).map(|(text, _)| text)
+    }
+
+    /// The chat rendered for training (`context.add_generation_prompt` should be false) and the byte ranges of the
+    /// assistant's text in it, the text a model learns to write: the template's `{% generation %}` blocks where it
+    /// has them (as transformers' `return_assistant_tokens_mask` reads them); otherwise, for each assistant message
+    /// i, what rendering messages[..=i] adds to messages[..i] rendered with the generation prompt: the reply with
+    /// its end-of-turn marker (as TRL masks completions). A template whose shorter chats are not prefixes of the
+    /// whole (one that rewrites earlier turns) is refused, naming the turn.
+    pub fn render_assistant(
+        &self,
+        messages: &Json,
+        context: &RenderContext,
+    ) -> Result<(String, Vec<Range<usize>>), ChatError> {
+        let (text, spans) = self.render_tracked(messages, context)?;
+        if self.marks_generation {
+            return Ok((text, spans.into_iter().filter(|s| !s.is_empty()).collect()));
+        }
+        let Json::List(list) = messages else { return Err(ChatError::Render("messages is not a list".into())) };
+        let mut spans = Vec::new();
+        for (i, message) in list.iter().enumerate() {
+            if message.get("role") != Some(&Json::Str("assistant".into())) {
+                continue;
+            }
+            let prompt = RenderContext { add_generation_prompt: true, ..*context };
+            let upto = RenderContext { add_generation_prompt: false, ..*context };
+            let before = self.render(&Json::List(list[..i].to_vec()), &prompt)?;
+            let after = self.render(&Json::List(list[..=i].to_vec()), &upto)?;
+            if !after.starts_with(&before) || !text.starts_with(&after) {
+                return Err(ChatError::Render(format!(
+                    "the template renders message {i} (the assistant's) differently once later turns follow, so its \
+                     text cannot be found for training; mark it with {{% generation %}}"
+                )));
+            }
+            spans.push(before.len()..after.len());
+        }
+        Ok((text, spans))
+    }
+
+    /// [`Self::render`], with the byte ranges of the text its `{% generation %}` blocks wrote.
+    fn render_tracked(
+        &self,
+        messages: &Json,
+        context: &RenderContext,
+    ) -> Result<(String, Vec<Range<usize>>), ChatError> {
+        let tracker = Tracker::default();
+        let env = self.environment(context.now, &tracker);
+        let template = env.template_from_str(&self.compiled).map_err(|e| ChatError::Syntax(describe(&e)))?;
         // transformers passes `tools` and `documents` as None when a request has none.
         let globals = minijinja::context! {
             messages => Value::from(messages),
@@ -278,12 +349,17 @@ impl ChatTemplate {
         };
         // minijinja 2.24 panics on some templates (a negative-step slice of an empty sequence indexes past its end):
         // a template comes with a model file, so such a panic is this template's error, not the server's.
-        let mut out = Capped(Vec::new());
+        let mut out = Capped(Vec::new(), tracker.written.clone());
         let rendered =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| template.render_captured_to(globals, &mut out)))
                 .map_err(|_| ChatError::Render("the template engine failed on this template".into()))?;
         match rendered {
-            Ok(_) => String::from_utf8(out.0).map_err(|_| ChatError::Render("the rendered chat is not UTF-8".into())),
+            Ok(_) => {
+                let text =
+                    String::from_utf8(out.0).map_err(|_| ChatError::Render("the rendered chat is not UTF-8".into()))?;
+                let spans = std::mem::take(&mut *tracker.spans.lock().expect("the tracker is not poisoned"));
+                Ok((text, spans))
+            }
             Err(e) if e.kind() == ErrorKind::WriteFailure => {
                 Err(ChatError::Render(format!("the rendered chat is longer than {} MiB", MAX_PROMPT >> 20)))
             }
@@ -296,8 +372,21 @@ impl ChatTemplate {
 
     /// The environment transformers renders in: Jinja's whitespace control as `trim_blocks` and `lstrip_blocks`,
     /// Python's methods, and its three additions.
-    fn environment(&self, now: chrono::NaiveDateTime) -> Environment<'_> {
+    fn environment(&self, now: chrono::NaiveDateTime, tracker: &Tracker) -> Environment<'_> {
         let mut env = Environment::new();
+        let (written, spans) = (tracker.written.clone(), tracker.spans.clone());
+        env.add_function(GENERATION_START, move || {
+            let at = written.load(Ordering::Relaxed);
+            spans.lock().expect("the tracker is not poisoned").push(at..at);
+            true
+        });
+        let (written, spans) = (tracker.written.clone(), tracker.spans.clone());
+        env.add_function(GENERATION_END, move || {
+            if let Some(span) = spans.lock().expect("the tracker is not poisoned").last_mut() {
+                span.end = written.load(Ordering::Relaxed);
+            }
+            false
+        });
         env.set_fuel(Some(FUEL));
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -340,28 +429,45 @@ impl ChatTemplate {
     }
 }
 
+/// The functions a compiled `{% generation %}` block calls where it starts and ends.
+const GENERATION_START: &str = "__ember_generation_start";
+const GENERATION_END: &str = "__ember_generation_end";
+
 /// The template with transformers' `{% generation %}` … `{% endgeneration %}` blocks (which mark the assistant's
-/// tokens for training masks and render their body unchanged) as plain `{% if true %}` … `{% endif %}`, keeping any
-/// whitespace control.
-fn without_generation_tags(source: &str) -> String {
+/// text for training masks and render their body unchanged) as `{% if start() %}` … `{% if end() %}{% endif %}{%
+/// endif %}`, the first tag keeping the opening tag's whitespace control and the last the closing one's, so the text
+/// is rendered as before while the two calls note where the block's output starts and ends; and whether there were
+/// any.
+fn tracked_generation(source: &str) -> (String, bool) {
     let mut out = String::with_capacity(source.len());
     let mut rest = source;
+    let mut found = false;
     while let Some(start) = rest.find("{%") {
         // The tag's inside runs from after `{%` to the next `%}` (in `{%}` there is none).
         let Some(len) = rest[start + 2..].find("%}") else { break };
         let end = start + 2 + len + 2;
         let tag = &rest[start..end];
-        let inner = rest[start + 2..start + 2 + len].trim_start_matches(['-', '+']).trim_end_matches(['-', '+']).trim();
+        let inner = &rest[start + 2..start + 2 + len];
+        let word = inner.trim_start_matches(['-', '+']).trim_end_matches(['-', '+']).trim();
+        let (open, close) = (
+            &inner[..inner.len() - inner.trim_start_matches(['-', '+']).len()],
+            &inner[inner.trim_end_matches(['-', '+']).len()..],
+        );
         out.push_str(&rest[..start]);
-        match inner {
-            "generation" => out.push_str(&tag.replacen("generation", "if true", 1)),
-            "endgeneration" => out.push_str(&tag.replacen("endgeneration", "endif", 1)),
+        match word {
+            "generation" => {
+                found = true;
+                out.push_str(&format!("{{%{open} if {GENERATION_START}() {close}%}}"));
+            }
+            "endgeneration" => {
+                out.push_str(&format!("{{%{open} if {GENERATION_END}() %}}{{% endif %}}{{% endif {close}%}}"));
+            }
             _ => out.push_str(tag),
         }
         rest = &rest[end..];
     }
     out.push_str(rest);
-    out
+    (out, found)
 }
 
 /// `length`: as Jinja's, 0 for an undefined value.
@@ -418,11 +524,25 @@ mod tests {
     }
 
     #[test]
-    fn generation_blocks_render_their_body() {
+    fn generation_blocks_render_their_body_and_note_where() {
+        let (compiled, found) = tracked_generation("a{%- generation -%}b{% endgeneration %}c");
+        assert!(found);
         assert_eq!(
-            without_generation_tags("a{%- generation -%}b{% endgeneration %}c"),
-            "a{%- if true -%}b{% endif %}c"
+            compiled,
+            "a{%- if __ember_generation_start() -%}b{% if __ember_generation_end() %}{% endif %}{% endif %}c"
         );
-        assert_eq!(without_generation_tags("{%}{% x %}{%"), "{%}{% x %}{%");
+        assert_eq!(tracked_generation("{%}{% x %}{%"), ("{%}{% x %}{%".to_string(), false));
+        let template = ChatTemplate::new(
+            "{% for m in messages %}<{{ m.role }}>\n{% if m.role == 'assistant' %}{% generation %}{{ m.content }}</s>{% endgeneration %}\n{% else %}{{ m.content }}\n{% endif %}{% endfor %}",
+        )
+        .unwrap();
+        let chat = Json::List(vec![
+            Json::Map(vec![("role".into(), Json::Str("user".into())), ("content".into(), Json::Str("hi".into()))]),
+            Json::Map(vec![("role".into(), Json::Str("assistant".into())), ("content".into(), Json::Str("yo".into()))]),
+        ]);
+        let context = RenderContext { add_generation_prompt: false, ..context() };
+        let (text, spans) = template.render_assistant(&chat, &context).unwrap();
+        assert_eq!(text, "<user>\nhi\n<assistant>\nyo</s>");
+        assert_eq!(spans.iter().map(|s| &text[s.clone()]).collect::<Vec<_>>(), ["yo</s>"]);
     }
 }

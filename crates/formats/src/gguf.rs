@@ -7,6 +7,8 @@ use crate::files::Bytes;
 use crate::ggml::{self, Format};
 use crate::packed::Packed;
 
+pub mod writer;
+
 /// A metadata value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
@@ -78,6 +80,17 @@ pub enum Array {
 pub struct Strings {
     text: String,
     ends: Vec<usize>,
+}
+
+impl<'a> FromIterator<&'a str> for Strings {
+    fn from_iter<I: IntoIterator<Item = &'a str>>(iter: I) -> Self {
+        let mut strings = Strings::default();
+        for s in iter {
+            strings.text.push_str(s);
+            strings.ends.push(strings.text.len());
+        }
+        strings
+    }
 }
 
 impl Strings {

@@ -8,6 +8,8 @@ use serde_json::Value;
 use crate::config::{FfnKind, ModelConfig, NormPlacement};
 use crate::rope::{RopeScaling, longrope_magnitude, yarn_magnitude};
 
+pub mod written;
+
 /// The tensor layouts Ember imports: GPT-2's, Llama's (which Qwen2, Qwen3 and Mistral share), Phi-3's (Llama's
 /// with q, k, v in one `qkv_proj` and gate and up in one `gate_up_proj`) and Gemma 2's (Llama's with a norm after
 /// each sub-layer too, every norm's gain stored as γ − 1) and DeepSeek-V2's (Llama's norms and MLP around multi-head

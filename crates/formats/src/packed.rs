@@ -98,6 +98,19 @@ impl Packed {
         Self { parts: vec![Part { format: self.parts[0].format, rows: order.len() }], cols: self.cols, bytes }
     }
 
+    /// Rows `range` of the matrix, in their formats (a projection split out of a fused one).
+    pub fn row_range(&self, range: std::ops::Range<usize>) -> Self {
+        let mut out = Self { parts: Vec::new(), cols: self.cols, bytes: Vec::new() };
+        for (format, row) in self.row_blocks().skip(range.start).take(range.len()) {
+            match out.parts.last_mut() {
+                Some(last) if last.format == format => last.rows += 1,
+                _ => out.parts.push(Part { format, rows: 1 }),
+            }
+            out.bytes.extend_from_slice(row);
+        }
+        out
+    }
+
     /// A short description: "Q4_K 1024 + Q6_K 128 rows × 640".
     pub fn describe(&self) -> String {
         let parts: Vec<String> = self.parts.iter().map(|p| format!("{} {}", p.format.name, p.rows)).collect();

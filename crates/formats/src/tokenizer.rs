@@ -143,6 +143,59 @@ pub fn from_bpe(
     Ok(tokenizer)
 }
 
+/// A byte-level BPE's parts as [`from_bpe`] takes them: tokens by id, merges ("a b"), special tokens' ids, and
+/// llama.cpp's name for its split.
+pub struct BpeParts {
+    pub tokens: Vec<String>,
+    pub merges: Vec<String>,
+    pub specials: Vec<u32>,
+    pub pre: &'static str,
+}
+
+/// The splits [`from_bpe`] builds by llama.cpp's name, GPT-2's last.
+const PRE_NAMES: [&str; 4] = ["smollm", "qwen2", "llama-bpe", "gpt2"];
+
+/// `tokenizer` taken apart for a GGUF file: a byte-level BPE whose ids run 0..n without gaps, whose normalizer and
+/// split are one of those [`from_bpe`] builds by name (so a file written from these parts reads back as the same
+/// tokenizer); anything else is an error naming what differs.
+pub fn bpe_parts(tokenizer: &Tokenizer) -> Result<BpeParts, TokenizerError> {
+    let bad = |why: &str| TokenizerError::Save(format!("not writable as a GGUF byte-level BPE: {why}"));
+    let json: serde_json::Value = serde_json::from_str(&tokenizer.to_string(false).map_err(|e| bad(&e.to_string()))?)
+        .map_err(|e| bad(&e.to_string()))?;
+    if json["model"]["type"] != "BPE" {
+        return Err(bad(&format!("its model is {}, not BPE", json["model"]["type"])));
+    }
+    let vocab = tokenizer.get_vocab(true);
+    let mut tokens = vec![None; vocab.len()];
+    for (token, id) in vocab {
+        *tokens.get_mut(id as usize).ok_or_else(|| bad("its ids have gaps"))? = Some(token);
+    }
+    let tokens: Vec<String> = tokens.into_iter().collect::<Option<_>>().ok_or_else(|| bad("its ids have gaps"))?;
+    let merge = |m: &serde_json::Value| match m {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(pair) => Some(format!("{} {}", pair.first()?.as_str()?, pair.get(1)?.as_str()?)),
+        _ => None,
+    };
+    let merges: Vec<String> = json["model"]["merges"]
+        .as_array()
+        .map(|m| m.iter().map(merge).collect::<Option<_>>())
+        .unwrap_or(Some(Vec::new()))
+        .ok_or_else(|| bad("a merge is neither \"a b\" nor [\"a\", \"b\"]"))?;
+    let mut specials: Vec<u32> =
+        tokenizer.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect();
+    specials.sort_unstable();
+    let shape = |t: &Tokenizer| {
+        (serde_json::to_value(t.get_normalizer()).ok(), serde_json::to_value(t.get_pre_tokenizer()).ok())
+    };
+    let pre = PRE_NAMES
+        .into_iter()
+        .find(|&name| from_bpe(&tokens, &[], &[], name).is_ok_and(|built| shape(&built) == shape(tokenizer)))
+        .ok_or_else(|| {
+            bad("its normalizer and pre-tokenizer are none of those llama.cpp names (smollm, qwen2, llama-bpe, gpt2)")
+        })?;
+    Ok(BpeParts { tokens, merges, specials, pre })
+}
+
 /// A SentencePiece BPE vocabulary (GGUF's "llama" tokenizer) as a BPE over "▁"-for-space text with byte fallback.
 /// The file lists no merges: they are every split of a token into two tokens, ranked as the pieces are ordered in
 /// `order` (best first; Gemma's is the file's own order, others' their scores), then by the longer left piece, then
@@ -305,6 +358,27 @@ pub fn encode_with(tokenizer: &Tokenizer, text: &str, special: bool) -> Result<V
     Ok(encoding.get_ids().to_vec())
 }
 
+/// The token ids of a rendered chat `text` (no special tokens added, as transformers tokenizes a rendered chat) and,
+/// for each, whether it is the assistant's: whether its bytes overlap one of `spans` (byte ranges of `text`, in
+/// order), as transformers' `return_assistant_tokens_mask` marks tokens.
+pub fn assistant_mask(
+    tokenizer: &Tokenizer,
+    text: &str,
+    spans: &[std::ops::Range<usize>],
+) -> Result<(Vec<u32>, Vec<bool>), TokenizerError> {
+    let encoding = tokenizer.encode(text, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
+    let mut span = spans.iter().peekable();
+    let mask = encoding
+        .get_offsets()
+        .iter()
+        .map(|&(start, end)| {
+            while span.next_if(|s| start >= s.end).is_some() {}
+            span.peek().is_some_and(|s| end > s.start)
+        })
+        .collect();
+    Ok((encoding.get_ids().to_vec(), mask))
+}
+
 pub fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String, TokenizerError> {
     tokenizer.decode(ids, false).map_err(|e| TokenizerError::Decode(e.to_string()))
 }
@@ -412,6 +486,17 @@ mod tests {
         let bpe = train_bpe_lines(text.lines(), 300, &["<|endoftext|>"]).unwrap();
         let end = bpe.token_to_id("<|endoftext|>").unwrap();
         assert_eq!(token_bytes(&bpe)[end as usize], None);
+    }
+
+    #[test]
+    fn a_bpe_taken_apart_builds_the_same_tokenizer() {
+        let tokenizer = train_bpe(TEXT, 300).unwrap();
+        let parts = bpe_parts(&tokenizer).unwrap();
+        assert_eq!(parts.pre, "gpt2");
+        let rebuilt = from_bpe(&parts.tokens, &parts.merges, &parts.specials, parts.pre).unwrap();
+        let ids = encode(&tokenizer, TEXT).unwrap();
+        assert_eq!(encode(&rebuilt, TEXT).unwrap(), ids);
+        assert!(bpe_parts(&train_char(TEXT).unwrap()).is_err_and(|e| e.to_string().contains("not BPE")));
     }
 
     #[test]

@@ -19,11 +19,25 @@ pub enum TokenizerKind {
     Bpe,
 }
 
+/// What a corpus holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataFormat {
+    /// Plain text: the model learns every token.
+    #[default]
+    Text,
+    /// JSONL conversations (OpenAI `messages`), rendered with the model's chat template: the model learns the
+    /// assistant's replies ([`crate::chats`]).
+    Chat,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataConfig {
-    /// UTF-8 text to train on.
+    /// UTF-8 text to train on (JSONL conversations with `format = "chat"`).
     pub corpus: PathBuf,
+    #[serde(default, skip_serializing_if = "is_text")]
+    pub format: DataFormat,
     /// A dataset `scripts/prepare-data.sh` can rebuild when `corpus` is missing.
     pub dataset: Option<String>,
     pub tokenizer: TokenizerKind,
@@ -32,6 +46,10 @@ pub struct DataConfig {
     /// The last fraction of the corpus (by position) is the validation split.
     #[serde(default = "default_val_fraction")]
     pub val_fraction: f64,
+}
+
+fn is_text(format: &DataFormat) -> bool {
+    *format == DataFormat::Text
 }
 
 fn default_val_fraction() -> f64 {

@@ -348,13 +348,18 @@ impl Sampler {
 mod tests {
     use super::*;
 
+    /// A character-level text corpus.
+    fn char_data(corpus: PathBuf) -> DataConfig {
+        let (format, tokenizer) = (Default::default(), TokenizerKind::Char);
+        DataConfig { corpus, format, dataset: None, tokenizer, vocab_size: None, val_fraction: 0.1 }
+    }
+
     #[test]
     fn a_run_directory_that_cannot_be_written_is_named_as_such() {
         let dir = tempfile::tempdir().unwrap();
         let corpus = dir.path().join("corpus.txt");
         std::fs::write(&corpus, "To be, or not to be, that is the question.\n".repeat(20)).unwrap();
-        let data =
-            DataConfig { corpus, dataset: None, tokenizer: TokenizerKind::Char, vocab_size: None, val_fraction: 0.1 };
+        let data = char_data(corpus);
         // A path under a regular file cannot become a directory, whoever runs the test.
         let run_dir = dir.path().join("corpus.txt/run");
         let error = prepare(&data, &run_dir, false).err().expect("an unwritable run directory").to_string();
@@ -411,8 +416,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let corpus = dir.path().join("corpus.txt");
         fs::write(&corpus, "To be, or not to be, that is the question.\n".repeat(20)).unwrap();
-        let data =
-            DataConfig { corpus, dataset: None, tokenizer: TokenizerKind::Char, vocab_size: None, val_fraction: 0.1 };
+        let data = char_data(corpus);
         let cache = TokenCache::new(dir.path().join("cache"));
         let prepare = |run: &str| prepare_reporting(&data, &dir.path().join(run), false, Some(&cache), &mut |_, _| {});
         let first = prepare("a").unwrap().1.train.window(0, 1);

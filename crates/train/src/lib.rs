@@ -3,6 +3,7 @@
 //! ([`trainer`]) that trains both the language model ([`lm`]) and the translator ([`translation`]).
 
 pub mod bleu;
+pub mod chats;
 pub mod checkpoint;
 pub mod collective;
 pub mod config;

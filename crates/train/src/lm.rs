@@ -1,27 +1,83 @@
-//! Language-model training as a [`Task`] of the shared loop: random windows of the token corpus, the causal-LM
-//! loss, the configured schedule, and evaluation by mean train / val loss over fixed windows.
+//! Language-model training as a [`Task`] of the shared loop: random windows of the token corpus (or random
+//! conversations, learning the assistant's tokens), the causal-LM loss, the configured schedule, and evaluation by
+//! mean train / val loss over fixed batches.
 
 use std::path::Path;
 
 use burn::module::Module;
-use burn::tensor::Device;
+use burn::tensor::{Device, Tensor};
 use ember_core_model::params::ParamInfo;
 use ember_core_model::{Build, CausalLm, ModelConfig, Rng};
 use serde::{Deserialize, Serialize};
 
+use crate::chats::Chats;
 use crate::collective::{Collective, Shard};
 use crate::config::{TaskKind, TrainConfig};
-use crate::corpus::{Corpus, Sampler, Tokens};
+use crate::corpus::{Corpus, Sampler};
 use crate::loss::lm_loss;
 use crate::metrics::{EvalLosses, Evaluation};
 use crate::schedule::learning_rate;
 use crate::trainer::{BatchLoss, LoopConfig, Task, TrainError, TrainLoop};
 
+/// What a language model learns from.
+pub enum Data {
+    /// Token splits: every token is a target.
+    Text(Corpus),
+    /// Conversations: the assistant's tokens are the targets.
+    Chat(Chats),
+}
+
+impl From<Corpus> for Data {
+    fn from(corpus: Corpus) -> Self {
+        Data::Text(corpus)
+    }
+}
+
+/// Which split a batch comes from.
+#[derive(Clone, Copy)]
+enum Split {
+    Train,
+    Val,
+}
+
+impl Data {
+    /// A batch of `shard`'s rows drawn by `sampler` from `split`, and its mean loss under `model`.
+    fn loss(
+        &self,
+        model: &CausalLm,
+        sampler: &mut Sampler,
+        split: Split,
+        bt: (usize, usize),
+        shard: Shard,
+        device: &Device,
+    ) -> Tensor<1> {
+        let (b, t) = bt;
+        match self {
+            Data::Text(corpus) => {
+                let tokens = match split {
+                    Split::Train => &corpus.train,
+                    Split::Val => &corpus.val,
+                };
+                let batch = sampler.shard(tokens, b, t, shard, device);
+                lm_loss(model.forward(batch.x), batch.y, None)
+            }
+            Data::Chat(chats) => {
+                let examples = match split {
+                    Split::Train => &chats.train,
+                    Split::Val => &chats.val,
+                };
+                let (batch, mask) = sampler.chats(examples, b, t, shard, device);
+                lm_loss(model.forward(batch.x), batch.y, Some(mask))
+            }
+        }
+    }
+}
+
 /// A decoder-only model learning to continue its corpus.
 pub struct LanguageModel {
     pub model_config: ModelConfig,
     pub config: TrainConfig,
-    pub corpus: Corpus,
+    pub data: Data,
     pub sampler: Sampler,
     /// This rank's part of each batch.
     shard: Shard,
@@ -77,8 +133,8 @@ impl Task for LanguageModel {
 
     fn next_loss(&mut self, model: &CausalLm) -> BatchLoss {
         let (b, t) = (self.config.batch_size(), self.seq_len());
-        let batch = self.sampler.shard(&self.corpus.train, b, t, self.shard, &self.device);
-        BatchLoss { loss: lm_loss(model.forward(batch.x), batch.y, None), tokens: b * t }
+        let loss = self.data.loss(model, &mut self.sampler, Split::Train, (b, t), self.shard, &self.device);
+        BatchLoss { loss, tokens: b * t }
     }
 
     fn set_shard(&mut self, shard: Shard) {
@@ -93,17 +149,14 @@ impl Task for LanguageModel {
         let (b, t) = (self.config.batch_size(), self.seq_len());
         // Σ over this rank's batches of its mean loss: every shard has b windows, so the ranks' sums add up to
         // ranks × Σ of the batch means.
-        let loss_sum = |tokens: &Tokens, seed: u64| {
+        let loss_sum = |split: Split, seed: u64| {
             let mut sampler = Sampler::new(seed);
             (0..self.config.eval_iters())
-                .map(|_| {
-                    let batch = sampler.shard(tokens, b, t, self.shard, &inner);
-                    lm_loss(model.forward(batch.x), batch.y, None).into_scalar::<f32>()
-                })
+                .map(|_| self.data.loss(&model, &mut sampler, split, (b, t), self.shard, &inner).into_scalar::<f32>())
                 .sum::<f32>()
         };
         let seed = self.config.seed.wrapping_add(2);
-        let mut sums = [loss_sum(&self.corpus.train, seed), loss_sum(&self.corpus.val, seed)];
+        let mut sums = [loss_sum(Split::Train, seed), loss_sum(Split::Val, seed)];
         collective.all_reduce_sum(&mut sums);
         let mean = |sum: f32| sum / (self.config.eval_iters() * self.shard.ranks) as f32;
         Ok(LmReport { step, train_loss: mean(sums[0]), val_loss: mean(sums[1]) })
@@ -127,7 +180,7 @@ impl TrainLoop<LanguageModel> {
     pub fn new(
         model_config: ModelConfig,
         config: TrainConfig,
-        corpus: Corpus,
+        data: impl Into<Data>,
         run_dir: &Path,
         device: &Device,
     ) -> Self {
@@ -135,7 +188,7 @@ impl TrainLoop<LanguageModel> {
         let model = CausalLm::new(&model_config, &mut Rng::new(config.seed), &device);
         let sampler = Sampler::new(config.seed.wrapping_add(1));
         let loop_config = LoopConfig::of(&config, TaskKind::LanguageModel);
-        let task = LanguageModel { model_config, config, corpus, sampler, shard: Shard::WHOLE, device };
+        let task = LanguageModel { model_config, config, data: data.into(), sampler, shard: Shard::WHOLE, device };
         TrainLoop::fresh(task, model, loop_config, run_dir)
     }
 
@@ -143,11 +196,11 @@ impl TrainLoop<LanguageModel> {
     pub fn resume(
         model_config: ModelConfig,
         config: TrainConfig,
-        corpus: Corpus,
+        data: impl Into<Data>,
         run_dir: &Path,
         device: &Device,
     ) -> Result<Self, TrainError> {
-        let Self { task, model, config: loop_config, .. } = Self::new(model_config, config, corpus, run_dir, device);
+        let Self { task, model, config: loop_config, .. } = Self::new(model_config, config, data, run_dir, device);
         let inner = task.device.clone().inner();
         TrainLoop::from_checkpoint(task, model, loop_config, run_dir, &inner)
     }
@@ -173,6 +226,46 @@ mod tests {
         let tokens: Vec<u32> = (0..500u32).map(|i| (i * 7 + i / 3) % 13).collect();
         let corpus = Corpus { train: tokens.clone().into(), val: tokens.into() };
         Trainer::new(model, config, corpus, dir, &Device::flex())
+    }
+
+    /// Conversations train only the assistant's replies: a tiny model learns them (the held-out loss, on replies
+    /// alone, falls well below its start), and a batch's loss is the mean over its reply tokens alone.
+    #[test]
+    fn a_chat_run_learns_the_assistants_replies() {
+        use crate::chats::tests::line;
+        use crate::chats::{self, Example};
+        use ember_core_model::tokenizer;
+        use ember_formats::chat::ChatFormat;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("chats.jsonl");
+        let lines: Vec<String> = (0..40).map(|i| line(&format!("say {}", i % 4), &"ab".repeat(1 + i % 4))).collect();
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        let template = "{% for m in messages %}{{ m.role[0] }}:{{ m.content }};{% endfor %}{% if add_generation_prompt %}a:{% endif %}";
+        let tok = tokenizer::train_char("ua:;say 0123ab").unwrap();
+        let chat = ChatFormat { template: Some(template.into()), ..ChatFormat::default() };
+        let data = chats::read(&path, &tok, &chat, 0.25, 24).unwrap();
+        assert_eq!(data.train[0].learned.iter().filter(|&&l| l).count(), "ab;".len());
+        let model = ModelConfig { vocab_size: Some(tokenizer::vocab_size(&tok)), ..ModelConfig::gpt(0, 1, 2, 16, 24) };
+        let config: TrainConfig = serde_json::from_value(serde_json::json!({
+            "batch_size": 8, "max_steps": 60, "lr": 1e-2, "warmup_steps": 0, "decay_steps": 60, "min_lr": 1e-3,
+            "weight_decay": 0.0, "grad_clip": 1.0, "eval_interval": 60, "eval_iters": 2, "out_dir": dir.path()
+        }))
+        .unwrap();
+        let mut run = Trainer::new(model, config, Data::Chat(data.clone()), dir.path(), &Device::flex());
+        let before = run.task.evaluate(&run.model, 0, &crate::collective::Single).unwrap().val_loss;
+        let mut reports = Losses::default();
+        run.run(&mut reports).unwrap();
+        let after = run.task.evaluate(&run.model, 60, &crate::collective::Single).unwrap().val_loss;
+        assert!(after < 0.5 * before, "held-out reply loss {before} → {after}");
+        // One conversation whose reply is one token: the batch loss is that token's loss alone.
+        let one = Example { ids: data.train[0].ids.clone(), learned: data.train[0].learned.clone() };
+        let (batch, mask) = Sampler::new(0).chats(&[one], 1, 23, Shard::WHOLE, &Device::flex());
+        assert_eq!(mask.clone().sum().into_scalar::<f32>(), 3.0);
+        let masked = lm_loss(run.model.valid().forward(batch.x.clone()), batch.y.clone(), Some(mask));
+        assert!(
+            masked.into_scalar::<f32>()
+                < lm_loss(run.model.valid().forward(batch.x), batch.y, None).into_scalar::<f32>()
+        );
     }
 
     /// Two micro-batches of 2 windows accumulate to the gradient of one batch of the same 4 windows.
@@ -243,7 +336,7 @@ mod tests {
             *data = TensorData::new(values, data.shape().to_vec());
             bundle::save_tensors(&path, &edited, metadata.clone()).unwrap();
             let Trainer { task, .. } = trainer(2, 1, dir.path());
-            let resumed = Trainer::resume(task.model_config, task.config, task.corpus, dir.path(), &Device::flex());
+            let resumed = Trainer::resume(task.model_config, task.config, task.data, dir.path(), &Device::flex());
             let err = resumed.err().expect("a diverged checkpoint is refused");
             assert!(err.to_string().contains(expected), "{err}");
         }
@@ -265,7 +358,7 @@ mod tests {
         let first = trainer(2, 2, split_dir.path());
         let Trainer { task, .. } = first;
         let mut second =
-            Trainer::resume(task.model_config, task.config, task.corpus, split_dir.path(), &Device::flex()).unwrap();
+            Trainer::resume(task.model_config, task.config, task.data, split_dir.path(), &Device::flex()).unwrap();
         assert_eq!(second.step, 2);
         second.run(&mut resumed_losses).unwrap();
         assert_eq!(losses.0, resumed_losses.0);

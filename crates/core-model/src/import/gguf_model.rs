@@ -41,11 +41,7 @@ use ember_formats::tokenizer;
 pub fn load(path: &Path) -> Result<(ModelConfig, Weights, Tokenizer, ChatFormat), ImportError> {
     let bad = |reason: String| ImportError::new(path, reason);
     let gguf = open(path)?;
-    let mut config = config(&gguf).map_err(bad)?;
-    if let Some(scaling) = rope_factors(&gguf, &config).map_err(bad)? {
-        config.rope_scaling = Some(scaling);
-        config.validate().map_err(|e| bad(e.to_string()))?;
-    }
+    let config = full_config(&gguf).map_err(bad)?;
     let tensors = tensors(&gguf, &config).map_err(bad)?;
     let tokenizer = tokenizer(&gguf).map_err(bad)?;
     Ok((config, tensors, tokenizer, ChatFormat::from_gguf(&gguf)))
@@ -57,9 +53,19 @@ fn open(path: &Path) -> Result<Gguf, ImportError> {
     Gguf::parse(ember_formats::files::map(path).map_err(|e| bad(e.to_string()))?).map_err(|e| bad(e.to_string()))
 }
 
-/// The model config of the GGUF file at `path`, from its metadata alone (no tensor is read).
+/// The model config of the GGUF file at `path`, from its metadata and RoPE factor tensors (no weight is read).
 pub fn load_config(path: &Path) -> Result<ModelConfig, ImportError> {
-    config(&open(path)?).map_err(|reason| ImportError::new(path, reason))
+    full_config(&open(path)?).map_err(|reason| ImportError::new(path, reason))
+}
+
+/// [`config`] with RoPE scaling stored as factor tensors ([`rope_factors`]).
+fn full_config(gguf: &Gguf) -> Result<ModelConfig, String> {
+    let mut config = config(gguf)?;
+    if let Some(scaling) = rope_factors(gguf, &config)? {
+        config.rope_scaling = Some(scaling);
+        config.validate().map_err(|e| e.to_string())?;
+    }
+    Ok(config)
 }
 
 fn meta<'a>(gguf: &'a Gguf, key: &str) -> Result<&'a Value, String> {

@@ -86,8 +86,8 @@ fn gpt2(config: &ModelConfig, mut hf: Tensors) -> Result<Tensors, String> {
 
 /// Each layer's norms, Hugging Face's name and Ember's: Llama's before attention and before the MLP, Gemma 2's after
 /// each too (its `post_attention_layernorm` is the attention's output norm, not the MLP's input norm).
-const LLAMA_NORMS: [(&str, &str); 2] = [("input_layernorm", "ln_1"), ("post_attention_layernorm", "ln_2")];
-const GEMMA_NORMS: [(&str, &str); 4] = [
+pub(crate) const LLAMA_NORMS: [(&str, &str); 2] = [("input_layernorm", "ln_1"), ("post_attention_layernorm", "ln_2")];
+pub(crate) const GEMMA_NORMS: [(&str, &str); 4] = [
     ("input_layernorm", "ln_1"),
     ("post_attention_layernorm", "ln_1_out"),
     ("pre_feedforward_layernorm", "ln_2"),

@@ -5,7 +5,7 @@ pub mod gguf_model;
 pub use ember_formats::gguf;
 pub mod hf;
 pub mod marian;
-mod mla;
+pub(crate) mod mla;
 
 use std::path::{Path, PathBuf};
 
@@ -96,7 +96,7 @@ pub fn read(path: &Path) -> Result<(ModelConfig, Weights, Tokenizer, ChatFormat)
             let (config, weights, _, _) = bundle::read(path)?;
             let tok_path = path.join(bundle::TOKENIZER);
             let tok = tokenizer::load(&tok_path).map_err(|e| ImportError::new(&tok_path, e.to_string()))?;
-            (config, weights, tok, ChatFormat::default())
+            (config, weights, tok, ChatFormat::from_hf_dir(path).map_err(|e| ImportError::new(path, e))?)
         }
         Source::HuggingFace => {
             let (config, tensors) = hf::load(path)?;
